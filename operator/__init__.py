@@ -1,0 +1,1 @@
+"""The kopf operator: reconciles Agents, Tools and ScheduledTasks into Kubernetes objects."""
