@@ -1,0 +1,139 @@
+"""The resolved agent configuration: rendered by the operator into a ConfigMap, read by the agent.
+
+The operator resolves an Agent's references (Tools, sub-agents, Secrets, built-in tool sets) into
+this one document so the agent process needs no Kubernetes API at all. Tool definitions are stored
+in OpenAI function format, exactly as the model will see them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+#: Environment variables through which secrets reach the agent pod (`valueFrom` Secret refs).
+MODEL_API_KEY_ENV = "ROCKBOT_MODEL_API_KEY"
+AMQP_URL_ENV = "ROCKBOT_AMQP_URL"
+HTTP_TOKEN_ENV = "ROCKBOT_HTTP_TOKEN"
+WEB_SEARCH_API_KEY_ENV = "ROCKBOT_WEB_SEARCH_API_KEY"
+
+BuiltinToolSet = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
+
+
+class Contract(BaseModel):
+    """Strict base: unknown fields are a bug in the sender, not something to ignore."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FunctionDefinition(Contract):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolDefinition(Contract):
+    """One tool in OpenAI's Chat Completions `tools` format."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class SecretEnv(Contract):
+    """A secret value the agent reads from an environment variable the operator wired."""
+
+    env: str
+
+
+class RestAuth(Contract):
+    type: Literal["bearer", "header"]
+    header_name: str = "Authorization"
+    value: SecretEnv
+
+
+class RestBackend(Contract):
+    kind: Literal["rest"] = "rest"
+    url: str
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: RestAuth | None = None
+
+
+class McpBackend(Contract):
+    kind: Literal["mcp"] = "mcp"
+    server: str
+    url: str | None = None
+    transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
+    command: list[str] = Field(default_factory=list)
+    tool: str
+
+
+class ScriptBackend(Contract):
+    kind: Literal["script"] = "script"
+    source: str
+    pip_packages: list[str] = Field(default_factory=list)
+
+
+class AgentBackend(Contract):
+    """Delegate to another Agent over the bus; its final answer is the tool result."""
+
+    kind: Literal["agent"] = "agent"
+    namespace: str
+    name: str
+
+
+Backend = Annotated[RestBackend | McpBackend | ScriptBackend | AgentBackend, Field(discriminator="kind")]
+
+
+class ResolvedTool(Contract):
+    """A declared tool (Tool resource or sub-agent) with everything needed to call it."""
+
+    definition: ToolDefinition
+    source: str  # "tool:<name>", "agent:<name>"
+    backend: Backend
+    timeout_seconds: float = 30.0
+
+    @property
+    def name(self) -> str:
+        return self.definition.function.name
+
+
+class ModelConfig(Contract):
+    base_url: str
+    name: str
+    api_key: SecretEnv | None = None
+    temperature: float | None = None
+    max_result_chars: int = 16_000
+    request_timeout_seconds: float = 120.0
+
+
+class ScriptLimits(Contract):
+    timeout_seconds: int = 30
+    cpu: str = "500m"
+    memory: str = "256Mi"
+
+
+class WebSearchConfig(Contract):
+    provider: Literal["searxng", "brave"]
+    url: str | None = None
+    api_key: SecretEnv | None = None
+
+
+class AgentConfig(Contract):
+    """Everything the agent process needs, and nothing it could use to reach the Kubernetes API."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    name: str
+    namespace: str
+    model: ModelConfig
+    system_prompt: str = ""
+    tools: list[ResolvedTool] = Field(default_factory=list)
+    builtin_tools: list[BuiltinToolSet] = Field(default_factory=list)
+    tool_blacklist: list[str] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    max_iterations: int = 10
+    script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
+    web_search: WebSearchConfig | None = None
+    http_token: SecretEnv | None = None

@@ -1,0 +1,70 @@
+"""The catalogue of built-in tools, by set: the operator reports them, the agent implements them.
+
+One list serves both sides so an Agent's status shows exactly the tools its model will be offered.
+The agent runtime registers an executor for every name here (a test checks that it does).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from rockbot.contracts.agent_config import AgentConfig, BuiltinToolSet
+
+
+class BuiltinTool(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str
+    tool_set: BuiltinToolSet
+
+
+def _tools(tool_set: BuiltinToolSet, *pairs: tuple[str, str]) -> list[BuiltinTool]:
+    return [BuiltinTool(name=name, description=text, tool_set=tool_set) for name, text in pairs]
+
+
+BUILTIN_TOOLS: list[BuiltinTool] = [
+    *_tools(
+        "scripts",
+        ("execute_python_script",
+         "Run a Python 3 script in a throw-away sandbox with no network. `input_data` is readable as JSON "
+         "on stdin; print results to stdout. Returns stdout, stderr and the exit code."),
+    ),
+    *_tools(
+        "web",
+        ("web_browse", "Fetch an http(s) page and return its main content as Markdown."),
+        ("web_search", "Search the web and return the top results with titles, URLs and snippets."),
+    ),
+    *_tools(
+        "scheduling",
+        ("schedule_task", "Schedule a prompt to be sent to this agent on a cron schedule, or once."),
+        ("list_scheduled_tasks", "List this agent's scheduled tasks with their next run, and the current time."),
+        ("cancel_scheduled_task", "Cancel one of this agent's scheduled tasks by name."),
+    ),
+    *_tools(
+        "memory",
+        ("get_from_working_memory", "Read one chunk of a large tool result from working memory by its key."),
+    ),
+    *_tools(
+        "subagents",
+        ("spawn_subagent", "Start a short-lived helper with an instruction and a subset of your tools."),
+        ("list_subagents", "List the helpers you started and their state."),
+        ("cancel_subagent", "Cancel a running helper by id."),
+        ("whiteboard_write", "Write a value under a key on the whiteboard shared with your helpers."),
+        ("whiteboard_read", "Read a key (or list the keys) of the whiteboard shared with your helpers."),
+    ),
+    *_tools(
+        "guides",
+        ("list_tool_guides", "List the usage guides available for your tools."),
+        ("get_tool_guide", "Read the usage guide for a tool set by name."),
+    ),
+]
+
+
+def enabled_builtin_tools(config: AgentConfig) -> list[BuiltinTool]:
+    """The built-in tools an agent with this config offers its model, in catalogue order."""
+    enabled = set(config.builtin_tools)
+    tools = [tool for tool in BUILTIN_TOOLS if tool.tool_set in enabled]
+    if config.web_search is None:
+        tools = [tool for tool in tools if tool.name != "web_search"]
+    return tools
