@@ -1,0 +1,90 @@
+"""The `rockbot` command: one entry point, a subcommand per process.
+
+Subcommands import their process lazily, so `rockbot crds` works without the operator's
+dependencies being importable and `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import pathlib
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> (module with `configure(parser)` and `run(args) -> int`, help text)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "operator": ("rockbot.operator.cli", "run the operator that reconciles Agents, Tools and ScheduledTasks"),
+    "agent": ("rockbot.agent.cli", "run one agent from its rendered config"),
+    "scripts-manager": ("rockbot.scripts_manager.cli", "run the service that executes scripts in sandboxes"),
+    "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and point at --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of `rockbot crds`."""
+    parser.add_argument(
+        "--write",
+        metavar="DIR",
+        type=pathlib.Path,
+        nargs="?",
+        const=pathlib.Path("crds"),
+        help="write the YAML files into DIR (default: ./crds) instead of printing them",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """`rockbot crds`: print every CRD as one YAML stream, or write one file per CRD."""
+    from rockbot import crdgen
+
+    if args.write is None:
+        sys.stdout.write("---\n".join(crdgen.render_all().values()))
+    else:
+        for path in crdgen.write_all(args.write):
+            print(f"wrote {path}")
+    return 0
+
+
+def build_parser(*, available: dict[str, tuple[str, str]] | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="rockbot", description="Kubernetes-native AI agents with sandboxed Python.")
+    from rockbot import __version__
+
+    parser.add_argument("--version", action="version", version=f"rockbot {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    for name, (module_name, help_text) in (available or SUBCOMMANDS).items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        module.configure(sub)
+        sub.set_defaults(_module=module)
+    return parser
+
+
+def _importable() -> dict[str, tuple[str, str]]:
+    """The subcommands whose modules exist in this installation."""
+    found = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if importlib.util.find_spec(module_name) is not None:
+            found[name] = (module_name, help_text)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(available=_importable())
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

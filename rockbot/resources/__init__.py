@@ -1,0 +1,24 @@
+"""The custom resources of group `rockbot.dev`: pydantic models are the single source of truth.
+
+`rockbot crds` turns them into the CustomResourceDefinitions in `crds/` (see `rockbot.crdgen`).
+"""
+
+from rockbot.resources.agent import Agent, AgentSpec, AgentStatus
+from rockbot.resources.common import GROUP, VERSION, Condition
+from rockbot.resources.scheduledtask import ScheduledTask, ScheduledTaskSpec, ScheduledTaskStatus
+from rockbot.resources.tool import Tool, ToolSpec, ToolStatus
+
+__all__ = [
+    "GROUP",
+    "VERSION",
+    "Agent",
+    "AgentSpec",
+    "AgentStatus",
+    "Condition",
+    "ScheduledTask",
+    "ScheduledTaskSpec",
+    "ScheduledTaskStatus",
+    "Tool",
+    "ToolSpec",
+    "ToolStatus",
+]

@@ -1,0 +1,173 @@
+"""The Agent resource: a model, a prompt and tools, reconciled into a Deployment that has no API rights."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from rockbot.resources.common import (
+    Condition,
+    FunctionName,
+    KubeName,
+    LocalObjectReference,
+    PrinterColumn,
+    Quantity,
+    Resource,
+    Schema,
+    SecretKeyRef,
+    cel_rules,
+)
+
+BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
+
+
+class ModelSpec(Schema):
+    """An OpenAI-compatible Chat Completions endpoint (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
+
+    model_config = cel_rules(
+        ("self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
+         "baseUrl must be an http:// or https:// URL, e.g. https://openrouter.ai/api/v1"),
+    )
+
+    base_url: Annotated[str, Field(min_length=1, max_length=2048, description="Base URL of the API, up to /v1.")]
+    name: Annotated[str, Field(min_length=1, max_length=256, description="Model name, e.g. openai/gpt-4o-mini.")]
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the API key; omit for endpoints without auth."
+    )
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = Field(
+        default=16_000, description="Tool results longer than this go to working memory in chunks."
+    )
+
+
+class LabelSelectorRequirement(Schema):
+    key: Annotated[str, Field(min_length=1, max_length=317)]
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(Schema):
+    """Selects Tools in the Agent's namespace by label, like a Deployment selects pods."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+
+class SubAgentRef(Schema):
+    """Another Agent in the same namespace, offered to the model as a tool."""
+
+    name: KubeName
+    tool_name: FunctionName | None = Field(default=None, description="Tool name; defaults to the Agent's name.")
+    description: Annotated[str, Field(max_length=2000)] | None = Field(
+        default=None, description="What the model is told; defaults to the sub-agent's spec.description."
+    )
+
+
+class WebSearchSpec(Schema):
+    model_config = cel_rules(
+        ("self.provider != 'searxng' || has(self.url)", "a searxng provider needs url"),
+        ("self.provider != 'brave' || has(self.apiKeySecretRef)", "the brave provider needs apiKeySecretRef"),
+    )
+
+    provider: Literal["searxng", "brave"]
+    url: Annotated[str, Field(max_length=2048)] | None = None
+    api_key_secret_ref: SecretKeyRef | None = None
+
+
+class ScriptLimitsSpec(Schema):
+    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    cpu: Quantity = "500m"
+    memory: Quantity = "256Mi"
+
+
+class ResourceRequirements(Schema):
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class EnvVar(Schema):
+    """An extra environment variable; `valueFrom` takes the same shape as in a Pod."""
+
+    model_config = cel_rules(
+        ("!self.name.startsWith('ROCKBOT_')", "env names starting with ROCKBOT_ are reserved for the operator"),
+        ("!(has(self.value) && has(self.valueFrom))", "set either value or valueFrom, not both"),
+    )
+
+    name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)]
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class AgentSpec(Schema):
+    model_config = cel_rules(
+        ("self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
+         "a tool cannot be both listed in tools and blacklisted; remove it from one of them"),
+    )
+
+    description: Annotated[str, Field(max_length=2000)] = Field(
+        default="", description="What this agent does; shown to other agents that use it as a sub-agent."
+    )
+    model: ModelSpec
+    system_prompt: Annotated[str, Field(max_length=100_000)] = ""
+    tools: Annotated[list[KubeName], Field(max_length=128)] = Field(
+        default_factory=list, description="Tool resources in this namespace, by name."
+    )
+    tool_selector: LabelSelector | None = Field(default=None, description="Tool resources selected by label.")
+    sub_agents: Annotated[list[SubAgentRef], Field(max_length=32)] = Field(default_factory=list)
+    tool_blacklist: Annotated[list[FunctionName], Field(max_length=256)] = Field(
+        default_factory=list, description="Tool names the model is never offered and that are refused if called."
+    )
+    builtin_tools: list[BuiltinToolSetName] = Field(
+        default_factory=lambda: ["memory"], description="Built-in tool sets to enable."
+    )
+    web_search: WebSearchSpec | None = None
+    parallel_tool_calls: bool = True
+    max_iterations: Annotated[int, Field(ge=1, le=100)] = 10
+    replicas: Annotated[int, Field(ge=0, le=20)] = 1
+    image: Annotated[str, Field(max_length=512)] | None = Field(
+        default=None, description="Overrides the operator's default agent image."
+    )
+    resources: ResourceRequirements | None = None
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
+    script_limits: ScriptLimitsSpec = Field(default_factory=ScriptLimitsSpec)
+
+
+class ResolvedToolStatus(Schema):
+    """One tool exactly as the model is offered it."""
+
+    name: str
+    source: str
+    description: str = ""
+
+
+class AgentStatus(Schema):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    tools: list[ResolvedToolStatus] = Field(default_factory=list)
+    replicas: int | None = None
+    ready_replicas: int | None = None
+
+
+class Agent(Resource):
+    kind: ClassVar[str] = "Agent"
+    plural: ClassVar[str] = "agents"
+    short_names: ClassVar[list[str]] = ["ag"]
+    printer_columns: ClassVar[list[PrinterColumn]] = [
+        PrinterColumn(name="Ready", type="string", json_path='.status.conditions[?(@.type=="Ready")].status'),
+        PrinterColumn(name="Model", type="string", json_path=".spec.model.name"),
+        PrinterColumn(name="Tools", type="string", json_path=".status.tools[*].name"),
+        PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
+    ]
+    object_rules: ClassVar[list[dict[str, str]]] = [
+        {"rule": "self.metadata.name.size() <= 50",
+         "message": "Agent names are at most 50 characters (children are named rockbot-<name>-...)"},
+    ]
+
+    api_version: str = "rockbot.dev/v1alpha1"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: AgentSpec
+    status: AgentStatus | None = None
+
+
+__all__ = ["Agent", "AgentSpec", "AgentStatus", "LabelSelector", "LocalObjectReference", "ResolvedToolStatus"]

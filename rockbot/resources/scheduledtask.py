@@ -1,0 +1,86 @@
+"""The ScheduledTask resource: a prompt sent to an Agent on a cron schedule, exactly once per slot."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from rockbot.resources.common import Condition, KubeName, LocalObjectReference, PrinterColumn, Resource, Schema
+
+#: Five fields (minute), six fields (seconds first), or a macro such as @hourly.
+CRON = (
+    r"^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)"
+    r"|(\S+\s+){4}\S+|(\S+\s+){5}\S+)$"
+)
+
+
+class ScheduledTaskSpec(Schema):
+    agent_ref: LocalObjectReference
+    schedule: Annotated[str, Field(pattern=CRON, max_length=256)] = Field(
+        description="Cron: 5 fields (minute), 6 fields (second first), or @hourly-style macros."
+    )
+    time_zone: Annotated[str, Field(pattern=r"^[A-Za-z0-9_+\-/]{1,64}$")] = Field(
+        default="UTC", description="IANA time zone, e.g. Europe/Berlin."
+    )
+    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
+    suspend: bool = False
+    concurrency_policy: Literal["Allow", "Forbid", "Replace"] = "Forbid"
+    starting_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
+    missed_run_policy: Literal["Skip", "RunOnce"] = Field(
+        default="RunOnce", description="After downtime: skip missed slots, or run the latest one once."
+    )
+    run_once: bool = Field(default=False, description="Fire at the next slot only, then mark Complete.")
+    run_timeout_seconds: Annotated[int, Field(ge=1, le=86_400)] = 600
+    successful_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 3
+    failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 1
+
+
+class ActiveRun(Schema):
+    run_id: str
+    scheduled_time: datetime.datetime
+    start_time: datetime.datetime
+
+
+class RunRecord(Schema):
+    run_id: str
+    scheduled_time: datetime.datetime
+    start_time: datetime.datetime | None = None
+    completion_time: datetime.datetime | None = None
+    outcome: Literal["Succeeded", "Failed", "Missed", "Replaced"]
+    message: Annotated[str, Field(max_length=1024)] = ""
+    summary: Annotated[str, Field(max_length=1024)] = Field(default="", description="The answer, truncated.")
+
+
+class ScheduledTaskStatus(Schema):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    last_schedule_time: datetime.datetime | None = None
+    next_schedule_time: datetime.datetime | None = None
+    active: list[ActiveRun] = Field(default_factory=list)
+    history: list[RunRecord] = Field(default_factory=list)
+    completed: bool = False
+
+
+class ScheduledTask(Resource):
+    kind: ClassVar[str] = "ScheduledTask"
+    plural: ClassVar[str] = "scheduledtasks"
+    short_names: ClassVar[list[str]] = ["st"]
+    printer_columns: ClassVar[list[PrinterColumn]] = [
+        PrinterColumn(name="Agent", type="string", json_path=".spec.agentRef.name"),
+        PrinterColumn(name="Schedule", type="string", json_path=".spec.schedule"),
+        PrinterColumn(name="Zone", type="string", json_path=".spec.timeZone"),
+        PrinterColumn(name="Suspend", type="boolean", json_path=".spec.suspend"),
+        PrinterColumn(name="Last", type="date", json_path=".status.lastScheduleTime"),
+        PrinterColumn(name="Next", type="date", json_path=".status.nextScheduleTime"),
+        PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
+    ]
+
+    api_version: str = "rockbot.dev/v1alpha1"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ScheduledTaskSpec
+    status: ScheduledTaskStatus | None = None
+
+
+__all__ = ["KubeName", "ScheduledTask", "ScheduledTaskSpec", "ScheduledTaskStatus"]

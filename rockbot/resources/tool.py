@@ -1,0 +1,128 @@
+"""The Tool resource: one function the model can call, with exactly one backend that runs it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from rockbot.resources.common import (
+    FUNCTION_NAME,
+    Condition,
+    FunctionName,
+    KubeName,
+    PrinterColumn,
+    Resource,
+    Schema,
+    SecretKeyRef,
+    cel_rules,
+)
+
+
+class RestAuthSpec(Schema):
+    model_config = cel_rules(
+        ("self.type != 'header' || has(self.headerName)", "auth type header needs headerName, e.g. X-Api-Key"),
+    )
+
+    type: Literal["bearer", "header"]
+    header_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")] | None = None
+    secret_ref: SecretKeyRef
+
+
+class RestBackendSpec(Schema):
+    """An HTTP call: `{arg}` placeholders in the URL are filled (escaped) from the call's arguments."""
+
+    model_config = cel_rules(
+        ("self.url.startsWith('http://') || self.url.startsWith('https://')",
+         "url must start with http:// or https://"),
+    )
+
+    url: Annotated[str, Field(min_length=1, max_length=4096)]
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    headers: dict[str, str] = Field(default_factory=dict)
+    auth: RestAuthSpec | None = None
+
+
+class McpBackendSpec(Schema):
+    """One tool of an MCP server, reached over streamable HTTP, SSE, or stdio."""
+
+    model_config = cel_rules(
+        ("self.transport == 'stdio' ? size(self.command) > 0 : has(self.url)",
+         "stdio needs command; streamable-http and sse need url"),
+    )
+
+    server: KubeName = Field(description="A short name for the server; tools are listed as mcp:<server>.")
+    url: Annotated[str, Field(max_length=4096)] | None = None
+    transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
+    command: list[str] = Field(default_factory=list)
+    tool: Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class ScriptBackendSpec(Schema):
+    """Python run in the sandbox; the call's arguments arrive as JSON on stdin."""
+
+    source: Annotated[str, Field(min_length=1, max_length=262_144)]
+    pip_packages: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+
+
+class AgentBackendSpec(Schema):
+    """Delegate the call to another Agent in this namespace."""
+
+    name: KubeName
+
+
+class ToolSpec(Schema):
+    model_config = cel_rules(
+        ("[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
+         "a Tool has exactly one backend: set one of rest, mcp, script or agent"),
+    )
+
+    function_name: FunctionName | None = Field(
+        default=None, description="The name the model sees; defaults to metadata.name."
+    )
+    description: Annotated[str, Field(min_length=1, max_length=4000)]
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON Schema of the arguments (an object schema).",
+    )
+    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    rest: RestBackendSpec | None = None
+    mcp: McpBackendSpec | None = None
+    script: ScriptBackendSpec | None = None
+    agent: AgentBackendSpec | None = None
+
+    @property
+    def backend_kind(self) -> str:
+        return next(kind for kind in ("rest", "mcp", "script", "agent") if getattr(self, kind) is not None)
+
+
+class ToolStatus(Schema):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    used_by: list[str] = Field(default_factory=list)
+
+
+class Tool(Resource):
+    kind: ClassVar[str] = "Tool"
+    plural: ClassVar[str] = "tools"
+    short_names: ClassVar[list[str]] = ["tl"]
+    printer_columns: ClassVar[list[PrinterColumn]] = [
+        PrinterColumn(name="Accepted", type="string", json_path='.status.conditions[?(@.type=="Accepted")].status'),
+        PrinterColumn(name="Function", type="string", json_path=".spec.functionName"),
+        PrinterColumn(name="Used-By", type="string", json_path=".status.usedBy[*]"),
+        PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
+    ]
+    object_rules: ClassVar[list[dict[str, str]]] = [
+        {"rule": f"has(self.spec.functionName) || self.metadata.name.matches('{FUNCTION_NAME}')",
+         "message": "metadata.name is not a valid function name (letters, digits, _ and -; at most 64): "
+                    "set spec.functionName"},
+    ]
+
+    api_version: str = "rockbot.dev/v1alpha1"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ToolSpec
+    status: ToolStatus | None = None
+
+    @property
+    def function_name(self) -> str:
+        return self.spec.function_name or self.metadata["name"]
