@@ -1,0 +1,179 @@
+"""Pure builders: an Agent and its resolution in, the manifests of its children out.
+
+No API calls here: every function is unit-tested on plain data. The agent pod gets no token, no
+API rights, a restricted security context, and its secrets only through `valueFrom`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from rockbot.contracts.agent_config import AgentConfig
+from rockbot.operator.resolving import Resolution
+from rockbot.operator.settings import OperatorSettings
+from rockbot.resources import GROUP, VERSION, Agent
+
+K8sObject = dict[str, Any]
+
+CONFIG_KEY = "agent.json"
+CONFIG_DIR = "/etc/rockbot"
+CHECKSUM_ANNOTATION = f"{GROUP}/config-checksum"
+MANAGED_BY = "rockbot-operator"
+AGENT_UID = 65532
+DEFAULT_RESOURCES: K8sObject = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"cpu": "1", "memory": "512Mi"},
+}
+
+
+def child_name(agent: Agent, suffix: str = "") -> str:
+    """Children are `rockbot-<agent>` (+ suffix): recognisable, and a valid DNS-1035 label."""
+    return f"rockbot-{agent.metadata['name']}{suffix}"
+
+
+def selector_labels(agent: Agent) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "rockbot-agent", "app.kubernetes.io/instance": agent.metadata["name"]}
+
+
+def labels(agent: Agent) -> dict[str, str]:
+    return {
+        **selector_labels(agent),
+        "app.kubernetes.io/component": "agent",
+        "app.kubernetes.io/part-of": "rockbot",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def owner_reference(agent: Agent) -> K8sObject:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Agent",
+        "name": agent.metadata["name"],
+        "uid": agent.metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(agent: Agent, name: str) -> K8sObject:
+    return {
+        "name": name,
+        "namespace": agent.metadata["namespace"],
+        "labels": labels(agent),
+        "ownerReferences": [owner_reference(agent)],
+    }
+
+
+def render_config(config: AgentConfig) -> str:
+    return config.model_dump_json(indent=2) + "\n"
+
+
+def config_checksum(config_text: str) -> str:
+    return hashlib.sha256(config_text.encode()).hexdigest()
+
+
+def build_service_account(agent: Agent) -> K8sObject:
+    """An identity with no token and, by design, no Role or RoleBinding anywhere."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(agent, child_name(agent)),
+        "automountServiceAccountToken": False,
+    }
+
+
+def build_config_map(agent: Agent, config_text: str) -> K8sObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(agent, child_name(agent, "-config")),
+        "data": {CONFIG_KEY: config_text},
+    }
+
+
+def build_http_token_secret(agent: Agent, token: str) -> K8sObject:
+    """The bearer token guarding the agent's HTTP API; generated once, never rewritten."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(agent, child_name(agent, "-http-token")),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }
+
+
+def build_service(agent: Agent, settings: OperatorSettings) -> K8sObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(agent, child_name(agent)),
+        "spec": {
+            "selector": selector_labels(agent),
+            "ports": [{"name": "http", "port": settings.agent_port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSettings, config_text: str) -> K8sObject:
+    spec = agent.spec
+    env: list[K8sObject] = [
+        {"name": item.env, "valueFrom": {"secretKeyRef": {"name": item.ref.name, "key": item.ref.key}}}
+        for item in resolution.secret_env
+    ]
+    env += [entry.to_wire() for entry in spec.env]
+    resources = spec.resources.to_wire() if spec.resources is not None else DEFAULT_RESOURCES
+    container = {
+        "name": "agent",
+        "image": spec.image or settings.agent_image,
+        "args": ["agent", "--config", f"{CONFIG_DIR}/{CONFIG_KEY}", "--port", str(settings.agent_port)],
+        "ports": [{"name": "http", "containerPort": settings.agent_port, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources,
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 10},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_labels = labels(agent)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(agent, child_name(agent)),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector_labels(agent)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(config_text)},
+                },
+                "spec": {
+                    "serviceAccountName": child_name(agent),
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": AGENT_UID,
+                        "runAsGroup": AGENT_UID,
+                        "fsGroup": AGENT_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": child_name(agent, "-config")}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                    ],
+                },
+            },
+        },
+    }

@@ -1,0 +1,217 @@
+"""Level-based reconciliation of one Agent: read, resolve, build, write the difference, report.
+
+Every trigger (the Agent, a Tool, a child, the resync timer) lands here, so the outcome depends only
+on what exists, never on which event arrived. A reconcile that finds everything in place writes
+nothing: no child patch, no status patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from rockbot.kube import errors
+from rockbot.kube.client import KubeClient
+from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, SERVICES
+from rockbot.operator import builders
+from rockbot.operator.children import ForeignOwner, ensure
+from rockbot.operator.conditions import ConditionUpdate, condition_status, merge_conditions
+from rockbot.operator.resolving import Resolution, resolve_agent, wanted_tools
+from rockbot.operator.settings import OperatorSettings
+from rockbot.resources import Agent
+from rockbot.resources.common import SecretKeyRef
+
+K8sObject = dict[str, Any]
+#: Posts a Kubernetes Event on an object: (object, type, reason, message).
+EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None] | None]
+logger = logging.getLogger(__name__)
+
+
+class AgentReconciler:
+    """Reconciles Agents; serialises work per Agent since many triggers can fire at once."""
+
+    def __init__(self, *, kube: KubeClient, settings: OperatorSettings, post_event: EventPoster) -> None:
+        self._kube = kube
+        self._settings = settings
+        self._post_event = post_event
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._uses: dict[tuple[str, str], set[str]] = {}
+
+    def uses(self, namespace: str, name: str) -> set[str]:
+        """The Tools this Agent used at its last reconcile (a Tool change must reach it, even a removal)."""
+        return self._uses.get((namespace, name), set())
+
+    async def reconcile(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        tools: Iterable[K8sObject],
+        agents: Mapping[str, K8sObject],
+        now: datetime.datetime | None = None,
+    ) -> None:
+        """Bring one Agent's children and status in line with its spec and what it references."""
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
+        async with lock:
+            try:
+                body = await self._kube.get(AGENTS, namespace=namespace, name=name)
+            except errors.NotFound:
+                self._locks.pop((namespace, name), None)
+                self._uses.pop((namespace, name), None)
+                return
+            if body["metadata"].get("deletionTimestamp"):
+                return
+            await self._reconcile(body, tools=list(tools), agents=agents, now=now or _now())
+
+    async def _reconcile(
+        self, body: K8sObject, *, tools: list[K8sObject], agents: Mapping[str, K8sObject], now: datetime.datetime
+    ) -> None:
+        agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
+        namespace = body["metadata"]["namespace"]
+        token_ref = SecretKeyRef(name=builders.child_name(agent, "-http-token"), key="token")
+        bus_ref = SecretKeyRef(name=self._settings.bus_secret_name, key=self._settings.bus_secret_key)
+        used = set(wanted_tools(agent, tools))
+        used_tools = [tool for tool in tools if tool["metadata"]["name"] in used]
+        secret_keys = await self._secret_keys(namespace, _referenced_secrets(agent, used_tools, bus_ref))
+        resolution = resolve_agent(
+            agent=agent,
+            tools=tools,
+            agents=agents,
+            secret_keys=secret_keys,
+            bus_secret=bus_ref,
+            http_token_secret=token_ref,
+        )
+        self._uses[(namespace, agent.metadata["name"])] = set(resolution.used_tools)
+        config_text = builders.render_config(resolution.config)
+        blocking = list(resolution.blocking_problems)
+        deployment: K8sObject | None = None
+        try:
+            await ensure(
+                self._kube,
+                SECRETS,
+                builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
+                create_only=True,
+            )
+            await ensure(self._kube, SERVICEACCOUNTS, builders.build_service_account(agent))
+            await ensure(self._kube, CONFIGMAPS, builders.build_config_map(agent, config_text))
+            await ensure(self._kube, SERVICES, builders.build_service(agent, self._settings))
+            deployment = await ensure(
+                self._kube, DEPLOYMENTS, builders.build_deployment(agent, resolution, self._settings, config_text)
+            )
+        except ForeignOwner as error:
+            blocking.append(str(error))
+        await self._write_status(body, agent, resolution, blocking=blocking, deployment=deployment, now=now)
+
+    async def _secret_keys(self, namespace: str, names: set[str]) -> dict[str, set[str]]:
+        """Key names of the referenced Secrets that exist (values are never kept)."""
+        found: dict[str, set[str]] = {}
+        for name in sorted(names):
+            try:
+                secret = await self._kube.get(SECRETS, namespace=namespace, name=name)
+            except errors.NotFound:
+                continue
+            found[name] = set(secret.get("data") or {}) | set(secret.get("stringData") or {})
+        return found
+
+    async def _write_status(
+        self,
+        body: K8sObject,
+        agent: Agent,
+        resolution: Resolution,
+        *,
+        blocking: list[str],
+        deployment: K8sObject | None,
+        now: datetime.datetime,
+    ) -> None:
+        generation = body["metadata"].get("generation")
+        current = body.get("status") or {}
+        wanted_replicas = agent.spec.replicas
+        deployed = deployment.get("status", {}) if deployment else {}
+        ready_replicas = int(deployed.get("readyReplicas") or 0)
+        rolled_out = (
+            deployment is not None
+            and deployed.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+            and int(deployed.get("updatedReplicas") or 0) >= wanted_replicas
+            and ready_replicas >= wanted_replicas
+        )
+        tools_update = (
+            ConditionUpdate(
+                type="ToolsResolved",
+                status="True",
+                reason="AllResolved",
+                message=f"{len(resolution.tools)} tools offered to the model",
+            )
+            if not resolution.tool_problems
+            else ConditionUpdate(
+                type="ToolsResolved",
+                status="False",
+                reason="ToolsUnresolved",
+                message="; ".join(resolution.tool_problems),
+            )
+        )
+        if blocking:
+            ready = ConditionUpdate(
+                type="Ready", status="False", reason="ConfigurationIncomplete", message="; ".join(blocking)
+            )
+        elif rolled_out:
+            ready = ConditionUpdate(
+                type="Ready",
+                status="True",
+                reason="DeploymentReady",
+                message=f"{ready_replicas}/{wanted_replicas} replicas ready",
+            )
+        else:
+            ready = ConditionUpdate(
+                type="Ready",
+                status="False",
+                reason="DeploymentProgressing",
+                message=f"{ready_replicas}/{wanted_replicas} replicas ready",
+            )
+        conditions = merge_conditions(
+            current.get("conditions") or [], [ready, tools_update], generation=generation, now=now
+        )
+        status = {
+            "observedGeneration": generation,
+            "conditions": conditions,
+            "tools": [tool.to_wire() for tool in resolution.tools],
+            "replicas": wanted_replicas,
+            "readyReplicas": ready_replicas,
+        }
+        if all(current.get(key) == value for key, value in status.items()):
+            return
+        await self._kube.patch(
+            AGENTS,
+            namespace=body["metadata"]["namespace"],
+            name=body["metadata"]["name"],
+            body={"status": status},
+            subresource="status",
+        )
+        for update in (ready, tools_update):
+            previous = condition_status(current.get("conditions") or [], update.type)
+            if previous != update.status:
+                event_type = "Normal" if update.status == "True" else "Warning"
+                outcome = self._post_event(body, event_type, update.reason, update.message)
+                if outcome is not None:
+                    await outcome
+
+
+def _referenced_secrets(agent: Agent, tools: list[K8sObject], bus: SecretKeyRef) -> set[str]:
+    names = {bus.name}
+    if agent.spec.model.api_key_secret_ref is not None:
+        names.add(agent.spec.model.api_key_secret_ref.name)
+    if agent.spec.web_search is not None and agent.spec.web_search.api_key_secret_ref is not None:
+        names.add(agent.spec.web_search.api_key_secret_ref.name)
+    for tool in tools:
+        auth = ((tool.get("spec") or {}).get("rest") or {}).get("auth") or {}
+        secret = (auth.get("secretRef") or {}).get("name")
+        if secret:
+            names.add(secret)
+    return names
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)

@@ -1,0 +1,325 @@
+"""Resolve an Agent's references into the tool set its model will see, and say what did not resolve.
+
+Pure: the reconciler fetches Tools, Agents and Secret key names, this module decides. An Agent whose
+tools only partly resolve still deploys with the tools that did (ToolsResolved=False names the rest):
+one broken Tool should not take a working agent down, and the status lists exactly what it offers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rockbot.contracts import agent_config as cfg
+from rockbot.contracts.builtin_tools import enabled_builtin_tools
+from rockbot.operator.validation import parse_tool, tool_problems
+from rockbot.resources import Agent, Tool
+from rockbot.resources.agent import LabelSelector, ResolvedToolStatus
+from rockbot.resources.common import SecretKeyRef
+
+SUBAGENT_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"message": {"type": "string", "description": "What to ask the agent, with all needed context."}},
+    "required": ["message"],
+}
+
+
+@dataclass
+class SecretEnv:
+    """One environment variable of the agent pod filled from a Secret key."""
+
+    env: str
+    ref: SecretKeyRef
+
+
+@dataclass
+class Resolution:
+    config: cfg.AgentConfig
+    tools: list[ResolvedToolStatus]
+    #: Tool problems: missing, not accepted, duplicate names, missing Secrets. Empty when all resolved.
+    tool_problems: list[str]
+    #: Problems that stop the agent from working at all (its model key, the bus Secret).
+    blocking_problems: list[str]
+    secret_env: list[SecretEnv] = field(default_factory=list)
+    used_tools: list[str] = field(default_factory=list)
+
+
+def secret_env_name(ref: SecretKeyRef) -> str:
+    """A stable, collision-free environment variable name for a Secret key."""
+    readable = re.sub(r"[^A-Z0-9]+", "_", f"{ref.name}_{ref.key}".upper()).strip("_")[:40]
+    digest = hashlib.sha256(f"{ref.name}/{ref.key}".encode()).hexdigest()[:8].upper()
+    return f"ROCKBOT_SECRET_{readable}_{digest}"
+
+
+def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
+    if any(labels.get(key) != value for key, value in selector.match_labels.items()):
+        return False
+    for requirement in selector.match_expressions:
+        present = requirement.key in labels
+        value = labels.get(requirement.key)
+        if requirement.operator == "In" and value not in requirement.values:
+            return False
+        if requirement.operator == "NotIn" and present and value in requirement.values:
+            return False
+        if requirement.operator == "Exists" and not present:
+            return False
+        if requirement.operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def wanted_tools(agent: Agent, tools: Iterable[dict[str, Any]]) -> list[str]:
+    """Names of the existing Tools an Agent asks for, by name (in its order) then by selector (sorted)."""
+    by_name = {tool["metadata"]["name"]: tool for tool in tools}
+    wanted = [name for name in agent.spec.tools if name in by_name]
+    if agent.spec.tool_selector is not None:
+        for name, tool in sorted(by_name.items()):
+            labels = tool["metadata"].get("labels") or {}
+            if name not in wanted and selector_matches(agent.spec.tool_selector, labels):
+                wanted.append(name)
+    return wanted
+
+
+def agents_using(tool_name: str, *, tools: Iterable[dict[str, Any]], agents: Iterable[dict[str, Any]]) -> list[str]:
+    """Names of the Agents that ask for a Tool (what the Tool's status calls `usedBy`)."""
+    tools = list(tools)
+    users = []
+    for body in agents:
+        agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
+        if tool_name in wanted_tools(agent, tools):
+            users.append(body["metadata"]["name"])
+    return sorted(users)
+
+
+def resolve_agent(
+    *,
+    agent: Agent,
+    tools: list[dict[str, Any]],
+    agents: Mapping[str, dict[str, Any]],
+    secret_keys: Mapping[str, set[str]],
+    bus_secret: SecretKeyRef,
+    http_token_secret: SecretKeyRef,
+) -> Resolution:
+    """Decide the agent's config and status from what exists in its namespace.
+
+    `secret_keys` maps each Secret that exists in the namespace (of those referenced) to its key names.
+    """
+    name, namespace = agent.metadata["name"], agent.metadata["namespace"]
+    spec = agent.spec
+    problems: list[str] = []
+    blocking: list[str] = []
+    secrets = _SecretWiring(namespace=namespace, secret_keys=secret_keys)
+
+    api_key = None
+    if spec.model.api_key_secret_ref is not None:
+        # Wired even while missing: the pod starts by itself once the Secret appears.
+        api_key = secrets.wire(spec.model.api_key_secret_ref, env=cfg.MODEL_API_KEY_ENV, required=False)
+        if not secrets.exists(spec.model.api_key_secret_ref):
+            blocking.append(secrets.problem(spec.model.api_key_secret_ref, field="spec.model.apiKeySecretRef"))
+    secrets.wire(bus_secret, env=cfg.AMQP_URL_ENV, required=False)
+    if not secrets.exists(bus_secret):
+        blocking.append(
+            f'the bus Secret "{bus_secret.name}" (key {bus_secret.key!r}) is missing in namespace {namespace}: '
+            "install the chart with this namespace in agentNamespaces, or create the Secret"
+        )
+
+    by_name = {tool["metadata"]["name"]: tool for tool in tools}
+    wanted = wanted_tools(agent, tools)
+    for tool_name in spec.tools:
+        if tool_name not in by_name:
+            problems.append(
+                f'Tool "{tool_name}" not found in namespace {namespace}: create it or remove it from spec.tools'
+            )
+
+    candidates: list[cfg.ResolvedTool] = []
+    for tool_name in wanted:
+        body = by_name[tool_name]
+        tool_issues = tool_problems(body)
+        if tool_issues:
+            problems.append(f'Tool "{tool_name}" is not accepted: {tool_issues[0]}')
+            continue
+        resolved, issue = _resolve_tool(parse_tool(body), agents=agents, own_name=name, secrets=secrets)
+        if issue:
+            problems.append(issue)
+        elif resolved is not None:
+            candidates.append(resolved)
+
+    for ref in spec.sub_agents:
+        if ref.name == name:
+            problems.append(f'spec.subAgents: "{name}" cannot be its own sub-agent: remove it')
+            continue
+        target = agents.get(ref.name)
+        if target is None:
+            problems.append(f'sub-agent "{ref.name}" not found in namespace {namespace}: create it or remove it')
+            continue
+        description = ref.description or (target.get("spec") or {}).get("description") or f"Ask the {ref.name} agent."
+        candidates.append(
+            cfg.ResolvedTool(
+                definition=cfg.ToolDefinition(
+                    function=cfg.FunctionDefinition(
+                        name=ref.tool_name or ref.name.replace(".", "_"),
+                        description=description,
+                        parameters=SUBAGENT_PARAMETERS,
+                    )
+                ),
+                source=f"agent:{ref.name}",
+                backend=cfg.AgentBackend(namespace=namespace, name=ref.name),
+                timeout_seconds=float(spec.script_limits.timeout_seconds) * 10,
+            )
+        )
+
+    web_search = None
+    if spec.web_search is not None:
+        search_key = None
+        if spec.web_search.api_key_secret_ref is not None:
+            search_key = secrets.wire(spec.web_search.api_key_secret_ref, env=cfg.WEB_SEARCH_API_KEY_ENV)
+            if search_key is None:
+                problems.append(
+                    secrets.problem(spec.web_search.api_key_secret_ref, field="spec.webSearch.apiKeySecretRef")
+                )
+        if search_key is not None or spec.web_search.api_key_secret_ref is None:
+            web_search = cfg.WebSearchConfig(
+                provider=spec.web_search.provider, url=spec.web_search.url, api_key=search_key
+            )
+
+    blacklist = set(spec.tool_blacklist)
+    probe = cfg.AgentConfig(
+        name=name,
+        namespace=namespace,
+        model=cfg.ModelConfig(base_url=spec.model.base_url, name=spec.model.name),
+        builtin_tools=list(dict.fromkeys(spec.builtin_tools)),
+        web_search=web_search,
+    )
+    builtins = [tool for tool in enabled_builtin_tools(probe) if tool.name not in blacklist]
+    offered = [tool for tool in candidates if tool.name not in blacklist]
+    sources: dict[str, list[str]] = {}
+    for tool in builtins:
+        sources.setdefault(tool.name, []).append(f"builtin:{tool.tool_set}")
+    for tool in offered:
+        sources.setdefault(tool.name, []).append(tool.source)
+    clashes = {tool_name: where for tool_name, where in sources.items() if len(where) > 1}
+    for tool_name, where in sorted(clashes.items()):
+        problems.append(
+            f"{' and '.join(where)} both resolve to the tool name {tool_name!r}: "
+            "set spec.functionName (or subAgents[].toolName) on one of them"
+        )
+    offered = [tool for tool in offered if tool.name not in clashes]
+
+    http_token = secrets.wire(http_token_secret, env=cfg.HTTP_TOKEN_ENV, required=False)
+    config = cfg.AgentConfig(
+        name=name,
+        namespace=namespace,
+        model=cfg.ModelConfig(
+            base_url=spec.model.base_url,
+            name=spec.model.name,
+            api_key=api_key,
+            temperature=spec.model.temperature,
+            max_result_chars=spec.model.max_result_chars,
+        ),
+        system_prompt=spec.system_prompt,
+        tools=offered,
+        builtin_tools=probe.builtin_tools,
+        tool_blacklist=sorted(blacklist),
+        parallel_tool_calls=spec.parallel_tool_calls,
+        max_iterations=spec.max_iterations,
+        script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
+        web_search=web_search,
+        http_token=http_token,
+    )
+    statuses = [
+        ResolvedToolStatus(name=tool.name, source=f"builtin:{tool.tool_set}", description=tool.description)
+        for tool in builtins
+        if tool.name not in clashes
+    ] + [
+        ResolvedToolStatus(name=tool.name, source=tool.source, description=tool.definition.function.description)
+        for tool in offered
+    ]
+    return Resolution(
+        config=config,
+        tools=statuses,
+        tool_problems=problems,
+        blocking_problems=blocking,
+        secret_env=secrets.env,
+        used_tools=sorted(wanted),
+    )
+
+
+class _SecretWiring:
+    """Collects the Secret keys the pod needs as env vars, and words the problem when one is missing."""
+
+    def __init__(self, *, namespace: str, secret_keys: Mapping[str, set[str]]) -> None:
+        self._namespace = namespace
+        self._secret_keys = secret_keys
+        self._wired: dict[str, SecretEnv] = {}
+
+    @property
+    def env(self) -> list[SecretEnv]:
+        return sorted(self._wired.values(), key=lambda item: item.env)
+
+    def wire(self, ref: SecretKeyRef, *, env: str | None = None, required: bool = True) -> cfg.SecretEnv | None:
+        """The env var that will carry this Secret key, or None when the key does not exist (yet)."""
+        if required and not self.exists(ref):
+            return None
+        name = env or secret_env_name(ref)
+        self._wired[name] = SecretEnv(env=name, ref=ref)
+        return cfg.SecretEnv(env=name)
+
+    def exists(self, ref: SecretKeyRef) -> bool:
+        return ref.key in self._secret_keys.get(ref.name, set())
+
+    def problem(self, ref: SecretKeyRef, *, field: str) -> str:
+        if ref.name not in self._secret_keys:
+            return (
+                f'{field}: Secret "{ref.name}" not found in namespace {self._namespace}: create it with key {ref.key!r}'
+            )
+        return f'{field}: Secret "{ref.name}" has no key {ref.key!r}: add the key or fix {field}.key'
+
+
+def _resolve_tool(
+    tool: Tool, *, agents: Mapping[str, Any], own_name: str, secrets: _SecretWiring
+) -> tuple[cfg.ResolvedTool | None, str | None]:
+    spec = tool.spec
+    name = tool.metadata["name"]
+    backend: cfg.Backend
+    if spec.rest is not None:
+        auth = None
+        if spec.rest.auth is not None:
+            value = secrets.wire(spec.rest.auth.secret_ref)
+            if value is None:
+                problem = secrets.problem(spec.rest.auth.secret_ref, field="spec.rest.auth.secretRef")
+                return None, f'Tool "{name}": {problem}'
+            auth = cfg.RestAuth(
+                type=spec.rest.auth.type, header_name=spec.rest.auth.header_name or "Authorization", value=value
+            )
+        backend = cfg.RestBackend(url=spec.rest.url, method=spec.rest.method, headers=spec.rest.headers, auth=auth)
+    elif spec.mcp is not None:
+        backend = cfg.McpBackend(
+            server=spec.mcp.server,
+            url=spec.mcp.url,
+            transport=spec.mcp.transport,
+            command=spec.mcp.command,
+            tool=spec.mcp.tool,
+        )
+    elif spec.script is not None:
+        backend = cfg.ScriptBackend(source=spec.script.source, pip_packages=spec.script.pip_packages)
+    else:
+        assert spec.agent is not None
+        if spec.agent.name == own_name:
+            return None, f'Tool "{name}" delegates to this agent itself: point spec.agent.name at another Agent'
+        if spec.agent.name not in agents:
+            return None, f'Tool "{name}": agent "{spec.agent.name}" not found: create it or fix spec.agent.name'
+        backend = cfg.AgentBackend(namespace=tool.metadata["namespace"], name=spec.agent.name)
+    source = f"mcp:{spec.mcp.server}" if spec.mcp is not None else f"tool:{name}"
+    definition = cfg.ToolDefinition(
+        function=cfg.FunctionDefinition(
+            name=tool.function_name,
+            description=spec.description,
+            parameters=spec.parameters,
+        )
+    )
+    return cfg.ResolvedTool(
+        definition=definition, source=source, backend=backend, timeout_seconds=float(spec.timeout_seconds)
+    ), None

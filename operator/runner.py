@@ -1,0 +1,58 @@
+"""Start the operator: one API client, one registry of handlers, kopf configured for level-based work."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from rockbot.kube.client import KubeClient
+from rockbot.operator import handlers
+from rockbot.operator.settings import OperatorSettings
+from rockbot.resources import GROUP
+
+Flag = asyncio.Event | threading.Event | asyncio.Future[Any]
+
+
+def build_registry(runtime: handlers.Runtime) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+
+    handlers.register(registry, runtime)
+    return registry
+
+
+async def run_operator(
+    settings: OperatorSettings,
+    *,
+    stop_flag: Flag | None = None,
+    ready_flag: Flag | None = None,
+    liveness_endpoint: str | None = None,
+) -> None:
+    """Run until stopped; watches `settings.namespaces`, or the whole cluster when empty."""
+    async with await KubeClient.from_environment() as kube:
+        runtime = handlers.Runtime(settings=settings, kube=kube)
+        await kopf.operator(
+            registry=build_registry(runtime),
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=settings.namespaces,
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+            liveness_endpoint=liveness_endpoint,
+        )

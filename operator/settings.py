@@ -1,0 +1,35 @@
+"""The operator's own settings: environment (`ROCKBOT_*`) and flags, through one typed model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from rockbot import __version__
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROCKBOT_", extra="ignore")
+
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Namespaces to watch (comma-separated); empty watches the whole cluster."
+    )
+    agent_image: str = Field(default=f"ghcr.io/rockbot-dev/rockbot:{__version__}", description="Default agent image.")
+    bus_secret_name: str = Field(
+        default="rockbot-bus", description="Secret, in each agent's namespace, holding the AMQP URL for agent pods."
+    )
+    bus_secret_key: str = "amqp-url"
+    amqp_url: str | None = Field(default=None, description="The operator's own broker connection (scheduling).")
+    scripts_namespace: str = "rockbot-scripts"
+    agent_port: int = 8080
+    log_format: Literal["json", "text"] = "json"
+    resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

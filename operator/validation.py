@@ -1,0 +1,63 @@
+"""Checks on a Tool that a CRD schema cannot express; each problem names the field and the fix."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsonschema
+import pydantic
+from packaging.requirements import InvalidRequirement, Requirement
+
+from rockbot.resources import Tool
+
+_PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+def parse_tool(body: dict[str, Any]) -> Tool:
+    """The Tool model of a raw object; raises `pydantic.ValidationError`."""
+    return Tool.model_validate({key: body.get(key) for key in ("apiVersion", "metadata", "spec") if key in body})
+
+
+def tool_problems(body: dict[str, Any]) -> list[str]:
+    """Everything wrong with a Tool, as sentences a person can act on; empty when it is acceptable."""
+    try:
+        tool = parse_tool(body)
+    except pydantic.ValidationError as error:
+        return [f"spec.{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in error.errors()]
+    problems: list[str] = []
+    if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool.function_name):
+        problems.append(
+            f"the function name {tool.function_name!r} breaks the OpenAI rule ^[a-zA-Z0-9_-]{{1,64}}$: "
+            "set spec.functionName"
+        )
+    problems.extend(_parameter_problems(tool.spec.parameters))
+    if tool.spec.rest is not None:
+        declared = set(tool.spec.parameters.get("properties", {}))
+        for placeholder in _PLACEHOLDER.findall(tool.spec.rest.url):
+            if placeholder not in declared:
+                problems.append(
+                    f"spec.rest.url uses {{{placeholder}}} but spec.parameters.properties has no {placeholder!r}: "
+                    "declare it or remove it from the URL"
+                )
+    if tool.spec.script is not None:
+        for package in tool.spec.script.pip_packages:
+            try:
+                Requirement(package)
+            except InvalidRequirement as error:
+                problems.append(f"spec.script.pipPackages: {package!r} is not a PEP 508 requirement ({error})")
+    return problems
+
+
+def _parameter_problems(parameters: dict[str, Any]) -> list[str]:
+    try:
+        jsonschema.Draft202012Validator.check_schema(parameters)
+    except jsonschema.SchemaError as error:
+        where = "/".join(map(str, error.absolute_path)) or "(root)"
+        return [f"spec.parameters is not a valid JSON Schema at {where}: {error.message}"]
+    if parameters.get("type") != "object":
+        return [
+            'spec.parameters must be an object schema ({"type": "object", "properties": {...}}): '
+            "tool arguments are always a JSON object"
+        ]
+    return []
