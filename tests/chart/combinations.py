@@ -1,0 +1,50 @@
+"""Value combinations the chart is rendered with in the tests: one per way people install it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PACKAGE_INDEX_URL = "http://devpi.pypi.svc.cluster.local:3141/root/pypi/+simple/"
+
+COMBINATIONS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "external-broker": {
+        "rabbitmq": {"enabled": False},
+        "externalBroker": {"url": "amqps://rockbot:s3cret@broker.example:5671/rockbot",
+                           "cidrs": ["203.0.113.10/32"], "port": 5671},
+    },
+    "existing-bus-secret": {
+        "rabbitmq": {"enabled": False},
+        "externalBroker": {"existingSecret": "my-amqp"},
+    },
+    "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
+    "sandbox-options": {
+        "scripts": {
+            "runtimeClassName": "gvisor",
+            "packageIndex": {
+                "url": PACKAGE_INDEX_URL,
+                "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pypi"}},
+                        "podSelector": {"matchLabels": {"app": "devpi"}}}],
+                "ports": [3141],
+            },
+        },
+    },
+    "agent-namespaces": {
+        "agentNamespaces": ["team-a", "team-b"],
+        "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"], "llmPorts": [443, 8443]}},
+    },
+    "everything": {
+        "agentNamespaces": ["team-a"],
+        "operator": {"watchAllNamespaces": True, "logFormat": "text",
+                     "extraEnv": [{"name": "ROCKBOT_EXTRA", "value": "1"}]},
+        "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"],
+                              "extraRules": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}]}},
+        "scripts": {"runtimeClassName": "gvisor", "concurrency": 8,
+                    "packageIndex": {"url": PACKAGE_INDEX_URL,
+                                     "to": [{"ipBlock": {"cidr": "10.96.0.10/32"}}]}},
+        "openrouterMcp": {"enabled": True},
+        "rabbitmq": {"persistence": {"storageClassName": "fast", "size": "10Gi"}},
+        "image": {"digest": "sha256:" + "a" * 64},
+        "imagePullSecrets": [{"name": "registry"}],
+    },
+}

@@ -1,0 +1,234 @@
+"""The chart renders valid Kubernetes objects for every supported way of installing it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.chart.combinations import COMBINATIONS, PACKAGE_INDEX_URL
+from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest
+
+KUBERNETES_VERSION = "1.30"  # the oldest minor the chart is checked against
+
+Render = Callable[..., list[Manifest]]
+
+
+def find(manifests: list[Manifest], kind: str, name: str | None = None, namespace: str | None = None) -> Manifest:
+    found = [m for m in manifests if m["kind"] == kind
+             and (name is None or m["metadata"]["name"] == name)
+             and (namespace is None or m["metadata"].get("namespace") == namespace)]
+    assert len(found) == 1, f"expected one {kind} {name or ''} in {namespace or 'any namespace'}, found {len(found)}"
+    return found[0]
+
+
+def env_of(deployment: Manifest) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def secret_text(secret: Manifest, key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_helm_lint_passes(helm: Helm, tmp_path, name: str) -> None:
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps(COMBINATIONS[name]))
+    out = helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE, "--values", str(values))
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_every_manifest_matches_the_kubernetes_openapi_schema(render: Render, name: str) -> None:
+    manifests = render(COMBINATIONS[name])
+    assert manifests
+    for manifest in manifests:
+        where = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{where} at {'.'.join(map(str, error.path))}: {error.message}")
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_every_object_carries_the_standard_labels(render: Render, name: str) -> None:
+    for manifest in render(COMBINATIONS[name]):
+        if manifest["kind"] == "CustomResourceDefinition":
+            continue  # shipped verbatim from crds/, not templated
+        labels = manifest["metadata"].get("labels", {})
+        for key in ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+                    "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "app.kubernetes.io/component"):
+            assert key in labels, f"{manifest['kind']}/{manifest['metadata']['name']} lacks label {key}"
+
+
+def test_image_tag_defaults_to_the_chart_app_version(render: Render) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    manifests = render()
+    operator = find(manifests, "Deployment", "rockbot-operator")
+    image = operator["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"ghcr.io/rockbot/rockbot:{app_version}"
+    assert env_of(operator)["ROCKBOT_AGENT_IMAGE"] == image
+
+
+def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
+    digest = "sha256:" + "b" * 64
+    manifests = render({"image": {"digest": digest, "tag": "ignored"}, "openrouterMcp": {"enabled": True}})
+    deployments = [m for m in manifests if m["kind"] == "Deployment"]
+    assert len(deployments) == 3
+    for deployment in deployments:
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/rockbot/rockbot@{digest}"
+
+
+def test_bus_secret_url_uses_the_generated_rabbitmq_credentials(render: Render) -> None:
+    manifests = render()
+    credentials = find(manifests, "Secret", "rockbot-rabbitmq")
+    assert credentials["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    password = secret_text(credentials, "password")
+    assert len(password) == 32
+    url = urlsplit(secret_text(find(manifests, "Secret", "rockbot-bus", NAMESPACE), "amqp-url"))
+    assert (url.scheme, url.username, url.password) == ("amqp", "rockbot", password)
+    # A fully qualified host, so agents in other namespaces reach it too.
+    assert (url.hostname, url.port) == (f"rockbot-rabbitmq.{NAMESPACE}.svc", 5672)
+
+
+def test_rabbitmq_password_from_values_is_url_quoted_in_the_bus_secret(render: Render) -> None:
+    manifests = render({"rabbitmq": {"auth": {"username": "bot", "password": "p@ss/w:rd"}}})
+    assert secret_text(find(manifests, "Secret", "rockbot-rabbitmq"), "password") == "p@ss/w:rd"
+    url = secret_text(find(manifests, "Secret", "rockbot-bus"), "amqp-url")
+    assert url.startswith("amqp://bot:p%40ss%2Fw%3Ard@rockbot-rabbitmq.")
+
+
+def test_rabbitmq_runs_the_official_image_with_a_volume_and_loopback_users_off(render: Render) -> None:
+    manifests = render()
+    statefulset = find(manifests, "StatefulSet", "rockbot-rabbitmq")
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"].startswith("docker.io/library/rabbitmq:3.13.")
+    assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
+    assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} >= {"/var/lib/rabbitmq"}
+    config = find(manifests, "ConfigMap", "rockbot-rabbitmq")["data"]["10-rockbot.conf"]
+    assert "loopback_users = none" in config.splitlines()
+
+
+def test_external_broker_url_replaces_the_bundled_rabbitmq(render: Render) -> None:
+    manifests = render(COMBINATIONS["external-broker"])
+    assert not [m for m in manifests if m["kind"] == "StatefulSet"]
+    assert not [m for m in manifests if "rabbitmq" in m["metadata"]["name"]]
+    bus = find(manifests, "Secret", "rockbot-bus")
+    assert secret_text(bus, "amqp-url") == COMBINATIONS["external-broker"]["externalBroker"]["url"]
+    egress = find(manifests, "NetworkPolicy", "rockbot-agent-egress")["spec"]["egress"]
+    assert {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"protocol": "TCP", "port": 5671}]} in egress
+
+
+def test_existing_bus_secret_is_referenced_and_not_created(render: Render) -> None:
+    manifests = render(COMBINATIONS["existing-bus-secret"])
+    assert not [m for m in manifests if m["kind"] == "Secret"]
+    operator_env = env_of(find(manifests, "Deployment", "rockbot-operator"))
+    assert operator_env["ROCKBOT_BUS_SECRET_NAME"] == "my-amqp"
+    assert operator_env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "my-amqp", "key": "amqp-url"}}
+    scripts_env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
+    assert scripts_env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "my-amqp", "key": "amqp-url"}}
+
+
+def test_operator_env_follows_the_settings_contract(render: Render) -> None:
+    env = env_of(find(render(), "Deployment", "rockbot-operator"))
+    assert env == {
+        "ROCKBOT_NAMESPACES": NAMESPACE,
+        "ROCKBOT_AGENT_IMAGE": env["ROCKBOT_AGENT_IMAGE"],
+        "ROCKBOT_BUS_SECRET_NAME": "rockbot-bus",
+        "ROCKBOT_BUS_SECRET_KEY": "amqp-url",
+        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-bus", "key": "amqp-url"}},
+        "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
+        "ROCKBOT_LOG_FORMAT": "json",
+    }
+
+
+def test_operator_watches_all_namespaces_only_when_asked(render: Render) -> None:
+    env = env_of(find(render({"agentNamespaces": ["team-a"]}), "Deployment", "rockbot-operator"))
+    assert env["ROCKBOT_NAMESPACES"] == f"{NAMESPACE},team-a"
+    env = env_of(find(render(COMBINATIONS["everything"]), "Deployment", "rockbot-operator"))
+    assert env["ROCKBOT_NAMESPACES"] == ""
+    assert env["ROCKBOT_EXTRA"] == "1"
+
+
+def test_agent_namespaces_each_get_the_bus_secret_and_the_egress_policy(render: Render) -> None:
+    manifests = render(COMBINATIONS["agent-namespaces"])
+    urls = set()
+    for namespace in (NAMESPACE, "team-a", "team-b"):
+        urls.add(secret_text(find(manifests, "Secret", "rockbot-bus", namespace), "amqp-url"))
+        find(manifests, "NetworkPolicy", "rockbot-agent-egress", namespace)
+    assert len(urls) == 1, "every namespace must get the same broker URL"
+
+
+def test_agent_egress_allows_only_dns_the_bus_and_the_llm(render: Render) -> None:
+    policy = find(render(COMBINATIONS["agent-namespaces"]), "NetworkPolicy", "rockbot-agent-egress", "team-a")
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "rockbot-agent"}}
+    assert spec["policyTypes"] == ["Egress"]
+    dns, bus, llm = spec["egress"]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert bus["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert bus["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rabbitmq"
+    assert bus["ports"] == [{"protocol": "TCP", "port": 5672}]
+    assert llm == {"to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}],
+                   "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 8443}]}
+
+
+def test_scripts_namespace_enforces_restricted_and_denies_all_traffic(render: Render) -> None:
+    manifests = render()
+    labels = find(manifests, "Namespace", "rockbot-scripts")["metadata"]["labels"]
+    for mode in ("enforce", "audit", "warn"):
+        assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
+    policies = [
+        m for m in manifests if m["kind"] == "NetworkPolicy" and m["metadata"]["namespace"] == "rockbot-scripts"
+    ]
+    assert len(policies) == 1, "without a package index nothing may open traffic in the scripts namespace"
+    (deny,) = policies
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+
+
+def test_package_index_opens_only_the_index_and_dns_for_script_pods(render: Render) -> None:
+    manifests = render(COMBINATIONS["sandbox-options"])
+    env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
+    assert env["ROCKBOT_SCRIPTS_RUNTIME_CLASS"] == "gvisor"
+    assert env["ROCKBOT_SCRIPTS_PACKAGE_INDEX_URL"] == PACKAGE_INDEX_URL
+    policy = find(manifests, "NetworkPolicy", "rockbot-scripts-package-index", "rockbot-scripts")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"rockbot.dev/role": "script"}}
+    assert policy["policyTypes"] == ["Egress"]
+    dns, index = policy["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert index == {"to": COMBINATIONS["sandbox-options"]["scripts"]["packageIndex"]["to"],
+                     "ports": [{"protocol": "TCP", "port": 3141}]}
+
+
+def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> None:
+    env = env_of(find(render(), "Deployment", "rockbot-scripts-manager"))
+    assert env == {
+        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-bus", "key": "amqp-url"}},
+        "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
+        "ROCKBOT_SCRIPTS_BACKEND": "pods",
+        "ROCKBOT_SCRIPTS_CONCURRENCY": "4",
+        "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
+        "ROCKBOT_LOG_FORMAT": "json",
+    }
+
+
+def test_openrouter_mcp_reads_its_key_from_a_secret_and_serves_agents_only(render: Render) -> None:
+    manifests = render(COMBINATIONS["openrouter-mcp"])
+    deployment = find(manifests, "Deployment", "rockbot-openrouter-mcp")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "openrouter-mcp"
+    assert env_of(deployment)["OPENROUTER_API_KEY"] == {"secretKeyRef": {"name": "openrouter", "key": "api-key"}}
+    find(manifests, "Service", "rockbot-openrouter-mcp")
+    ingress = find(manifests, "NetworkPolicy", "rockbot-openrouter-mcp")["spec"]["ingress"]
+    assert ingress[0]["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "rockbot-agent"}}
+    agents_egress = find(manifests, "NetworkPolicy", "rockbot-agent-egress")["spec"]["egress"]
+    assert any(rule["ports"] == [{"protocol": "TCP", "port": 8080}] for rule in agents_egress)
+    assert not [m for m in render() if "openrouter" in m["metadata"]["name"]]

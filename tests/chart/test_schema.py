@@ -1,0 +1,47 @@
+"""Bad values fail at install time with a message naming the field (values.schema.json and the chart's checks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.chart.conftest import HelmError, Manifest
+
+BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown-top-level-key": ({"agentNamespace": ["team-a"]}, "Additional property agentNamespace is not allowed"),
+    "unknown-nested-key": ({"operator": {"replica": 1}}, "Additional property replica is not allowed"),
+    "two-operators": ({"operator": {"replicas": 2}}, "operator.replicas"),
+    "log-format": ({"operator": {"logFormat": "xml"}}, "operator.logFormat"),
+    "zero-concurrency": ({"scripts": {"concurrency": 0}}, "scripts.concurrency"),
+    "concurrency-as-text": ({"scripts": {"concurrency": "four"}}, "scripts.concurrency"),
+    "namespace-not-dns": ({"scripts": {"namespace": "Rockbot_Scripts"}}, "scripts.namespace"),
+    "agent-namespace-not-dns": ({"agentNamespaces": ["Team A"]}, "agentNamespaces.0"),
+    "llm-cidr": ({"agents": {"egress": {"llmCIDRs": ["api.openai.com"]}}}, "agents.egress.llmCIDRs.0"),
+    "broker-url-scheme": ({"rabbitmq": {"enabled": False}, "externalBroker": {"url": "http://broker"}},
+                          "externalBroker.url"),
+    "pull-policy": ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    "digest": ({"image": {"digest": "latest"}}, "image.digest"),
+    "root-user": ({"podSecurityContext": {"runAsUser": 0}}, "podSecurityContext.runAsUser"),
+    "resources-without-limits": ({"operator": {"resources": {"limits": None}}}, "operator.resources"),
+    "package-index-url": ({"scripts": {"packageIndex": {"url": "devpi:3141"}}}, "scripts.packageIndex.url"),
+    "no-broker-at-all": ({"rabbitmq": {"enabled": False}}, "set externalBroker.url"),
+    "scripts-namespace-shared-with-agents": (
+        {"agentNamespaces": ["rockbot-scripts"]},
+        'scripts.namespace "rockbot-scripts" is also a namespace where agents run',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", BAD_VALUES)
+def test_bad_values_fail_naming_the_field(render: Callable[..., list[Manifest]], name: str) -> None:
+    values, message = BAD_VALUES[name]
+    with pytest.raises(HelmError) as failure:
+        render(values)
+    assert message in str(failure.value)
+
+
+def test_release_in_the_scripts_namespace_is_refused(render: Callable[..., list[Manifest]]) -> None:
+    with pytest.raises(HelmError, match=r"pick another scripts\.namespace"):
+        render(namespace="rockbot-scripts")
