@@ -1,0 +1,318 @@
+"""A client for any OpenAI-compatible Chat Completions endpoint (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp).
+
+Streaming is the default: text deltas go to the caller as they arrive, while `tool_calls` deltas
+are accumulated by their `index` (id, name and argument fragments arrive spread over many
+chunks, interleaved between calls) and handed over whole when the stream ends. Non-streaming
+requests return the same `Completion`.
+
+429 and 5xx answers (and connection failures) are retried with exponential backoff and jitter,
+honouring `Retry-After` up to a cap; a retry only ever happens before any of the answer was
+passed on, so the caller never sees text twice. A 401/403 and an unknown model fail at once with
+an error that says what to fix, because retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
+
+TextSink = Callable[[str], Awaitable[None]]
+
+
+class LlmError(Exception):
+    """The model endpoint could not give an answer."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retryable: bool = False, retry_after: float | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class LlmAuthError(LlmError):
+    """The endpoint refused the API key (401/403)."""
+
+
+class LlmModelNotFound(LlmError):
+    """The endpoint does not know the configured model name."""
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str = ""
+
+    def message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Completion(BaseModel):
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message to append to the history."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.tool_calls:
+            message["tool_calls"] = [call.message() for call in self.tool_calls]
+        return message
+
+
+UsageObserver = Callable[[str, Usage | None], None]
+
+
+class LlmClient:
+    """One model at one endpoint. Create it inside a running event loop; `close()` when done."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        temperature: float | None = None,
+        timeout_seconds: float = 120.0,
+        max_attempts: int = 4,
+        backoff_seconds: float = 0.5,
+        max_backoff_seconds: float = 20.0,
+        observer: UsageObserver | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._api_key = api_key
+        self._api_key_env = api_key_env
+        self._temperature = temperature
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=min(timeout_seconds, 10.0))
+        self._max_attempts = max(1, max_attempts)
+        self._backoff = backoff_seconds
+        self._max_backoff = max_backoff_seconds
+        self._observer = observer
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def complete(
+        self,
+        *,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        stream: bool = True,
+        on_text: TextSink | None = None,
+    ) -> Completion:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": stream}
+        if tools:
+            body["tools"] = tools
+        if self._temperature is not None:
+            body["temperature"] = self._temperature
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                completion = await self._attempt(body, stream=stream, on_text=on_text)
+            except LlmError as error:
+                self._observe(f"{error.status or 'error'}", None)
+                if not error.retryable or attempt == self._max_attempts:
+                    if error.retryable:
+                        raise LlmError(
+                            f"{error} (gave up after {attempt} attempts)", status=error.status, retryable=True
+                        ) from error
+                    raise
+                await asyncio.sleep(self._delay(attempt, error.retry_after))
+                continue
+            self._observe("200", completion.usage)
+            return completion
+        raise AssertionError("unreachable")
+
+    def _observe(self, status: str, usage: Usage | None) -> None:
+        if self._observer is not None:
+            self._observer(status, usage)
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self._max_backoff)
+        base = min(self._backoff * 2 ** (attempt - 1), self._max_backoff)
+        return base * (0.5 + random.random() / 2)
+
+    async def _attempt(self, body: dict[str, Any], *, stream: bool, on_text: TextSink | None) -> Completion:
+        session = self._session
+        if session is None:
+            session = self._session = aiohttp.ClientSession(timeout=self._timeout)
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        url = f"{self.base_url}/chat/completions"
+        try:
+            async with session.post(url, json=body, headers=headers) as response:
+                if response.status != 200:
+                    raise await self._failure(response)
+                if stream:
+                    return await _read_stream(response, on_text=on_text)
+                return _parse_completion(await response.json(content_type=None))
+        except TimeoutError:
+            raise LlmError(f"the model endpoint {url} did not answer in time", retryable=True) from None
+        except aiohttp.ClientError as exc:
+            raise LlmError(f"cannot reach the model endpoint {url}: {exc}", retryable=True) from exc
+
+    async def _failure(self, response: aiohttp.ClientResponse) -> LlmError:
+        text = (await response.text())[:500]
+        detail = _error_message(text)
+        status = response.status
+        if status in (401, 403):
+            where = f"the environment variable {self._api_key_env}" if self._api_key_env else "the model API key"
+            missing = "" if self._api_key else " (no API key is set)"
+            return LlmAuthError(
+                f"the model endpoint {self.base_url} refused the API key (HTTP {status}){missing}: {detail}. "
+                f"Check {where} and the Secret behind it.",
+                status=status,
+            )
+        lowered = detail.lower()
+        if status == 404 or (status == 400 and "model" in lowered and ("not" in lowered or "unknown" in lowered)):
+            return LlmModelNotFound(
+                f"the model endpoint {self.base_url} does not know model {self.model!r} (HTTP {status}): {detail}. "
+                "Check the model name in the Agent's spec.",
+                status=status,
+            )
+        return LlmError(
+            f"the model endpoint {self.base_url} answered HTTP {status}: {detail}",
+            status=status,
+            retryable=status == 429 or status >= 500,
+            retry_after=_retry_after(response.headers.get("Retry-After")),
+        )
+
+
+def _error_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip() or "no details"
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return text.strip() or "no details"
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _parse_completion(data: dict[str, Any]) -> Completion:
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise LlmError(f"the model endpoint sent an answer without choices: {str(data)[:300]}") from None
+    calls = [
+        ToolCall(
+            id=call.get("id") or f"call_{n}",
+            name=call["function"]["name"],
+            arguments=call["function"].get("arguments") or "",
+        )
+        for n, call in enumerate(message.get("tool_calls") or [])
+    ]
+    return Completion(
+        content=message.get("content") or "",
+        tool_calls=calls,
+        finish_reason=choice.get("finish_reason"),
+        usage=Usage.model_validate(data.get("usage") or {}),
+    )
+
+
+class _PartialCall:
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments = ""
+
+
+async def _read_stream(response: aiohttp.ClientResponse, *, on_text: TextSink | None) -> Completion:
+    text: list[str] = []
+    calls: dict[int, _PartialCall] = {}
+    finish_reason: str | None = None
+    usage = Usage()
+    async for data in _sse_events(response):
+        if data == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise LlmError(f"the model endpoint sent a stream event that is not JSON: {data[:200]}") from None
+        if chunk.get("error"):
+            raise LlmError(f"the model endpoint reported an error mid-stream: {_error_message(data)}")
+        if chunk.get("usage"):
+            usage = Usage.model_validate(chunk["usage"])
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                text.append(delta["content"])
+                if on_text is not None:
+                    await on_text(delta["content"])
+            for fragment in delta.get("tool_calls") or []:
+                partial = calls.setdefault(int(fragment.get("index", len(calls))), _PartialCall())
+                partial.id += fragment.get("id") or ""
+                function = fragment.get("function") or {}
+                partial.name += function.get("name") or ""
+                partial.arguments += function.get("arguments") or ""
+            finish_reason = choice.get("finish_reason") or finish_reason
+    tool_calls = [
+        ToolCall(id=partial.id or f"call_{index}", name=partial.name, arguments=partial.arguments)
+        for index, partial in sorted(calls.items())
+    ]
+    return Completion(content="".join(text), tool_calls=tool_calls, finish_reason=finish_reason, usage=usage)
+
+
+async def _sse_events(response: aiohttp.ClientResponse):
+    """Yield the `data` of each server-sent event (multi-line data joined with newlines)."""
+    lines: list[str] = []
+    async for line in _lines(response):
+        if not line:
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)
+
+
+async def _lines(response: aiohttp.ClientResponse):
+    """Lines of any length (aiohttp's own line iterator refuses lines over 64 KiB)."""
+    buffer = b""
+    async for data in response.content.iter_any():
+        buffer += data
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if buffer:
+        yield buffer.rstrip(b"\r").decode("utf-8")

@@ -1,0 +1,132 @@
+"""The tool-calling loop: ask the model, run the tools it calls, answer each call, ask again.
+
+One round sends the system prompt, the history and the offered tools; text deltas stream to the
+caller. When the model calls tools they run (side by side when there are several and parallel
+calls are on, at most `max_parallel` at once; else one after another, in the model's order) and
+each call gets exactly one `role: tool` message with its `tool_call_id`, in the order the calls
+were made, so any provider accepts the next request. Unknown and blacklisted tools are answered
+with an error without running anything (the registry decides). The loop ends with the first
+answer without tool calls, or after `max_iterations` rounds with a final message saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted, emit
+from rockbot.agent.llm import LlmClient, ToolCall
+from rockbot.agent.memory import WorkingMemory
+from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+
+Message = dict[str, Any]
+
+
+class LoopSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    max_iterations: int = Field(default=10, ge=1)
+    parallel_tool_calls: bool = True
+    max_parallel: int = Field(default=8, ge=1)
+    max_result_chars: int = Field(default=16_000, ge=100)
+    stream: bool = True
+
+
+class LoopResult(BaseModel):
+    answer: str
+    tools_called: list[str] = Field(default_factory=list)
+    iterations: int
+    hit_iteration_limit: bool = False
+
+
+class ToolLoop:
+    def __init__(
+        self,
+        *,
+        llm: LlmClient,
+        registry: ToolRegistry,
+        memory: WorkingMemory,
+        settings: LoopSettings,
+        system_prompt: str = "",
+    ):
+        self.llm = llm
+        self.registry = registry
+        self.memory = memory
+        self.settings = settings
+        self.system_prompt = system_prompt
+
+    async def run(
+        self,
+        *,
+        history: list[Message],
+        session_id: str,
+        call_chain: tuple[str, ...] = (),
+        on_event: EventSink | None = None,
+    ) -> LoopResult:
+        """Run until a final answer; `history` (without the system prompt) is extended in place."""
+
+        async def on_text(text: str) -> None:
+            await emit(on_event, TextDelta(text=text))
+
+        called: list[str] = []
+        prefix = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        for iteration in range(1, self.settings.max_iterations + 1):
+            completion = await self.llm.complete(
+                messages=prefix + history,
+                tools=self.registry.openai_tools() or None,
+                stream=self.settings.stream,
+                on_text=on_text,
+            )
+            history.append(completion.message())
+            if not completion.tool_calls:
+                return LoopResult(answer=completion.content, tools_called=called, iterations=iteration)
+            outcomes = await self._run_tools(
+                completion.tool_calls, session_id=session_id, call_chain=call_chain, on_event=on_event
+            )
+            for call, outcome in zip(completion.tool_calls, outcomes, strict=True):
+                called.append(call.name)
+                content = outcome.for_model()
+                if outcome.ok:
+                    content = self.memory.offload(
+                        session_id=session_id,
+                        tool_name=call.name,
+                        content=content,
+                        threshold=self.settings.max_result_chars,
+                    )
+                history.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        answer = (
+            f"I stopped after {self.settings.max_iterations} rounds of tool calls without reaching a final "
+            "answer (the agent's max_iterations limit). Ask me to continue, or narrow the request."
+        )
+        history.append({"role": "assistant", "content": answer})
+        await on_text(answer)
+        return LoopResult(
+            answer=answer, tools_called=called, iterations=self.settings.max_iterations, hit_iteration_limit=True
+        )
+
+    async def _run_tools(
+        self, calls: list[ToolCall], *, session_id: str, call_chain: tuple[str, ...], on_event: EventSink | None
+    ) -> list[ToolOutcome]:
+        async def run_one(call: ToolCall) -> ToolOutcome:
+            await emit(on_event, ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
+            context = ToolContext(session_id=session_id, tool_call_id=call.id, call_chain=call_chain)
+            outcome = await self.registry.invoke(call.name, call.arguments, context=context)
+            await emit(
+                on_event,
+                ToolFinished(
+                    call_id=call.id, name=call.name, error=outcome.error, duration_seconds=outcome.duration_seconds
+                ),
+            )
+            return outcome
+
+        if not self.settings.parallel_tool_calls or len(calls) == 1:
+            return [await run_one(call) for call in calls]
+        gate = asyncio.Semaphore(self.settings.max_parallel)
+
+        async def gated(call: ToolCall) -> ToolOutcome:
+            async with gate:
+                return await run_one(call)
+
+        return list(await asyncio.gather(*(gated(call) for call in calls)))

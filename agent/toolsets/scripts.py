@@ -1,0 +1,141 @@
+"""The `scripts` set (`execute_python_script`) and script-backed Tools: Python run in the sandbox.
+
+The agent never runs code itself: it asks the scripts-manager over the bus (through the sandbox
+client, `rockbot.agent.sandbox`) and gets the script's stdout, stderr and exit code back, or an
+error as data. A script-backed Tool resource runs its fixed source with the call's arguments as
+JSON on stdin. The tool's own timeout is the script's limit plus `SANDBOX_MARGIN_SECONDS`, since
+a throw-away pod must be scheduled and started before the script's clock even starts.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Annotated, Any, Protocol
+
+from pydantic import Field
+
+from rockbot.agent.defining import tool
+from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
+from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
+from rockbot.contracts.errors import ErrorCode
+from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
+
+SANDBOX_MARGIN_SECONDS = 60.0
+
+GUIDE = Guide(
+    name="python-scripts",
+    summary="Running Python in the network-less sandbox.",
+    document=(
+        "# Python scripts\n\n"
+        "`execute_python_script(script, input_data?, timeout_seconds?, pip_packages?)` runs Python 3 in a "
+        "throw-away sandbox with no network. Read `input_data` with `json.load(sys.stdin)`, print results "
+        "(JSON is easiest to use afterwards) and exit 0. You get stdout, stderr and the exit code; a "
+        "non-zero exit code means the script failed: read stderr, fix the script and try again.\n"
+    ),
+)
+
+
+class Sandbox(Protocol):
+    """The agent-side client of the scripts-manager (see `rockbot.agent.sandbox`)."""
+
+    async def execute_python_script(
+        self,
+        *,
+        request_id: str,
+        script: str,
+        input_data: str | None,
+        timeout_seconds: float,
+        pip_packages: tuple[str, ...],
+    ) -> ScriptInvokeResponse | ScriptInvokeError: ...
+
+
+async def run_script(
+    kit: ToolKit,
+    *,
+    request_id: str,
+    script: str,
+    input_data: Any,
+    timeout_seconds: float,
+    pip_packages: tuple[str, ...],
+) -> str:
+    if kit.sandbox is None:
+        raise ToolFailure(
+            "this agent has no sandbox client, so it cannot run scripts (no bus connection to the scripts-manager)",
+            code=ErrorCode.UNAVAILABLE,
+        )
+    reply = await kit.sandbox.execute_python_script(
+        request_id=f"{request_id or 'call'}.{secrets.token_hex(4)}",  # unique even if a model reuses call ids
+        script=script,
+        input_data=None if input_data is None else json.dumps(input_data),
+        timeout_seconds=timeout_seconds,
+        pip_packages=pip_packages,
+    )
+    if isinstance(reply, ScriptInvokeError):
+        raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)
+    return format_response(reply)
+
+
+def format_response(reply: ScriptInvokeResponse) -> str:
+    ended = f"exit code {reply.exit_code}" if reply.exit_code is not None else "killed before it exited"
+    notes = [
+        note
+        for flag, note in (
+            (reply.timed_out, "the script ran out of time"),
+            (reply.oom_killed, "the script ran out of memory"),
+            (reply.output_truncated, "output was truncated"),
+        )
+        if flag
+    ]
+    header = f"{ended} after {reply.duration_seconds:.2f} s" + (f" ({'; '.join(notes)})" if notes else "")
+    return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}"
+
+
+async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
+    limits = kit.config.script_limits
+
+    @tool(
+        name="execute_python_script",
+        description=catalogue_description("execute_python_script"),
+        timeout=limits.timeout_seconds + SANDBOX_MARGIN_SECONDS,
+    )
+    async def execute_python_script(
+        script: Annotated[str, Field(min_length=1, description="Python 3 source code.")],
+        context: ToolContext,
+        input_data: Annotated[Any, Field(description="Any JSON value; the script reads it from stdin.")] = None,
+        timeout_seconds: Annotated[
+            float, Field(gt=0, le=limits.timeout_seconds, description="Time limit for the script in seconds.")
+        ] = limits.timeout_seconds,
+        pip_packages: Annotated[list[str], Field(description="Packages to make available, e.g. ['numpy'].")] = [],  # noqa: B006
+    ) -> str:
+        return await run_script(
+            kit,
+            request_id=context.tool_call_id,
+            script=script,
+            input_data=input_data,
+            timeout_seconds=timeout_seconds,
+            pip_packages=tuple(pip_packages),
+        )
+
+    registry.register(execute_python_script)
+    kit.guides.add(GUIDE)
+
+
+def script_tool(resolved: ResolvedTool, *, kit: ToolKit):
+    """A Tool resource with a `script` backend: its source runs with the arguments on stdin."""
+    backend = resolved.backend
+    assert isinstance(backend, ScriptBackend)
+    script_timeout = min(resolved.timeout_seconds, kit.config.script_limits.timeout_seconds)
+
+    async def execute(args: dict[str, Any], context: ToolContext) -> str:
+        return await run_script(
+            kit,
+            request_id=context.tool_call_id,
+            script=backend.source,
+            input_data=args,
+            timeout_seconds=script_timeout,
+            pip_packages=tuple(backend.pip_packages),
+        )
+
+    return execute, script_timeout + SANDBOX_MARGIN_SECONDS

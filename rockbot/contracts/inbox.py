@@ -1,0 +1,70 @@
+"""Messages on an agent's inbox queue (`agent.<namespace>.<name>.inbox`) and the reply it sends back.
+
+One request model serves the three ways work reaches an agent (a user's message, a scheduled task
+firing, another agent calling it as a tool) so the agent has one handler and one reply shape.
+Sub-agent calls carry the chain of agents that led to them: the receiver refuses a call that would
+loop back to an agent already in the chain or go deeper than `MAX_CALL_DEPTH`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rockbot.contracts.errors import ErrorInfo
+
+SCHEMA_VERSION = 1
+
+#: How many agent-to-agent hops one request may take (the user's agent is depth 0).
+MAX_CALL_DEPTH = 4
+
+InboxKind = Literal["user_message", "scheduled_task", "agent_call"]
+
+
+class InboxRequest(BaseModel):
+    """Work for an agent: `content` is the user turn, the task's prompt, or the calling agent's instruction.
+
+    `call_chain` lists the agents (`namespace/name`) the request passed through, caller last; its
+    length is the call depth. `reply_to` is the queue the `InboxReply` goes to (correlation id =
+    `request_id`); without it the agent does the work and answers nobody (fire-and-forget tasks).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: InboxKind
+    request_id: Annotated[str, Field(min_length=1, max_length=256)]
+    session_id: Annotated[str, Field(min_length=1, max_length=256)]
+    content: Annotated[str, Field(min_length=1)]
+    reply_to: str | None = None
+    call_chain: tuple[str, ...] = ()
+
+    @property
+    def depth(self) -> int:
+        return len(self.call_chain)
+
+    @model_validator(mode="after")
+    def _agent_calls_name_their_caller(self) -> InboxRequest:
+        if self.kind == "agent_call" and not self.call_chain:
+            raise ValueError("call_chain: an agent_call must list at least the calling agent ('namespace/name')")
+        return self
+
+
+class InboxReply(BaseModel):
+    """The outcome of one `InboxRequest`: the final answer, or an error as data, and the tools used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str
+    session_id: str
+    answer: str | None = None
+    error: ErrorInfo | None = None
+    tools_called: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _answer_or_error(self) -> InboxReply:
+        if (self.answer is None) == (self.error is None):
+            raise ValueError("answer/error: a reply carries exactly one of them")
+        return self
