@@ -26,8 +26,10 @@ class ModelSpec(Schema):
     """An OpenAI-compatible Chat Completions endpoint (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
 
     model_config = cel_rules(
-        ("self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
-         "baseUrl must be an http:// or https:// URL, e.g. https://openrouter.ai/api/v1"),
+        (
+            "self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
+            "baseUrl must be an http:// or https:// URL, e.g. https://openrouter.ai/api/v1",
+        ),
     )
 
     base_url: Annotated[str, Field(min_length=1, max_length=2048, description="Base URL of the API, up to /v1.")]
@@ -101,8 +103,10 @@ class EnvVar(Schema):
 
 class AgentSpec(Schema):
     model_config = cel_rules(
-        ("self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
-         "a tool cannot be both listed in tools and blacklisted; remove it from one of them"),
+        (
+            "self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
+            "a tool cannot be both listed in tools and blacklisted; remove it from one of them",
+        ),
     )
 
     description: Annotated[str, Field(max_length=2000)] = Field(
@@ -160,8 +164,10 @@ class Agent(Resource):
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
     object_rules: ClassVar[list[dict[str, str]]] = [
-        {"rule": "self.metadata.name.size() <= 50",
-         "message": "Agent names are at most 50 characters (children are named rockbot-<name>-...)"},
+        {
+            "rule": "self.metadata.name.size() <= 50",
+            "message": "Agent names are at most 50 characters (children are named rockbot-<name>-...)",
+        },
     ]
 
     api_version: str = "rockbot.dev/v1alpha1"

@@ -64,7 +64,12 @@ class PrinterColumn(BaseModel):
 
 
 class Resource(Schema):
-    """A custom resource kind: subclasses declare the CRD's names and printer columns."""
+    """A custom resource kind: subclasses declare the CRD's names and printer columns.
+
+    The object level ignores what the API server adds (`kind`, managed fields); `spec` stays strict.
+    """
+
+    model_config = ConfigDict(**Schema.model_config | {"extra": "ignore"})
 
     kind: ClassVar[str]
     plural: ClassVar[str]

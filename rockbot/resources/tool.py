@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rockbot.resources.common import (
     FUNCTION_NAME,
@@ -33,8 +33,10 @@ class RestBackendSpec(Schema):
     """An HTTP call: `{arg}` placeholders in the URL are filled (escaped) from the call's arguments."""
 
     model_config = cel_rules(
-        ("self.url.startsWith('http://') || self.url.startsWith('https://')",
-         "url must start with http:// or https://"),
+        (
+            "self.url.startsWith('http://') || self.url.startsWith('https://')",
+            "url must start with http:// or https://",
+        ),
     )
 
     url: Annotated[str, Field(min_length=1, max_length=4096)]
@@ -47,8 +49,10 @@ class McpBackendSpec(Schema):
     """One tool of an MCP server, reached over streamable HTTP, SSE, or stdio."""
 
     model_config = cel_rules(
-        ("self.transport == 'stdio' ? size(self.command) > 0 : has(self.url)",
-         "stdio needs command; streamable-http and sse need url"),
+        (
+            "self.transport == 'stdio' ? size(self.command) > 0 : has(self.url)",
+            "stdio needs command; streamable-http and sse need url",
+        ),
     )
 
     server: KubeName = Field(description="A short name for the server; tools are listed as mcp:<server>.")
@@ -56,6 +60,12 @@ class McpBackendSpec(Schema):
     transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
     command: list[str] = Field(default_factory=list)
     tool: Annotated[str, Field(min_length=1, max_length=256)]
+
+    @model_validator(mode="after")
+    def _transport_needs(self) -> McpBackendSpec:
+        if (self.transport == "stdio" and not self.command) or (self.transport != "stdio" and not self.url):
+            raise ValueError("stdio needs command; streamable-http and sse need url")
+        return self
 
 
 class ScriptBackendSpec(Schema):
@@ -73,8 +83,10 @@ class AgentBackendSpec(Schema):
 
 class ToolSpec(Schema):
     model_config = cel_rules(
-        ("[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
-         "a Tool has exactly one backend: set one of rest, mcp, script or agent"),
+        (
+            "[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
+            "a Tool has exactly one backend: set one of rest, mcp, script or agent",
+        ),
     )
 
     function_name: FunctionName | None = Field(
@@ -90,6 +102,13 @@ class ToolSpec(Schema):
     mcp: McpBackendSpec | None = None
     script: ScriptBackendSpec | None = None
     agent: AgentBackendSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> ToolSpec:
+        # The same rule as the CEL validation above, for where no API server checks (`rockbot local`).
+        if sum(getattr(self, kind) is not None for kind in ("rest", "mcp", "script", "agent")) != 1:
+            raise ValueError("a Tool has exactly one backend: set one of rest, mcp, script or agent")
+        return self
 
     @property
     def backend_kind(self) -> str:
@@ -113,9 +132,11 @@ class Tool(Resource):
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
     object_rules: ClassVar[list[dict[str, str]]] = [
-        {"rule": f"has(self.spec.functionName) || self.metadata.name.matches('{FUNCTION_NAME}')",
-         "message": "metadata.name is not a valid function name (letters, digits, _ and -; at most 64): "
-                    "set spec.functionName"},
+        {
+            "rule": f"has(self.spec.functionName) || self.metadata.name.matches('{FUNCTION_NAME}')",
+            "message": "metadata.name is not a valid function name (letters, digits, _ and -; at most 64): "
+            "set spec.functionName",
+        },
     ]
 
     api_version: str = "rockbot.dev/v1alpha1"

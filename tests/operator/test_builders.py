@@ -1,0 +1,115 @@
+"""Child manifests built from an Agent, with no API at all."""
+
+from __future__ import annotations
+
+import json
+
+from rockbot.contracts.agent_config import AgentConfig
+from rockbot.operator import builders
+from rockbot.operator.resolving import resolve_agent
+from rockbot.operator.settings import OperatorSettings
+from rockbot.resources.common import SecretKeyRef
+from tests.operator.samples import ALL_SECRETS, agent
+
+SETTINGS = OperatorSettings(agent_image="registry.example/rockbot:1.0")
+
+
+def build(the_agent=None):
+    the_agent = the_agent or agent(builtinTools=["scripts"])
+    resolution = resolve_agent(
+        agent=the_agent,
+        tools=[],
+        agents={},
+        secret_keys=ALL_SECRETS,
+        bus_secret=SecretKeyRef(name="rockbot-bus", key="amqp-url"),
+        http_token_secret=SecretKeyRef(name="rockbot-analyst-http-token", key="token"),
+    )
+    text = builders.render_config(resolution.config)
+    return the_agent, resolution, text, builders.build_deployment(the_agent, resolution, SETTINGS, text)
+
+
+def test_service_account_has_no_token():
+    sa = builders.build_service_account(agent())
+    assert sa["automountServiceAccountToken"] is False
+    assert sa["metadata"]["name"] == "rockbot-analyst"
+
+
+def test_every_child_is_owned_and_labelled():
+    the_agent, _resolution, text, deployment = build()
+    children = [
+        builders.build_service_account(the_agent),
+        builders.build_config_map(the_agent, text),
+        builders.build_service(the_agent, SETTINGS),
+        builders.build_http_token_secret(the_agent, "t"),
+        deployment,
+    ]
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "rockbot.dev/v1alpha1",
+            "kind": "Agent",
+            "name": "analyst",
+            "uid": "uid-analyst",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rockbot-operator"
+        assert child["metadata"]["labels"]["app.kubernetes.io/instance"] == "analyst"
+
+
+def test_pod_has_no_token_and_a_restricted_security_context():
+    _, _, _, deployment = build()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["image"] == "registry.example/rockbot:1.0"
+
+
+def test_secrets_reach_the_pod_only_through_value_from():
+    _the_agent, _resolution, text, deployment = build()
+    env = {item["name"]: item for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROCKBOT_MODEL_API_KEY"] == {
+        "name": "ROCKBOT_MODEL_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "llm", "key": "apiKey"}},
+    }
+    assert env["ROCKBOT_AMQP_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rockbot-bus", "key": "amqp-url"}
+    assert env["ROCKBOT_HTTP_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "rockbot-analyst-http-token"
+    assert all("value" not in item for item in env.values())
+    config = json.loads(text)
+    assert config["model"]["api_key"] == {"env": "ROCKBOT_MODEL_API_KEY"}
+
+
+def test_config_map_holds_the_resolved_config_in_openai_format():
+    the_agent, resolution, text, _ = build()
+    config_map = builders.build_config_map(the_agent, text)
+    config = AgentConfig.model_validate_json(config_map["data"]["agent.json"])
+    assert config == resolution.config
+    assert config.builtin_tools == ["scripts"]
+
+
+def test_a_config_change_changes_the_pod_template_checksum():
+    _, _, _, first = build(agent(systemPrompt="You are terse."))
+    _, _, _, second = build(agent(systemPrompt="You are verbose."))
+    key = builders.CHECKSUM_ANNOTATION
+    assert (
+        first["spec"]["template"]["metadata"]["annotations"][key]
+        != second["spec"]["template"]["metadata"]["annotations"][key]
+    )
+
+
+def test_user_env_and_image_override_are_applied():
+    _, _, _, deployment = build(agent(image="mine:2", env=[{"name": "LOG_LEVEL", "value": "debug"}]))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "mine:2"
+    assert {"name": "LOG_LEVEL", "value": "debug"} in container["env"]

@@ -1,0 +1,138 @@
+"""Tool resolution: what the model is offered, and every way a reference can fail."""
+
+from __future__ import annotations
+
+from rockbot.operator.resolving import Resolution, agents_using, resolve_agent, secret_env_name
+from rockbot.resources.common import SecretKeyRef
+from tests.operator.samples import ALL_SECRETS, agent, agent_body, tool_body
+
+BUS = SecretKeyRef(name="rockbot-bus", key="amqp-url")
+TOKEN = SecretKeyRef(name="rockbot-analyst-http-token", key="token")
+
+
+def resolve(the_agent, tools=(), agents=None, secrets=None) -> Resolution:
+    return resolve_agent(
+        agent=the_agent,
+        tools=list(tools),
+        agents=agents or {},
+        secret_keys=ALL_SECRETS if secrets is None else secrets,
+        bus_secret=BUS,
+        http_token_secret=TOKEN,
+    )
+
+
+def test_named_and_selected_tools_are_offered_with_builtins_first():
+    tools = [tool_body("weather"), tool_body("stocks", labels={"team": "data"}), tool_body("other")]
+    result = resolve(
+        agent(tools=["weather"], toolSelector={"matchLabels": {"team": "data"}}, builtinTools=["scripts"]), tools
+    )
+    assert [(t.name, t.source) for t in result.tools] == [
+        ("execute_python_script", "builtin:scripts"),
+        ("weather", "tool:weather"),
+        ("stocks", "tool:stocks"),
+    ]
+    assert result.tool_problems == [] and result.blocking_problems == []
+    assert [t.definition.function.name for t in result.config.tools] == ["weather", "stocks"]
+
+
+def test_missing_tool_names_the_culprit_and_the_fix_and_keeps_the_rest():
+    result = resolve(agent(tools=["weather", "ghost"]), [tool_body("weather")])
+    assert result.tool_problems == [
+        'Tool "ghost" not found in namespace default: create it or remove it from spec.tools'
+    ]
+    assert [t.name for t in result.config.tools] == ["weather"]
+
+
+def test_tool_that_is_not_accepted_is_left_out_with_the_validator_message():
+    bad = tool_body("broken", parameters={"type": "array"})
+    result = resolve(agent(tools=["broken"]), [bad])
+    assert len(result.tool_problems) == 1
+    assert result.tool_problems[0].startswith('Tool "broken" is not accepted: spec.parameters must be an object')
+    assert result.config.tools == []
+
+
+def test_two_tools_with_one_function_name_are_both_withheld():
+    tools = [tool_body("a", functionName="lookup"), tool_body("b", functionName="lookup"), tool_body("c")]
+    result = resolve(agent(tools=["a", "b", "c"]), tools)
+    assert result.tool_problems == [
+        "tool:a and tool:b both resolve to the tool name 'lookup': "
+        "set spec.functionName (or subAgents[].toolName) on one of them"
+    ]
+    assert [t.name for t in result.config.tools] == ["c"]
+
+
+def test_a_tool_clashing_with_a_builtin_is_reported():
+    result = resolve(
+        agent(tools=["x"], builtinTools=["scripts"]), [tool_body("x", functionName="execute_python_script")]
+    )
+    assert "builtin:scripts and tool:x both resolve" in result.tool_problems[0]
+
+
+def test_missing_rest_auth_secret_is_a_tool_problem_and_never_wired():
+    rest = {"url": "https://api.example/{city}", "auth": {"type": "bearer", "secretRef": {"name": "wx", "key": "t"}}}
+    tool = tool_body("weather", rest=rest, parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+    result = resolve(agent(tools=["weather"]), [tool])
+    assert result.tool_problems == [
+        'Tool "weather": spec.rest.auth.secretRef: Secret "wx" not found in namespace default: create it with key \'t\''
+    ]
+    assert all(item.ref.name != "wx" for item in result.secret_env)
+
+    result = resolve(agent(tools=["weather"]), [tool], secrets={**ALL_SECRETS, "wx": {"t"}})
+    assert result.tool_problems == []
+    auth = result.config.tools[0].backend.auth
+    assert auth.value.env == secret_env_name(SecretKeyRef(name="wx", key="t"))
+    assert any(item.env == auth.value.env and item.ref.name == "wx" for item in result.secret_env)
+
+
+def test_missing_model_secret_and_bus_secret_block_readiness():
+    result = resolve(agent(), secrets={})
+    assert result.blocking_problems == [
+        "spec.model.apiKeySecretRef: Secret \"llm\" not found in namespace default: create it with key 'apiKey'",
+        "the bus Secret \"rockbot-bus\" (key 'amqp-url') is missing in namespace default: "
+        "install the chart with this namespace in agentNamespaces, or create the Secret",
+    ]
+    # Still wired, so the pod starts by itself once the Secrets exist.
+    assert {item.env for item in result.secret_env} >= {"ROCKBOT_MODEL_API_KEY", "ROCKBOT_AMQP_URL"}
+
+
+def test_sub_agents_become_tools_and_a_missing_or_self_reference_is_reported():
+    helper = agent_body("researcher", description="Finds sources.")
+    result = resolve(
+        agent(subAgents=[{"name": "researcher"}, {"name": "nobody"}, {"name": "analyst"}]),
+        agents={"researcher": helper},
+    )
+    assert [(t.name, t.source, t.description) for t in result.tools if t.source.startswith("agent:")] == [
+        ("researcher", "agent:researcher", "Finds sources.")
+    ]
+    assert result.tool_problems == [
+        'sub-agent "nobody" not found in namespace default: create it or remove it',
+        'spec.subAgents: "analyst" cannot be its own sub-agent: remove it',
+    ]
+
+
+def test_blacklisted_tools_are_never_offered():
+    result = resolve(
+        agent(tools=["weather"], builtinTools=["scripts", "memory"], toolBlacklist=["execute_python_script"]),
+        [tool_body("weather")],
+    )
+    assert [t.name for t in result.tools] == ["get_from_working_memory", "weather"]
+    assert result.config.tool_blacklist == ["execute_python_script"]
+
+
+def test_web_search_is_offered_only_when_configured():
+    without = resolve(agent(builtinTools=["web"]))
+    assert [t.name for t in without.tools] == ["web_browse"]
+    with_search = resolve(agent(builtinTools=["web"], webSearch={"provider": "searxng", "url": "http://searx:8080"}))
+    assert [t.name for t in with_search.tools] == ["web_browse", "web_search"]
+
+
+def test_agents_using_a_tool_by_name_or_selector():
+    agents = [agent_body("a", tools=["t"]), agent_body("b", toolSelector={"matchLabels": {"x": "1"}}), agent_body("c")]
+    tools = [tool_body("t", labels={"x": "1"})]
+    assert agents_using("t", tools=tools, agents=agents) == ["a", "b"]
+
+
+def test_secret_env_names_are_distinct_for_look_alike_secrets():
+    first = secret_env_name(SecretKeyRef(name="a-b", key="k"))
+    second = secret_env_name(SecretKeyRef(name="a", key="b-k"))
+    assert first != second and first.startswith("ROCKBOT_SECRET_")
