@@ -73,7 +73,7 @@ def test_image_tag_defaults_to_the_chart_app_version(render: Render) -> None:
     manifests = render()
     operator = find(manifests, "Deployment", "rockbot-operator")
     image = operator["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == f"ghcr.io/rockbot/rockbot:{app_version}"
+    assert image == f"ghcr.io/rockbot-dev/rockbot:{app_version}"
     assert env_of(operator)["ROCKBOT_AGENT_IMAGE"] == image
 
 
@@ -83,7 +83,8 @@ def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
     deployments = [m for m in manifests if m["kind"] == "Deployment"]
     assert len(deployments) == 3
     for deployment in deployments:
-        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/rockbot/rockbot@{digest}"
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["image"] == f"ghcr.io/rockbot-dev/rockbot@{digest}"
 
 
 def test_bus_secret_url_uses_the_generated_rabbitmq_credentials(render: Render) -> None:
