@@ -1,0 +1,51 @@
+"""A thin async Kubernetes REST client: plain JSON dicts in and out, errors as typed exceptions.
+
+Generated models hide what the API server really answers; rockbot speaks the wire format
+(camelCase dicts) so that tests against the HTTP emulator and runs on a real cluster exercise
+the same requests.
+"""
+
+from rockbot.kube.client import K8sObject, KubeClient, ObjectList, WatchEvent
+from rockbot.kube.errors import ApiError, Conflict, Gone, Invalid, NotFound
+from rockbot.kube.resources import (
+    AGENTS,
+    CONFIGMAPS,
+    CRDS,
+    DEPLOYMENTS,
+    EVENTS,
+    NAMESPACES,
+    NETWORKPOLICIES,
+    PODS,
+    SCHEDULED_TASKS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    SERVICES,
+    TOOLS,
+    Resource,
+)
+
+__all__ = [
+    "AGENTS",
+    "CONFIGMAPS",
+    "CRDS",
+    "DEPLOYMENTS",
+    "EVENTS",
+    "NAMESPACES",
+    "NETWORKPOLICIES",
+    "PODS",
+    "SCHEDULED_TASKS",
+    "SECRETS",
+    "SERVICEACCOUNTS",
+    "SERVICES",
+    "TOOLS",
+    "ApiError",
+    "Conflict",
+    "Gone",
+    "Invalid",
+    "K8sObject",
+    "KubeClient",
+    "NotFound",
+    "ObjectList",
+    "Resource",
+    "WatchEvent",
+]

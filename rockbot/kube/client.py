@@ -1,0 +1,273 @@
+"""`KubeClient`: the verbs of the Kubernetes REST API on plain dicts, over kubernetes_asyncio's transport.
+
+kubernetes_asyncio loads the configuration (kubeconfig or the pod's service account) and owns the
+HTTP session with its TLS and token refresh; this client only builds URLs, sends JSON and maps
+`Status` answers to exceptions. No retries here: callers decide what a 409 or a 410 means.
+"""
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from rockbot.kube.errors import ApiError, error_from_status, error_from_text
+from rockbot.kube.resources import PODS, Resource
+
+K8sObject = dict[str, Any]
+"""One API object (or a `Status`) as the API server speaks it: camelCase JSON."""
+
+PatchType = Literal["merge", "json"]
+Query = list[tuple[str, str]]
+JsonPatch = list[K8sObject]
+
+_PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectList:
+    """A list answer: the items and the resourceVersion to start a watch from without missing anything."""
+
+    items: list[K8sObject]
+    resource_version: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchEvent:
+    """One line of a watch stream: ADDED, MODIFIED, DELETED or BOOKMARK, and the object."""
+
+    type: str
+    object: K8sObject
+
+
+class KubeClient:
+    """An async client for the Kubernetes API speaking plain dicts; use `async with` or `close()`."""
+
+    def __init__(self, *, api_client: k8s_client.ApiClient) -> None:
+        self._api = api_client
+
+    @classmethod
+    async def from_environment(cls) -> Self:
+        """Connect as the pod's service account when in a cluster, else with the current kubeconfig context.
+
+        `$KUBECONFIG` is read now (not when kubernetes_asyncio was imported), so tests and tools
+        that point it elsewhere at runtime are honoured.
+        """
+        configuration = k8s_client.Configuration()
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            config_file = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            await k8s_config.load_kube_config(
+                config_file=config_file, client_configuration=configuration, persist_config=False
+            )
+        return cls(api_client=k8s_client.ApiClient(configuration))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._api.close()
+
+    @property
+    def host(self) -> str:
+        """The API server's base URL."""
+        return str(self._api.configuration.host)
+
+    async def get(self, resource: Resource, *, namespace: str | None = None, name: str) -> K8sObject:
+        """Read one object; `NotFound` if it is not there."""
+        return await self._json("GET", resource.path(namespace=namespace, name=name))
+
+    async def list(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList:
+        """List objects (in one namespace, or in all when a namespaced resource gets no namespace)."""
+        query = _query(labelSelector=label_selector, fieldSelector=field_selector)
+        answer = await self._json("GET", resource.path(namespace=namespace), query=query)
+        return ObjectList(
+            items=list(answer.get("items") or []),
+            resource_version=str(answer.get("metadata", {}).get("resourceVersion", "")),
+        )
+
+    async def create(self, resource: Resource, *, namespace: str | None = None, body: K8sObject) -> K8sObject:
+        """Create an object; the namespace defaults to the body's `metadata.namespace`.
+
+        `Conflict` (reason `AlreadyExists`) when the name is taken, `Invalid` when the body is rejected.
+        """
+        if resource.namespaced and namespace is None:
+            namespace = body.get("metadata", {}).get("namespace")
+            if not namespace:
+                raise ValueError(f"{resource.kind} is namespaced: pass namespace= or set metadata.namespace")
+        return await self._json("POST", resource.path(namespace=namespace), body=body)
+
+    async def patch(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        name: str,
+        body: K8sObject | JsonPatch,
+        subresource: str | None = None,
+        patch_type: PatchType = "merge",
+    ) -> K8sObject:
+        """Patch an object: `merge` is an RFC 7386 merge patch (a dict), `json` an RFC 6902 list of ops.
+
+        Put `metadata.resourceVersion` in a merge patch (or a `test` op in a JSON patch) to make the
+        write conditional: a stale one answers `Conflict` (or `Invalid`).
+        """
+        if patch_type not in _PATCH_CONTENT_TYPES:
+            raise ValueError(f"patch_type must be one of {sorted(_PATCH_CONTENT_TYPES)}, not {patch_type!r}")
+        path = resource.path(namespace=namespace, name=name, subresource=subresource)
+        return await self._json("PATCH", path, body=body, content_type=_PATCH_CONTENT_TYPES[patch_type])
+
+    async def replace(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        name: str,
+        body: K8sObject,
+        subresource: str | None = None,
+    ) -> K8sObject:
+        """Replace an object (PUT); the body must carry the `metadata.resourceVersion` it was read at."""
+        path = resource.path(namespace=namespace, name=name, subresource=subresource)
+        return await self._json("PUT", path, body=body)
+
+    async def delete(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        name: str,
+        propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background",
+        grace_period_seconds: int | None = None,
+        preconditions_uid: str | None = None,
+    ) -> K8sObject:
+        """Delete an object; returns the object (still there if it has finalizers) or a `Status`."""
+        options: K8sObject = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if preconditions_uid is not None:
+            options["preconditions"] = {"uid": preconditions_uid}
+        return await self._json("DELETE", resource.path(namespace=namespace, name=name), body=options)
+
+    async def watch(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        timeout_seconds: int | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """Stream changes until the server ends the stream; raises `Gone` when `resource_version` is too old.
+
+        Pass the `resource_version` of a `list()` to see every change after it. The stream ends
+        (normally) at `timeout_seconds` or whenever the server decides: callers loop and resume
+        from the last seen resourceVersion.
+        """
+        query = _query(
+            watch="true",
+            labelSelector=label_selector,
+            fieldSelector=field_selector,
+            resourceVersion=resource_version,
+            timeoutSeconds=str(timeout_seconds) if timeout_seconds is not None else None,
+        )
+        response = await self._send("GET", resource.path(namespace=namespace), query=query)
+        try:
+            if response.status >= 400:
+                raise error_from_text(status=response.status, text=await response.text())
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event["object"].get("code") or 500
+                    raise error_from_status(status=int(status), body=event["object"])
+                yield WatchEvent(type=event["type"], object=event["object"])
+        finally:
+            response.release()
+
+    async def read_log(self, *, namespace: str, name: str, container: str | None = None) -> str:
+        """Read a pod's log as text (the kubelet's answer, relayed by the API server)."""
+        path = PODS.path(namespace=namespace, name=name, subresource="log")
+        response = await self._send("GET", path, query=_query(container=container))
+        try:
+            text = await response.text()
+            if response.status >= 400:
+                raise error_from_text(status=response.status, text=text)
+            return text
+        finally:
+            response.release()
+
+    async def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> K8sObject:
+        response = await self._send(method, path, query=query, body=body, content_type=content_type)
+        try:
+            text = await response.text()
+            if response.status >= 400:
+                raise error_from_text(status=response.status, text=text)
+            try:
+                return json.loads(text)
+            except ValueError as exc:
+                raise ApiError(
+                    status=response.status, reason="BadResponse", message=f"not JSON: {text[:200]!r}"
+                ) from exc
+        finally:
+            response.release()
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> aiohttp.ClientResponse:
+        # call_api adds the bearer token (refreshing it when needed) and honours TLS, proxy and SNI
+        # settings; _preload_content=False hands back the raw response so we read JSON ourselves.
+        return await self._api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        )
+
+
+def _query(**params: str | None) -> Query:
+    return [(key, value) for key, value in params.items() if value is not None]

@@ -1,0 +1,57 @@
+"""Errors of the API server as exceptions, one class per status code callers react to."""
+
+import json
+from typing import Any
+
+
+class ApiError(Exception):
+    """The API server refused a request; `reason` and `message` come from its `Status` answer."""
+
+    def __init__(self, *, status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace, or the resource itself) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: `reason` is `AlreadyExists` on create, `Conflict` on a stale resourceVersion."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion to resume from is too old; list again and watch from there."""
+
+
+class Invalid(ApiError):
+    """422: the object or patch is invalid; `message` names the field and the rule."""
+
+
+_CLASSES: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
+
+
+def error_from_status(*, status: int, body: dict[str, Any] | None = None, text: str = "") -> ApiError:
+    """Build the exception for an HTTP status and the `Status` object (or plain text) that came with it."""
+    body = body if isinstance(body, dict) else {}
+    status = int(body.get("code") or status)
+    reason = str(body.get("reason") or _default_reason(status))
+    message = str(body.get("message") or text.strip() or reason)
+    cls = _CLASSES.get(status, ApiError)
+    return cls(status=status, reason=reason, message=message, details=body.get("details"))
+
+
+def error_from_text(*, status: int, text: str) -> ApiError:
+    """Build the exception from a raw response body that may or may not be a JSON `Status`."""
+    try:
+        body = json.loads(text) if text else None
+    except ValueError:
+        body = None
+    return error_from_status(status=status, body=body, text=text)
+
+
+def _default_reason(status: int) -> str:
+    return {404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid"}.get(status, f"HTTP{status}")

@@ -1,0 +1,51 @@
+"""A Kubernetes API server emulator over real HTTP, for tests: kmock's scaffold plus API-server semantics.
+
+What it does as the real server does:
+- objects get `uid`, a global monotonically increasing `resourceVersion`, `creationTimestamp`,
+  and `generation` (custom resources and the built-ins that have one; bumped only when something
+  outside metadata, and status where it is a subresource, changes); `generateName`; create answers
+  201; 409 `AlreadyExists`; 404 for a missing namespace; 403 in a terminating one; names validated;
+- list and watch with label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and field
+  selectors (`metadata.name`, `metadata.namespace`, a few per kind such as pods' `status.phase`),
+  `limit`/`continue`, `kind: XList` with the list's resourceVersion;
+- PATCH as merge patch (RFC 7386) or JSON patch (RFC 6902; a failed `test` or a bad path is 422);
+  PUT requires `metadata.resourceVersion`; a stale one (PUT or patch) is 409 `Conflict`;
+  uid/name/namespace are immutable, creationTimestamp and generation are kept by the server;
+  a write that changes nothing makes no new resourceVersion and no event;
+- the `status` subresource: main writes keep `.status`, `/status` writes change only `.status`;
+- DELETE: finalizers hold the object with `deletionTimestamp` (and no new finalizers may be added);
+  propagation Background (default) / Foreground / Orphan through ownerReferences matched by uid
+  (a dependent keeping another owner only loses the dangling reference); deleting a namespace
+  or a CRD deletes what is in it first; delete preconditions (uid, resourceVersion);
+- WATCH (`watch=true|True|1`, also on one name): "" / "0" / absent resourceVersion sends current
+  objects as ADDED, a given one replays the bounded history after it or sends an ERROR event with
+  a 410 `Expired` Status when it is older than the history; snapshot and subscription are one
+  atomic step, so nothing is lost between list and watch; `timeoutSeconds` ends the stream;
+  selectors filter events, and an object leaving (entering) the selection is sent as DELETED (ADDED);
+- CRDs are registered for discovery (kinds, plurals, short names, categories, scope, status
+  subresource) once the CRD controller (a moment after the write) reports them Established;
+  custom resources are pruned, defaulted and validated with `openAPIV3Schema` and the
+  `x-kubernetes-validations` CEL rules, with errors worded as the real server words them;
+- built-in defaults that matter to code comparing desired and actual state (Deployment strategy,
+  pod template defaults, Service clusterIP/ports, Secret `stringData` folded into `data`...);
+- `pods/{name}/log` answers what `set_pod_log()` set, as the kubelet would;
+- the garbage collector and namespace/CRD cleanups run a moment after the request that triggers
+  them, as controllers do: callers must wait (watch or poll) for dependents to go.
+
+Simplifications, all stricter than a real server (code passing here is not relying on them):
+- only merge and JSON patches: strategic-merge and server-side apply answer 415;
+- no `dryRun`, no `deletecollection`, no log `follow`, no `sendInitialEvents`, no managedFields,
+  no Table output, no protobuf; no BOOKMARK events (a client must not need them);
+- one storage for all versions of a CRD, without conversion; transition rules (`oldSelf`) under
+  array items are refused at CRD creation rather than half-evaluated; CEL rules run only when
+  the schema checks pass, and without cost limits or the Kubernetes CEL library extensions;
+- only the built-in validation listed in builtins.py: a real server refuses more malformed
+  built-in objects than the emulator does (do not rely on the emulator to catch those);
+- no RBAC, admission webhooks, quotas, or pods that run: nothing changes a Pod's status but a
+  client (tests play the kubelet), and Deployments get a status only from the optional
+  `DeploymentController` (controllers.py), which plays kube-controller-manager over HTTP.
+"""
+
+from tests.kubeapi.emulator import KubeApiEmulator
+
+__all__ = ["KubeApiEmulator"]

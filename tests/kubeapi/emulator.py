@@ -1,0 +1,265 @@
+"""The HTTP face of the emulated API server, on kmock's scaffold (discovery, request log, serving).
+
+kmock's `KubernetesScaffold` answers discovery (`/api`, `/apis`, `/api/v1`, ...) from its
+resources array, records every request in `.requests`, and `kmock.Server` serves it on
+127.0.0.1. Object requests are routed here to `ApiServer`, which holds the semantics.
+"""
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+
+from tests.kubeapi.api import ApiServer, render
+from tests.kubeapi.errors import StatusError, bad_request, method_not_allowed, resource_not_found
+from tests.kubeapi.registry import ResourceType
+from tests.kubeapi.store import Watcher
+
+WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+_TRUE = {"true", "True", "1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Route:
+    rtype: ResourceType
+    version: str
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+@attrs.define(kw_only=True)
+class KubeApiEmulator(kmock.KubernetesScaffold):
+    """A Kubernetes API server in memory, over real HTTP; see the package docstring for what it does."""
+
+    history_limit: int = 1000
+    api: ApiServer = attrs.field(init=False)
+    _logs: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.api = ApiServer(discovery=self._resources, history_limit=self.history_limit)
+
+    # ---- for tests
+
+    @property
+    def requests(self) -> list[kmock.Request]:
+        """Every request served so far, in order (kmock's log)."""
+        return list(self._requests)
+
+    def writes_since(self, mark: int = 0) -> list[kmock.Request]:
+        """Write requests (POST/PUT/PATCH/DELETE) after the first `mark` requests: `mark = len(emulator.requests)`."""
+        return [request for request in self._requests[mark:] if str(request.method.value).upper() in WRITE_METHODS]
+
+    def set_pod_log(self, *, namespace: str, name: str, text: str, container: str | None = None) -> None:
+        """Play the kubelet: the text `pods/{name}/log` answers (for one container, or the only one)."""
+        self._logs[(namespace, name, container)] = text
+
+    def compact(self) -> None:
+        """Compact the history (as etcd does every few minutes): resuming a watch from before now gets 410."""
+        self.api.store.compact()
+
+    def end_watches(self) -> None:
+        """End every open watch stream, as a restarting API server does."""
+        self.api.store.end_watches()
+
+    # ---- serving
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """Record and serve one request (kmock's entry point, tolerant of paths its parser rejects)."""
+        body = await raw_request.read()
+        try:
+            request = await kmock.Request._parse(raw_request, id=len(self._requests))
+        except ValueError:  # kmock's path parser fails on `/api/v1/namespaces` itself
+            request = kmock.Request(
+                id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
+                params=dict(raw_request.query), headers=dict(raw_request.headers), body=body,
+                text=body.decode(errors="replace"),
+            )
+        self._requests.append(request)
+        try:
+            return await self._handle(request)
+        except Exception as exc:
+            if self._errors:
+                self._errors[-1].append(exc)
+            return await self._render_error(exc)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        raw = request._raw_request
+        assert raw is not None
+        try:
+            route = self._route(raw.path)
+            if route is None:
+                return await super()._handle(request)
+            return await self._serve(request, raw, route)
+        except StatusError as exc:
+            return exc.response()
+
+    def _route(self, path: str) -> Route | None:
+        parts = [part for part in path.split("/") if part]
+        if len(parts) >= 3 and parts[0] == "api":
+            group, version, rest = "", parts[1], parts[2:]
+        elif len(parts) >= 4 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            return None  # discovery and other non-resource paths
+        namespace = None
+        namespace_subresource = group == "" and len(rest) == 3 and rest[2] in ("status", "finalize")
+        if rest[0] == "namespaces" and len(rest) >= 3 and not namespace_subresource:
+            namespace, rest = rest[1], rest[2:]
+        rtype = self.api.registry.find(group=group, version=version, plural=rest[0])
+        if rtype is None or len(rest) > 3 or (namespace is not None and not rtype.namespaced):
+            raise resource_not_found()
+        name = rest[1] if len(rest) > 1 else None
+        subresource = rest[2] if len(rest) > 2 else None
+        if subresource is not None and not (
+            (subresource == "status" and rtype.has_status) or (rtype.key == ("", "pods") and subresource == "log")
+        ):
+            raise resource_not_found()
+        return Route(rtype=rtype, version=version, namespace=namespace, name=name, subresource=subresource)
+
+    async def _serve(self, request: kmock.Request, raw: aiohttp.web.BaseRequest, route: Route) -> Any:
+        method = raw.method.upper()
+        params = raw.query
+        api, rtype = self.api, route.rtype
+        if method == "GET" and params.get("watch") in _TRUE:
+            return await self._watch(raw, route)
+        if method == "GET" and route.subresource == "log":
+            return self._log(route, params)
+        if method == "GET" and route.name is not None:
+            obj = api.get(rtype, namespace=route.namespace, name=route.name)
+            return _json(render(rtype, route.version, obj))
+        if method == "GET":
+            limit = params.get("limit")
+            items, rv, token = api.list_objects(
+                rtype,
+                namespace=route.namespace,
+                label_selector=params.get("labelSelector"),
+                field_selector=params.get("fieldSelector"),
+                limit=int(limit) if limit and limit.isdigit() else None,
+                continue_token=params.get("continue"),
+            )
+            meta: dict[str, Any] = {"resourceVersion": rv}
+            if token:
+                meta["continue"] = token
+            return _json({
+                "apiVersion": rtype.api_version(route.version),
+                "kind": f"{rtype.kind}List",
+                "metadata": meta,
+                "items": [render(rtype, route.version, obj) for obj in items],
+            })
+        if params.get("dryRun"):
+            raise bad_request("the emulator does not implement dryRun")
+        body = _body(request)
+        if method == "POST" and route.name is None:
+            obj = api.create(rtype, version=route.version, namespace=route.namespace, body=body)
+            return _json(render(rtype, route.version, obj), status=201)
+        if route.name is None:
+            if method == "DELETE":
+                raise method_not_allowed("the emulator does not implement deletecollection")
+            raise method_not_allowed(f"{method} is not allowed on a collection")
+        if method == "PUT":
+            obj = api.replace(rtype, version=route.version, namespace=route.namespace, name=route.name,
+                              body=body, subresource=route.subresource)
+            return _json(render(rtype, route.version, obj))
+        if method == "PATCH":
+            obj = api.patch(rtype, version=route.version, namespace=route.namespace, name=route.name,
+                            content_type=raw.headers.get("Content-Type", ""), patch=body,
+                            subresource=route.subresource)
+            return _json(render(rtype, route.version, obj))
+        if method == "DELETE" and route.subresource is None:
+            options = dict(body) if isinstance(body, dict) else {}
+            for key in ("propagationPolicy", "gracePeriodSeconds"):
+                if key in params:
+                    options.setdefault(key, params[key])
+            obj, gone = api.delete(rtype, namespace=route.namespace, name=route.name, options=options)
+            return _json(render(rtype, route.version, obj), status=200 if gone else 202)
+        raise method_not_allowed(f"{method} is not allowed here")
+
+    def _log(self, route: Route, params: Any) -> aiohttp.web.Response:
+        assert route.name is not None and route.namespace is not None
+        pod = self.api.get(route.rtype, namespace=route.namespace, name=route.name)
+        if params.get("follow") in _TRUE:
+            raise bad_request("the emulator does not implement follow=true for logs")
+        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = params.get("container")
+        if container is None and len(names) > 1:
+            raise bad_request(f"a container name must be specified for pod {route.name}, choose one of: "
+                              f"[{' '.join(names)}]")
+        if container is not None and container not in names:
+            raise bad_request(f"container {container} is not valid for pod {route.name}")
+        container = container or (names[0] if names else None)
+        text = self._logs.get((route.namespace, route.name, container))
+        if text is None:
+            text = self._logs.get((route.namespace, route.name, None))
+        if text is None:
+            raise bad_request(f'container "{container}" in pod "{route.name}" is waiting to start: '
+                              "ContainerCreating")
+        tail = params.get("tailLines")
+        if tail is not None and tail.isdigit():
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-int(tail):]) if int(tail) else ""
+        return aiohttp.web.Response(text=text, content_type="text/plain")
+
+    async def _watch(self, raw: aiohttp.web.BaseRequest, route: Route) -> aiohttp.web.StreamResponse:
+        params = raw.query
+        field_selector = params.get("fieldSelector")
+        if route.name is not None:  # the old-style watch of one object
+            by_name = f"metadata.name={route.name}"
+            field_selector = f"{field_selector},{by_name}" if field_selector else by_name
+        matches = self.api.matcher(route.rtype, namespace=route.namespace,
+                                   label_selector=params.get("labelSelector"), field_selector=field_selector)
+        watcher = Watcher(key=route.rtype.key, matches=matches)
+        timeout = params.get("timeoutSeconds")
+        response = aiohttp.web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
+        try:
+            initial = self.api.watch(watcher, resource_version=params.get("resourceVersion"))
+        except StatusError as exc:
+            if exc.code != 410:
+                raise
+            await response.prepare(raw)
+            await self._send(response, route, "ERROR", exc.status())
+            await response.write_eof()
+            return response
+        try:
+            await response.prepare(raw)
+            async with asyncio.timeout(float(timeout) if timeout else None):
+                for type_, obj in initial:
+                    await self._send(response, route, type_, obj)
+                while (change := await watcher.queue.get()) is not None:
+                    event = watcher.translate(change)
+                    if event is not None:
+                        await self._send(response, route, *event)
+        except TimeoutError:
+            pass
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.api.store.unsubscribe(watcher)
+            raise
+        finally:
+            self.api.store.unsubscribe(watcher)
+        with contextlib.suppress(ConnectionResetError):
+            await response.write_eof()
+        return response
+
+    async def _send(self, response: aiohttp.web.StreamResponse, route: Route, type_: str, obj: Any) -> None:
+        payload = obj if type_ == "ERROR" else render(route.rtype, route.version, obj)
+        await response.write(json.dumps({"type": type_, "object": payload}).encode() + b"\n")
+
+
+def _json(obj: Any, *, status: int = 200) -> aiohttp.web.Response:
+    return aiohttp.web.Response(status=status, text=json.dumps(obj), content_type="application/json")
+
+
+def _body(request: kmock.Request) -> Any:
+    if not request.body:
+        return None
+    try:
+        return json.loads(request.body)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not JSON: {exc}") from exc
+
