@@ -5,7 +5,9 @@ caller. When the model calls tools they run (side by side when there are several
 calls are on, at most `max_parallel` at once; else one after another, in the model's order) and
 each call gets exactly one `role: tool` message with its `tool_call_id`, in the order the calls
 were made, so any provider accepts the next request. Unknown and blacklisted tools are answered
-with an error without running anything (the registry decides). The loop ends with the first
+with an error without running anything (the registry decides). A result longer than
+`max_result_chars` is split into working memory when the model has `get_from_working_memory`,
+and cut with a notice otherwise. The loop ends with the first
 answer without tool calls, or after `max_iterations` rounds with a final message saying so.
 """
 
@@ -22,6 +24,7 @@ from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
 
 Message = dict[str, Any]
+READER = "get_from_working_memory"
 
 
 class LoopSettings(BaseModel):
@@ -87,14 +90,7 @@ class ToolLoop:
             )
             for call, outcome in zip(completion.tool_calls, outcomes, strict=True):
                 called.append(call.name)
-                content = outcome.for_model()
-                if outcome.ok:
-                    content = self.memory.offload(
-                        session_id=session_id,
-                        tool_name=call.name,
-                        content=content,
-                        threshold=self.settings.max_result_chars,
-                    )
+                content = self._fitted(outcome, session_id=session_id)
                 history.append({"role": "tool", "tool_call_id": call.id, "content": content})
         answer = (
             f"I stopped after {self.settings.max_iterations} rounds of tool calls without reaching a final "
@@ -105,6 +101,16 @@ class ToolLoop:
         return LoopResult(
             answer=answer, tools_called=called, iterations=self.settings.max_iterations, hit_iteration_limit=True
         )
+
+    def _fitted(self, outcome: ToolOutcome, *, session_id: str) -> str:
+        """A long result goes to working memory (index returned) if the model can read it back, else is cut."""
+        content = outcome.for_model()
+        limit = self.settings.max_result_chars
+        if len(content) <= limit:
+            return content
+        if READER in self.registry and not self.registry.is_blacklisted(READER):
+            return self.memory.offload(session_id=session_id, tool_name=outcome.name, content=content, threshold=limit)
+        return f"{content[:limit]}\n[result truncated: {len(content) - limit} characters omitted]"
 
     async def _run_tools(
         self, calls: list[ToolCall], *, session_id: str, call_chain: tuple[str, ...], on_event: EventSink | None

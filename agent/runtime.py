@@ -1,0 +1,254 @@
+"""The agent runtime: one configured agent, in process, ready to chat.
+
+    async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox) as agent:
+        result = await agent.chat("session-1", "What is 6 x 7?", on_event=print)
+        print(result.answer)
+
+`from_config` wires the pieces (LLM client, registry with the enabled tool sets and the config's
+REST/MCP/script/agent tools, working memory, conversations, metrics); entering the context (or
+`await start()`) installs the tools, which may connect to MCP servers. `chat()` runs one user
+turn of a kept conversation; `complete()` runs a turn over a history the caller owns (the
+stateless OpenAI endpoint). The process around it (`cli`) adds the inbox and the HTTP server;
+`rockbot local` can use this class directly.
+
+Secrets come from environment variables the operator wired from Secrets (`env`, default
+`os.environ`); the runtime never needs, reads or expects a Kubernetes token.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Self
+
+import aiohttp
+
+from rockbot.agent.conversations import Conversations
+from rockbot.agent.events import EventSink
+from rockbot.agent.llm import LlmClient
+from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
+from rockbot.agent.memory import WorkingMemory
+from rockbot.agent.metrics import AgentMetrics
+from rockbot.agent.registry import ToolRegistry
+from rockbot.agent.toolsets.delegation import agent_tool
+from rockbot.agent.toolsets.kit import Guides, ToolKit, builtin_modules, install_tool_sets
+from rockbot.agent.toolsets.mcp_servers import install_mcp_tools
+from rockbot.agent.toolsets.rest import rest_tool
+from rockbot.agent.toolsets.scripts import script_tool
+from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
+
+log = logging.getLogger(__name__)
+
+HTTP_TOOL_TIMEOUT_SECONDS = 60.0
+HELPER_PROMPT = (
+    "You are a helper started by another agent for one task. Do the task with the tools you have and "
+    "reply with a complete, self-contained answer; nobody can answer questions you ask back."
+)
+
+ChatResult = LoopResult
+
+
+class AgentRuntime:
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        llm: LlmClient,
+        registry: ToolRegistry,
+        kit: ToolKit,
+        settings: LoopSettings,
+        conversations: Conversations,
+        metrics: AgentMetrics,
+        tool_sets: list[str | ModuleType],
+    ):
+        self.config = config
+        self.llm = llm
+        self.registry = registry
+        self.kit = kit
+        self.settings = settings
+        self.conversations = conversations
+        self.metrics = metrics
+        self._tool_sets = tool_sets
+        self._http: aiohttp.ClientSession | None = None
+        self.ready = False
+        self.loop = ToolLoop(
+            llm=llm, registry=registry, memory=kit.memory, settings=settings, system_prompt=config.system_prompt
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AgentConfig,
+        *,
+        bus: Any = None,
+        sandbox: Any = None,
+        env: Mapping[str, str] | None = None,
+        tool_sets: list[str | ModuleType] | None = None,
+        stream: bool = True,
+        max_messages: int = 200,
+        llm_max_attempts: int = 4,
+        llm_backoff_seconds: float = 0.5,
+    ) -> AgentRuntime:
+        """Wire an agent from its resolved config; `tool_sets` adds modules with `install(registry=, kit=)`."""
+        env = dict(os.environ if env is None else env)
+        metrics = AgentMetrics()
+        model = config.model
+        llm = LlmClient(
+            base_url=model.base_url,
+            model=model.name,
+            api_key=env.get(model.api_key.env) if model.api_key else None,
+            api_key_env=model.api_key.env if model.api_key else None,
+            temperature=model.temperature,
+            timeout_seconds=model.request_timeout_seconds,
+            max_attempts=llm_max_attempts,
+            backoff_seconds=llm_backoff_seconds,
+            observer=metrics.llm_observer(model.name),
+        )
+        registry = ToolRegistry(blacklist=config.tool_blacklist, observers=[metrics.observe_tool])
+        runtime: AgentRuntime
+        kit = ToolKit(
+            config=config,
+            memory=WorkingMemory(),
+            guides=Guides(),
+            http=lambda: runtime._http_session(),
+            env=env,
+            bus=bus,
+            sandbox=sandbox,
+            run_helper=lambda **kwargs: runtime._run_helper(**kwargs),
+        )
+        settings = LoopSettings(
+            max_iterations=config.max_iterations,
+            parallel_tool_calls=config.parallel_tool_calls,
+            max_result_chars=model.max_result_chars,
+            stream=stream,
+        )
+        runtime = cls(
+            config=config,
+            llm=llm,
+            registry=registry,
+            kit=kit,
+            settings=settings,
+            conversations=Conversations(max_messages=max_messages),
+            metrics=metrics,
+            tool_sets=list(tool_sets or []),
+        )
+        return runtime
+
+    async def start(self) -> Self:
+        """Install every tool: the config's declared tools, the enabled built-in sets, extra sets, guides last."""
+        if self.ready:
+            return self
+        await self._install_declared_tools()
+        modules: list[str | ModuleType] = [m for m in builtin_modules(self.config) if not m.endswith(".guides")]
+        modules += self._tool_sets
+        modules += [m for m in builtin_modules(self.config) if m.endswith(".guides")]
+        await install_tool_sets(registry=self.registry, kit=self.kit, modules=modules)
+        self.ready = True
+        log.info("agent %s/%s ready with %d tools", self.config.namespace, self.config.name, len(self.registry))
+        return self
+
+    async def close(self) -> None:
+        for closer in reversed(self.kit.closers):
+            try:
+                await closer()
+            except Exception:
+                log.exception("closing a tool set failed")
+        self.kit.closers.clear()
+        await self.llm.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+        self.ready = False
+
+    async def __aenter__(self) -> Self:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def chat(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        on_event: EventSink | None = None,
+        call_chain: tuple[str, ...] = (),
+    ) -> ChatResult:
+        """One user turn in the kept conversation `session_id`; turns of one session run in order."""
+        async with self.conversations.lock(session_id):
+            history = self.conversations.history(session_id)
+            history.append({"role": "user", "content": text})
+            try:
+                return await self.loop.run(
+                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
+                )
+            finally:
+                self.conversations.save(session_id, _complete_turns(history))
+
+    async def complete(
+        self, messages: list[dict[str, Any]], *, session_id: str, on_event: EventSink | None = None
+    ) -> ChatResult:
+        """One turn over a history the caller keeps (OpenAI semantics); nothing is stored but working memory."""
+        return await self.loop.run(history=list(messages), session_id=session_id, on_event=on_event)
+
+    async def _install_declared_tools(self) -> None:
+        mcp_tools = []
+        for resolved in self.config.tools:
+            backend = resolved.backend
+            if isinstance(backend, McpBackend):
+                mcp_tools.append(resolved)
+                continue
+            timeout = resolved.timeout_seconds
+            if isinstance(backend, RestBackend):
+                executor = rest_tool(resolved, kit=self.kit)
+            elif isinstance(backend, ScriptBackend):
+                executor, timeout = script_tool(resolved, kit=self.kit)
+            elif isinstance(backend, AgentBackend):
+                executor = agent_tool(resolved, kit=self.kit)
+            else:  # pragma: no cover - the config's union is closed
+                raise TypeError(f"unknown backend {backend!r}")
+            function = resolved.definition.function
+            self.registry.add(
+                name=function.name,
+                description=function.description,
+                parameters=function.parameters,
+                executor=executor,
+                source=resolved.source,
+                timeout=timeout,
+            )
+        await install_mcp_tools(registry=self.registry, kit=self.kit, tools=mcp_tools)
+
+    async def _http_session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=HTTP_TOOL_TIMEOUT_SECONDS),
+                headers={"User-Agent": "rockbot-agent"},
+            )
+        return self._http
+
+    async def _run_helper(
+        self, *, instruction: str, registry: ToolRegistry, session_id: str, call_chain: tuple[str, ...]
+    ) -> str:
+        prompt = f"{self.config.system_prompt}\n\n{HELPER_PROMPT}".strip()
+        loop = ToolLoop(llm=self.llm, registry=registry, memory=self.kit.memory, settings=self.settings,
+                        system_prompt=prompt)
+        result = await loop.run(
+            history=[{"role": "user", "content": instruction}], session_id=session_id, call_chain=call_chain
+        )
+        return result.answer
+
+
+def _complete_turns(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History up to the last finished turn: a turn that failed midway (the model endpoint went away)
+    is dropped whole, so the kept history never ends in unanswered tool calls, which providers reject."""
+    for end in range(len(history), 0, -1):
+        message = history[end - 1]
+        if message.get("role") == "assistant" and not message.get("tool_calls"):
+            return history[:end]
+    return []

@@ -1,0 +1,167 @@
+"""The agent's HTTP face (aiohttp): an OpenAI-compatible chat endpoint, health, readiness and metrics.
+
+`POST /v1/chat/completions` (streaming and not) and `GET /v1/models` let any OpenAI client or chat
+UI talk to the agent. The endpoint follows OpenAI's semantics: the client sends the whole
+history each time, so nothing is kept between requests except working memory, scoped by the
+optional `X-Session-Id` header. While streaming, tool activity is sent as SSE comment lines
+(`: tool web_search started`), which OpenAI clients ignore and curl users can read.
+
+The endpoint can run scripts on someone's behalf, so `/v1/*` requires `Authorization: Bearer
+<token>` with the token from the Secret the operator wires (compared in constant time); without
+a configured token it answers 401 to everyone rather than serve openly. `/healthz`, `/readyz`
+and `/metrics` are open: they reveal no conversation and probes must reach them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
+from rockbot.agent.llm import LlmAuthError, LlmError
+from rockbot.agent.runtime import AgentRuntime
+
+log = logging.getLogger(__name__)
+
+_ROLES = {"system", "user", "assistant", "tool"}
+
+
+class ChatRequest(BaseModel):
+    """The part of an OpenAI chat request the agent uses; other fields (temperature...) are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+
+
+def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
+    app = web.Application(middlewares=[_bearer_auth(token)], client_max_size=8 * 1024 * 1024)
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await _chat(request, runtime)
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": runtime.config.name, "object": "model", "owned_by": "rockbot"}]}
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.Response(text="ready") if runtime.ready else web.Response(text="starting", status=503)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=runtime.metrics.exposition(), content_type="text/plain", charset="utf-8")
+
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _bearer_auth(token: str | None):
+    expected = f"Bearer {token}".encode() if token else None
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").encode()
+            if expected is None:
+                return _error(401, "this agent's chat endpoint has no token configured (set http_token on the Agent)",
+                              "unauthorized")
+            if not hmac.compare_digest(given, expected):
+                return _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' with the "
+                                   "token from the agent's Secret", "unauthorized",
+                              headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
+
+    return middleware
+
+
+async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamResponse:
+    try:
+        body = ChatRequest.model_validate(await request.json())
+        messages = [_message(n, m) for n, m in enumerate(body.messages)]
+    except (ValueError, ValidationError) as exc:
+        return _error(400, f"invalid request: {exc}", "invalid_request_error")
+    if not runtime.ready:
+        return _error(503, "the agent is still starting; try again shortly", "unavailable")
+    session_id = request.headers.get("X-Session-Id") or f"http-{secrets.token_hex(8)}"
+    model = runtime.config.name
+    completion_id = f"chatcmpl-{secrets.token_hex(12)}"
+    if not body.stream:
+        try:
+            result = await runtime.complete(messages, session_id=session_id)
+        except LlmError as exc:
+            return _error(502 if not isinstance(exc, LlmAuthError) else 503, str(exc), "upstream_error")
+        return web.json_response({
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
+                         "finish_reason": "stop"}],
+        })
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        data = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    async def on_event(event: Event) -> None:
+        if isinstance(event, TextDelta):
+            await response.write(chunk({"content": event.text}))
+        elif isinstance(event, ToolStarted):
+            await response.write(f": tool {event.name} started\n\n".encode())
+        elif isinstance(event, ToolFinished):
+            status = "ok" if event.ok else event.error.code.value  # type: ignore[union-attr]
+            await response.write(f": tool {event.name} finished {status}\n\n".encode())
+
+    await response.write(chunk({"role": "assistant", "content": ""}))
+    try:
+        await runtime.complete(messages, session_id=session_id, on_event=on_event)
+        await response.write(chunk({}, "stop"))
+    except LlmError as exc:
+        error = {"error": {"message": str(exc), "type": "upstream_error", "code": exc.status}}
+        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _message(index: int, message: dict[str, Any]) -> dict[str, Any]:
+    role = message.get("role")
+    if role not in _ROLES:
+        raise ValueError(f"messages[{index}].role must be one of {sorted(_ROLES)}, got {role!r}")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: keep the text ones
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    cleaned = {"role": role, "content": content}
+    for key in ("tool_calls", "tool_call_id", "name"):
+        if key in message:
+            cleaned[key] = message[key]
+    return cleaned
+
+
+def _error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind}}, status=status, headers=headers)
