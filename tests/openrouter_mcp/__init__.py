@@ -1,0 +1,1 @@
+"""Tests of the read-only OpenRouter MCP server."""
