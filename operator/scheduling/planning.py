@@ -1,0 +1,337 @@
+"""The scheduling decisions, as pure functions of (task, agent, now): no API, no bus, no sleeping.
+
+`plan_task` says what a task's status must become now and which runs to trigger; `complete_run`
+records an agent's answer. The firing loop writes the planned status *before* it publishes a
+trigger, conditionally on the resourceVersion it read, so a slot belongs to exactly one writer.
+
+The cursor is `status.nextScheduleTime`: the next slot not yet handled. A slot at or before now is
+due; of several due slots (downtime), only the latest may fire and the others are recorded once
+as Missed, so catching up is never a burst. A spec change (a new generation) re-bases the cursor
+on now, so editing or resuming a task never fires a slot from the past.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rockbot.operator.conditions import ConditionUpdate, merge_conditions
+from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
+from rockbot.resources.common import Condition
+from rockbot.resources.scheduledtask import ActiveRun, RunRecord, ScheduledTaskSpec, ScheduledTaskStatus
+
+#: Without startingDeadlineSeconds, how late a slot may still fire under the Skip missed-run policy.
+SKIP_GRACE_SECONDS = 60
+SUMMARY_LIMIT = 1000
+_TICK = datetime.timedelta(microseconds=1)
+
+
+class AgentState(BaseModel):
+    """What the operator knows of the task's Agent when it plans."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exists: bool
+    ready: bool = False
+    message: str = ""
+
+
+class Trigger(BaseModel):
+    """One run to send to the agent's inbox, after the status that records it has been written."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    task: str
+    agent: str
+    run_id: str
+    scheduled_time: datetime.datetime
+    prompt: str
+
+    @property
+    def request_id(self) -> str:
+        """The inbox request id (and correlation id of the reply): names the task and the run."""
+        return request_id(namespace=self.namespace, task=self.task, run_id=self.run_id)
+
+
+class Plan(BaseModel):
+    """The status to write (None: unchanged), the runs to trigger after writing it, and when to look again."""
+
+    status: dict[str, Any] | None
+    triggers: list[Trigger]
+    wake_at: datetime.datetime | None
+
+
+def run_id(*, uid: str, scheduled_time: datetime.datetime) -> str:
+    """Deterministic: the same task and slot give the same id on every replica and after a restart."""
+    return f"{scheduled_time.astimezone(datetime.UTC):%Y%m%dT%H%M%SZ}-{uid[:8]}"
+
+
+def request_id(*, namespace: str, task: str, run_id: str) -> str:
+    return f"scheduledtask/{namespace}/{task}/{run_id}"
+
+
+def parse_request_id(value: str) -> tuple[str, str, str] | None:
+    """(namespace, task, run id) of a trigger's request id, or None if it is not one."""
+    parts = value.split("/")
+    if len(parts) != 4 or parts[0] != "scheduledtask" or not all(parts[1:]):
+        return None
+    return parts[1], parts[2], parts[3]
+
+
+def canonical_status(raw: dict[str, Any] | None) -> ScheduledTaskStatus:
+    """The stored status as a model; an unreadable one (hand-edited) starts afresh."""
+    try:
+        return ScheduledTaskStatus.model_validate(raw or {})
+    except ValidationError:
+        return ScheduledTaskStatus()
+
+
+def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime) -> Plan:
+    metadata = body.get("metadata") or {}
+    namespace, name, uid = metadata.get("namespace", ""), metadata.get("name", ""), metadata.get("uid", "")
+    generation = metadata.get("generation")
+    current = canonical_status(body.get("status"))
+    status = current.model_copy(deep=True)
+    spec_changed = status.observed_generation != generation
+    status.observed_generation = generation
+    try:
+        spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})
+    except ValidationError as exc:
+        return _invalid(current, status, reason="InvalidSpec", message=str(exc), generation=generation, now=now)
+    _expire_runs(status, spec=spec, now=now)
+    try:
+        schedule = CronSchedule.parse(schedule=spec.schedule, time_zone=spec.time_zone)
+    except InvalidSchedule as exc:
+        reason = "InvalidTimeZone" if exc.field == "timeZone" else "InvalidSchedule"
+        return _invalid(current, status, reason=reason, message=str(exc), generation=generation, now=now,
+                        spec=spec)
+    if spec_changed:
+        status.completed = False
+        status.next_schedule_time = schedule.next_after(now)
+    triggers: list[Trigger] = []
+    if spec.suspend or status.completed:
+        status.next_schedule_time = None
+    elif status.next_schedule_time is None:
+        status.next_schedule_time = schedule.next_after(now)
+    elif status.next_schedule_time <= now:
+        slot = _handle_due(status, spec=spec, schedule=schedule, agent=agent, uid=uid, now=now)
+        if slot is not None:
+            triggers.append(
+                Trigger(namespace=namespace, task=name, agent=spec.agent_ref.name, run_id=slot.run_id,
+                        scheduled_time=slot.scheduled_time, prompt=spec.prompt)
+            )
+    status.conditions = _conditions(status, spec=spec, agent=agent, generation=generation, now=now,
+                                    valid=ConditionUpdate(type="Valid", status="True", reason="ScheduleValid",
+                                                          message=_valid_message(spec, status, schedule)))
+    _trim(status, spec=spec)
+    return Plan(status=_changed(current, status), triggers=triggers, wake_at=_wake_at(status, spec=spec))
+
+
+def complete_run(
+    *, body: dict[str, Any], run_id: str, now: datetime.datetime, answer: str | None, error: str | None
+) -> dict[str, Any] | None:
+    """The status with `run_id` finished; None when it is not active (already timed out, replaced, or done)."""
+    current = canonical_status(body.get("status"))
+    run = next((active for active in current.active if active.run_id == run_id), None)
+    if run is None:
+        return None
+    status = current.model_copy(deep=True)
+    status.active = [active for active in status.active if active.run_id != run_id]
+    status.history.append(
+        RunRecord(
+            run_id=run.run_id,
+            scheduled_time=run.scheduled_time,
+            start_time=run.start_time,
+            completion_time=now,
+            outcome="Failed" if error is not None else "Succeeded",
+            message=_truncate(error or ""),
+            summary=_truncate(answer or ""),
+        )
+    )
+    try:
+        spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return status.to_wire()
+    _trim(status, spec=spec)
+    return status.to_wire()
+
+
+def _handle_due(
+    status: ScheduledTaskStatus,
+    *,
+    spec: ScheduledTaskSpec,
+    schedule: CronSchedule,
+    agent: AgentState,
+    uid: str,
+    now: datetime.datetime,
+) -> ActiveRun | None:
+    """Handle every slot from the cursor to now; return the run to start, if any."""
+    first = status.next_schedule_time
+    assert first is not None
+    latest = schedule.latest_at_or_before(now) or first
+    latest = max(latest, first)
+    status.next_schedule_time = None if spec.run_once else schedule.next_after(latest)
+    if spec.run_once:
+        status.completed = True
+    if latest > first:
+        before = schedule.latest_at_or_before(latest - _TICK) or first
+        span = f"the slot at {_stamp(first)}"
+        if before > first:
+            span = f"the slots from {_stamp(first)} to {_stamp(before)}"
+        _record(status, run=run_id(uid=uid, scheduled_time=first), scheduled=first, outcome="Missed", now=now,
+                message=f"{span} passed while no operator was firing; only the latest slot is considered")
+    run = run_id(uid=uid, scheduled_time=latest)
+    late = (now - latest).total_seconds()
+    deadline = spec.starting_deadline_seconds
+    if deadline is None and spec.missed_run_policy == "Skip":
+        deadline = SKIP_GRACE_SECONDS
+    if deadline is not None and late > deadline:
+        _record(status, run=run, scheduled=latest, outcome="Missed", now=now,
+                message=f"{late:.0f} s late, past the starting deadline of {deadline} s "
+                f"(startingDeadlineSeconds, missedRunPolicy {spec.missed_run_policy})")
+        return None
+    if not agent.exists:
+        _record(status, run=run, scheduled=latest, outcome="Failed", now=now,
+                message=f"Agent {spec.agent_ref.name!r} not found in this namespace")
+        return None
+    if not agent.ready:
+        _record(status, run=run, scheduled=latest, outcome="Failed", now=now,
+                message=f"Agent {spec.agent_ref.name!r} is not Ready: {agent.message or 'no Ready condition yet'}")
+        return None
+    if status.active and spec.concurrency_policy == "Forbid":
+        running = ", ".join(active.run_id for active in status.active)
+        _record(status, run=run, scheduled=latest, outcome="Missed", now=now,
+                message=f"skipped: run {running} is still running (concurrencyPolicy Forbid)")
+        return None
+    if status.active and spec.concurrency_policy == "Replace":
+        for active in status.active:
+            status.history.append(
+                RunRecord(run_id=active.run_id, scheduled_time=active.scheduled_time, start_time=active.start_time,
+                          completion_time=now, outcome="Replaced",
+                          message=f"replaced by run {run} (concurrencyPolicy Replace); its answer will be ignored")
+            )
+        status.active = []
+    started = ActiveRun(run_id=run, scheduled_time=latest, start_time=now)
+    status.active.append(started)
+    status.last_schedule_time = latest
+    return started
+
+
+def _expire_runs(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: datetime.datetime) -> None:
+    limit = datetime.timedelta(seconds=spec.run_timeout_seconds)
+    for active in [active for active in status.active if active.start_time + limit <= now]:
+        status.active.remove(active)
+        status.history.append(
+            RunRecord(run_id=active.run_id, scheduled_time=active.scheduled_time, start_time=active.start_time,
+                      completion_time=now, outcome="Failed",
+                      message=f"no reply from the agent within {spec.run_timeout_seconds} s (runTimeoutSeconds)")
+        )
+
+
+def _record(
+    status: ScheduledTaskStatus,
+    *,
+    run: str,
+    scheduled: datetime.datetime,
+    outcome: Literal["Failed", "Missed"],
+    now: datetime.datetime,
+    message: str,
+) -> None:
+    status.history.append(
+        RunRecord(
+            run_id=run, scheduled_time=scheduled, completion_time=now, outcome=outcome, message=_truncate(message)
+        )
+    )
+
+
+def _trim(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> None:
+    """Keep the newest successes and the newest other outcomes, each up to its limit, in order."""
+    succeeded = [record for record in status.history if record.outcome == "Succeeded"]
+    others = [record for record in status.history if record.outcome != "Succeeded"]
+    keep = {id(record) for record in succeeded[len(succeeded) - spec.successful_runs_history_limit:]}
+    keep |= {id(record) for record in others[len(others) - spec.failed_runs_history_limit:]}
+    if spec.successful_runs_history_limit == 0:
+        keep -= {id(record) for record in succeeded}
+    if spec.failed_runs_history_limit == 0:
+        keep -= {id(record) for record in others}
+    status.history = [record for record in status.history if id(record) in keep]
+
+
+def _conditions(
+    status: ScheduledTaskStatus,
+    *,
+    spec: ScheduledTaskSpec | None,
+    agent: AgentState,
+    generation: int | None,
+    now: datetime.datetime,
+    valid: ConditionUpdate,
+) -> list[Condition]:
+    suspended = spec is not None and spec.suspend
+    updates = [
+        valid,
+        ConditionUpdate(type="Suspended", status="True" if suspended else "False",
+                        reason="Suspended" if suspended else "Active",
+                        message="spec.suspend is true: no slot fires" if suspended else ""),
+    ]
+    if not agent.exists:
+        name = spec.agent_ref.name if spec is not None else "?"
+        updates.append(ConditionUpdate(type="AgentReady", status="False", reason="AgentNotFound",
+                                       message=f"Agent {name!r} not found in this namespace"))
+    elif not agent.ready:
+        updates.append(ConditionUpdate(type="AgentReady", status="False", reason="AgentNotReady",
+                                       message=agent.message or "the Agent has no Ready condition yet"))
+    else:
+        updates.append(ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message=""))
+    current = [condition.to_wire() for condition in status.conditions]
+    merged = merge_conditions(current, updates, generation=generation, now=now)
+    return [Condition.model_validate(condition) for condition in merged]
+
+
+def _invalid(
+    current: ScheduledTaskStatus,
+    status: ScheduledTaskStatus,
+    *,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime.datetime,
+    spec: ScheduledTaskSpec | None = None,
+) -> Plan:
+    status.next_schedule_time = None
+    status.conditions = _conditions(status, spec=spec, agent=AgentState(exists=True, ready=True), generation=generation,
+                                    now=now, valid=ConditionUpdate(type="Valid", status="False", reason=reason,
+                                                                   message=_truncate(message)))
+    status.conditions = [condition for condition in status.conditions if condition.type != "AgentReady"]
+    return Plan(status=_changed(current, status), triggers=[],
+                wake_at=_wake_at(status, spec=spec) if spec is not None else None)
+
+
+def _valid_message(spec: ScheduledTaskSpec, status: ScheduledTaskStatus, schedule: CronSchedule) -> str:
+    if status.next_schedule_time is None:
+        return f"{spec.schedule!r} in {spec.time_zone}"
+    local = status.next_schedule_time.astimezone(schedule.zone)
+    return f"{spec.schedule!r} in {spec.time_zone}; next run at {local.isoformat()}"
+
+
+def _wake_at(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> datetime.datetime | None:
+    limit = datetime.timedelta(seconds=spec.run_timeout_seconds)
+    instants = [active.start_time + limit for active in status.active]
+    if status.next_schedule_time is not None:
+        instants.append(status.next_schedule_time)
+    return min(instants, default=None)
+
+
+def _changed(current: ScheduledTaskStatus, status: ScheduledTaskStatus) -> dict[str, Any] | None:
+    wanted = status.to_wire()
+    return None if wanted == current.to_wire() else wanted
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
+
+
+def _stamp(instant: datetime.datetime) -> str:
+    return instant.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
