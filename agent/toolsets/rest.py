@@ -5,7 +5,7 @@ expanded with `uritemplate`, so every value is percent-encoded: a model cannot s
 `?` or `#` into a path segment. Arguments not used by the template travel as the JSON body for
 POST/PUT/PATCH and as query parameters for GET/DELETE. Auth is a bearer token or an API-key
 header whose value comes from an env var the operator wired from a Secret; it is read at call
-time and never logged. 429 and 5xx answers are reported as retryable.
+time and never logged. The expanded URL is sent exactly as built (no re-quoting). 429 and 5xx answers are reported as retryable.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 from uritemplate import URITemplate
+from yarl import URL
 
 from rockbot.agent.registry import ToolContext, ToolFailure
 from rockbot.agent.toolsets.kit import ToolKit
@@ -50,7 +51,7 @@ def rest_tool(resolved: ResolvedTool, *, kit: ToolKit):
             request["params"] = {k: _query_value(v) for k, v in rest.items()}
         session = await kit.http()
         try:
-            async with session.request(backend.method, url, **request) as response:
+            async with session.request(backend.method, URL(url, encoded=True), **request) as response:
                 body = await response.content.read(MAX_RESPONSE_BYTES)
                 text = body.decode(response.charset or "utf-8", errors="replace")
                 if response.status >= 400:

@@ -7,8 +7,8 @@ JSON on stdin. The tool's own timeout is the script's limit plus `SANDBOX_MARGIN
 a throw-away pod must be scheduled and started before the script's clock even starts.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: the tool's annotations use this agent's limits,
+# local values that must be evaluated when the function is defined.
 import json
 import secrets
 from typing import Annotated, Any, Protocol

@@ -124,14 +124,16 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                     call_chain=context.call_chain,
                 )
                 helper.state = "done"
-            except asyncio.CancelledError:
-                helper.state = "cancelled"
-                raise
             except Exception as exc:
                 helper.state, helper.answer = "failed", f"{type(exc).__name__}: {exc}"
             boards.write(session_id=context.session_id, key=f"helper:{helper.id}", value=helper.answer)
 
+        def settled(task: asyncio.Task[None]) -> None:
+            if task.cancelled():  # also when cancelled before it ever ran
+                helper.state = "cancelled"
+
         helper.task = asyncio.create_task(work(), name=f"helper {helper.id}")
+        helper.task.add_done_callback(settled)
         if wait_seconds:
             done, _ = await asyncio.wait({helper.task}, timeout=wait_seconds)
             if done:

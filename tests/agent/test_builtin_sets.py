@@ -1,0 +1,131 @@
+"""Built-in tool sets: the catalogue is honoured exactly; helpers, whiteboard and guides work."""
+
+from __future__ import annotations
+
+import pytest
+
+from rockbot.agent.registry import ToolContext
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.fixtures.llm import ScriptedCall, Turn
+
+# `scheduling` belongs to the scheduling issue: its module plugs in by name (see toolsets.kit).
+SETS = sorted({t.tool_set for t in BUILTIN_TOOLS} - {"scheduling"})
+SEARCH = {"provider": "searxng", "url": "http://127.0.0.1:9/"}
+
+
+@pytest.mark.parametrize("tool_set", SETS)
+async def test_each_enabled_set_registers_exactly_the_catalogued_tools(scripted_llm, tool_set):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=[tool_set], web_search=SEARCH)
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        registered = {t.name: t.description for t in agent.registry.list()}
+    expected = {t.name: t.description for t in BUILTIN_TOOLS if t.tool_set == tool_set}
+    assert registered == expected
+
+
+async def test_all_sets_together_and_without_web_search_config(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=SETS)
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        names = [t.name for t in agent.registry.list()]
+    expected = [t.name for t in BUILTIN_TOOLS if t.tool_set in SETS and t.name != "web_search"]
+    assert sorted(names) == sorted(expected)
+
+
+async def test_no_sets_no_tools_and_no_tools_sent(scripted_llm):
+    scripted_llm.play(Turn(text="plain"))
+    async with AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url), env={API_KEY_ENV: "k"}) as agent:
+        assert len(agent.registry) == 0
+        await agent.chat("s", "hi")
+    assert "tools" not in scripted_llm.requests[0].body
+
+
+async def test_a_helper_runs_with_a_subset_of_tools_and_reports_on_the_whiteboard(scripted_llm):
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="spawn_subagent", arguments={
+            "instruction": "Write 'found it' on the whiteboard under 'note'.",
+            "tools": ["whiteboard_write"], "wait_seconds": 10})]),
+        Turn(tool_calls=[ScriptedCall(name="whiteboard_write", arguments={"key": "note", "value": "found it"})]),
+        Turn(text="Helper finished."),  # the helper's final answer
+        Turn(tool_calls=[ScriptedCall(name="whiteboard_read", arguments={"key": "note"})]),
+        Turn(text="The helper found it."),
+    )
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents"])
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}) as agent:
+        result = await agent.chat("s", "delegate")
+        listing = await agent.registry.invoke("list_subagents", {}, context=ToolContext(session_id="s"))
+        other = await agent.registry.invoke("list_subagents", {}, context=ToolContext(session_id="t"))
+        helper_answer = await agent.registry.invoke(
+            "whiteboard_read", {"key": "helper:h1"}, context=ToolContext(session_id="s"))
+    assert result.answer == "The helper found it."
+    helper_request = scripted_llm.requests[1]
+    assert helper_request.tool_names == ["whiteboard_write"]
+    assert "You are a helper" in helper_request.messages[0]["content"]
+    assert scripted_llm.requests[2].messages[-1]["content"] == "Wrote 8 characters under 'note'."
+    spawn_answer = scripted_llm.requests[3].messages[-1]["content"]
+    assert spawn_answer == "Helper h1 done: Helper finished."
+    assert scripted_llm.requests[4].messages[-1]["content"] == "found it"
+    assert "| h1 | done |" in listing.content and other.content == "You have started no helpers."
+    assert helper_answer.content == "Helper finished."
+
+
+async def test_helpers_are_refused_unknown_tools_and_cannot_spawn(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents"])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        context = ToolContext(session_id="s")
+        unknown = await agent.registry.invoke(
+            "spawn_subagent", {"instruction": "x", "tools": ["no_such_tool"]}, context=context)
+        missing = await agent.registry.invoke("cancel_subagent", {"id": "h9"}, context=context)
+    assert unknown.error.code == "InvalidArguments" and "no_such_tool" in unknown.error.message
+    assert missing.error.code == "InvalidArguments"
+
+
+async def test_a_running_helper_can_be_cancelled(scripted_llm):
+    scripted_llm.play(Turn(text="never seen", delay_seconds=30))
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents"])
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}) as agent:
+        context = ToolContext(session_id="s")
+        started = await agent.registry.invoke("spawn_subagent", {"instruction": "slow"}, context=context)
+        assert "Helper h1 started" in started.content
+        cancelled = await agent.registry.invoke("cancel_subagent", {"id": "h1"}, context=context)
+        listing = await agent.registry.invoke("list_subagents", {}, context=context)
+    assert cancelled.content == "Helper h1 cancelled." and "| h1 | cancelled |" in listing.content
+
+
+async def test_guides_list_every_set_that_offers_one(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["guides", "web", "memory", "subagents", "scripts"])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        context = ToolContext(session_id="s")
+        listing = await agent.registry.invoke("list_tool_guides", {}, context=context)
+        guide = await agent.registry.invoke("get_tool_guide", {"name": "web-tools"}, context=context)
+        missing = await agent.registry.invoke("get_tool_guide", {"name": "nope"}, context=context)
+    for name in ("web-tools", "working-memory", "subagents", "python-scripts"):
+        assert f"| {name} |" in listing.content
+    assert guide.content.startswith("# Web tools")
+    assert missing.error.code == "InvalidArguments" and "web-tools" in missing.error.message
+
+
+async def test_scripts_without_a_sandbox_answer_unavailable(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        outcome = await agent.registry.invoke(
+            "execute_python_script", {"script": "print(1)"}, context=ToolContext(session_id="s"))
+    assert outcome.error.code == "Unavailable" and "sandbox" in outcome.error.message
+
+
+async def test_a_plugged_in_tool_set_module_is_installed(scripted_llm):
+    import types
+
+    module = types.ModuleType("extra_tools")
+
+    async def install(*, registry, kit):
+        registry.add(name="ping", description="Ping.", parameters={"type": "object"},
+                     executor=lambda args, ctx: _pong())
+
+    async def _pong():
+        return "pong"
+
+    module.install = install
+    async with AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url), env={}, tool_sets=[module]) as agent:
+        outcome = await agent.registry.invoke("ping", {}, context=ToolContext(session_id="s"))
+    assert outcome.content == "pong"

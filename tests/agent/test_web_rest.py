@@ -1,0 +1,190 @@
+"""web_browse, web_search and REST tools against local HTTP servers (never the internet)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp import web
+
+from rockbot.agent.registry import ToolContext
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.agent.toolsets.web import html_to_markdown
+from rockbot.contracts.agent_config import FunctionDefinition, ResolvedTool, RestBackend, ToolDefinition
+from tests.agent.configs import agent_config
+
+CONTEXT = ToolContext(session_id="s", tool_call_id="c1")
+PAGE = """<html><head><title>Rock facts</title><style>body{color:red}</style><script>alert(1)</script></head>
+<body><nav><a href="/">Home</a> | <a href="/about">About</a></nav>
+<main><h1>Granite</h1><p>Granite is an <b>igneous</b> rock.</p><h2>Uses</h2><ul><li>Counters</li><li>Kerbs</li></ul>
+<p>See <a href="https://example.org/granite">more</a>.</p></main>
+<footer>Copyright 2026 Rocks Inc</footer></body></html>"""
+
+
+@pytest.fixture
+async def site():
+    """A local HTTP server recording what it was asked; tests add routes before the first request."""
+    seen: list[dict] = []
+    app = web.Application()
+
+    async def page(request):
+        return web.Response(text=PAGE, content_type="text/html")
+
+    async def binary(request):
+        return web.Response(body=b"\x89PNG", content_type="image/png")
+
+    async def missing(request):
+        return web.Response(status=404, text="gone")
+
+    async def searxng(request):
+        seen.append({"path": request.path, "query": dict(request.query)})
+        return web.json_response({"results": [
+            {"title": "Granite - Wiki", "url": "https://example.org/granite", "content": "An igneous rock."},
+            {"title": "Basalt", "url": "https://example.org/basalt", "content": "Volcanic."},
+        ]})
+
+    async def brave(request):
+        seen.append({"path": request.path, "query": dict(request.query),
+                     "token": request.headers.get("X-Subscription-Token")})
+        return web.json_response({"web": {"results": [
+            {"title": "Granite", "url": "https://example.org/granite", "description": "Rock."}]}})
+
+    async def echo(request):
+        body = await request.text()
+        seen.append({"method": request.method, "raw_path": request.raw_path, "path": request.path,
+                     "query": dict(request.query), "body": json.loads(body) if body else None,
+                     "auth": request.headers.get("Authorization"), "key": request.headers.get("X-Api-Key"),
+                     "extra": request.headers.get("X-Team")})
+        return web.json_response({"ok": True})
+
+    async def flaky(request):
+        return web.Response(status=503, text="maintenance")
+
+    app.router.add_get("/page", page)
+    app.router.add_get("/logo.png", binary)
+    app.router.add_get("/missing", missing)
+    app.router.add_get("/search", searxng)
+    app.router.add_get("/brave", brave)
+    app.router.add_route("*", "/api/{tail:.*}", echo)
+    app.router.add_get("/flaky", flaky)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    await tcp.start()
+    port = tcp._server.sockets[0].getsockname()[1]
+
+    class Site:
+        url = f"http://127.0.0.1:{port}"
+        requests = seen
+
+    try:
+        yield Site
+    finally:
+        await runner.cleanup()
+
+
+def test_html_becomes_markdown_without_noise():
+    markdown = html_to_markdown(PAGE)
+    assert markdown.startswith("# Granite")
+    assert "Granite is an **igneous** rock." in markdown and "## Uses" in markdown
+    assert "* Counters" in markdown and "[more](https://example.org/granite)" in markdown
+    for noise in ("alert(1)", "color:red", "Home", "Copyright"):
+        assert noise not in markdown
+
+
+async def run_tool(config, name, arguments, env=None):
+    async with AgentRuntime.from_config(config, env=env or {}) as agent:
+        return await agent.registry.invoke(name, arguments, context=CONTEXT)
+
+
+async def test_web_browse_fetches_a_local_page_as_markdown(site, scripted_llm):
+    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, builtin_tools=["web"]), "web_browse",
+                             {"url": f"{site.url}/page"})
+    assert outcome.ok and outcome.content.startswith("# Granite") and "Copyright" not in outcome.content
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.org/x", "javascript:alert(1)", "/relative"])
+async def test_web_browse_refuses_urls_that_are_not_http(scripted_llm, url):
+    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, builtin_tools=["web"]), "web_browse", {"url": url})
+    assert outcome.error.code == "InvalidArguments" and "only fetches absolute http(s) URLs" in outcome.error.message
+
+
+async def test_web_browse_reports_http_errors_and_binary_content(site, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"])
+    missing = await run_tool(config, "web_browse", {"url": f"{site.url}/missing"})
+    binary = await run_tool(config, "web_browse", {"url": f"{site.url}/logo.png"})
+    assert missing.error.code == "ExecutionFailed" and "HTTP 404" in missing.error.message
+    assert binary.error.code == "InvalidArguments" and "image/png" in binary.error.message
+
+
+async def test_web_search_with_searxng(site, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"],
+                          web_search={"provider": "searxng", "url": site.url})
+    outcome = await run_tool(config, "web_search", {"query": "granite rock", "count": 1})
+    assert outcome.content == "1. [Granite - Wiki](https://example.org/granite) — An igneous rock."
+    assert site.requests == [{"path": "/search", "query": {"q": "granite rock", "format": "json"}}]
+
+
+async def test_web_search_with_brave_sends_the_key_from_env(site, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"], web_search={
+        "provider": "brave", "url": f"{site.url}/brave", "api_key": {"env": "BRAVE_KEY"}})
+    outcome = await run_tool(config, "web_search", {"query": "granite"}, env={"BRAVE_KEY": "brave-secret"})
+    assert outcome.content == "1. [Granite](https://example.org/granite) — Rock."
+    assert site.requests == [{"path": "/brave", "query": {"q": "granite", "count": "5"}, "token": "brave-secret"}]
+
+
+async def test_brave_without_a_key_is_a_clear_startup_error(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"],
+                          web_search={"provider": "brave", "api_key": {"env": "BRAVE_KEY"}})
+    with pytest.raises(ValueError, match="web_search.api_key: .*BRAVE_KEY"):
+        async with AgentRuntime.from_config(config, env={}):
+            pass
+
+
+def rest(name, url, *, method="GET", auth=None, headers=None, parameters=None):
+    return ResolvedTool(
+        definition=ToolDefinition(function=FunctionDefinition(
+            name=name, description=f"{method} {url}", parameters=parameters or {"type": "object"})),
+        source=f"tool:{name}",
+        backend=RestBackend(url=url, method=method, auth=auth, headers=headers or {}),
+    )
+
+
+async def test_rest_get_expands_the_template_with_escaping(site, scripted_llm):
+    tool = rest("city_weather", site.url + "/api/cities/{city}/weather{?units}")
+    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, tools=[tool]), "city_weather",
+                             {"city": "São Paulo/../admin?x=1#f", "units": "metric", "days": 3})
+    assert outcome.content == '{"ok": true}'
+    [seen] = site.requests
+    assert seen["raw_path"].startswith("/api/cities/S%C3%A3o%20Paulo%2F..%2Fadmin%3Fx%3D1%23f/weather?")
+    assert seen["query"] == {"units": "metric", "days": "3"} and seen["method"] == "GET"
+
+
+async def test_rest_post_sends_the_remaining_arguments_as_json_with_bearer_auth(site, scripted_llm):
+    tool = rest("create_ticket", site.url + "/api/projects/{project}/tickets", method="POST", headers={"X-Team": "a"},
+                auth={"type": "bearer", "value": {"env": "TICKETS_TOKEN"}})
+    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, tools=[tool]), "create_ticket",
+                             {"project": "rocks", "title": "Crack", "labels": ["geo"]}, env={"TICKETS_TOKEN": "tkn"})
+    assert outcome.ok
+    assert site.requests == [{"method": "POST", "raw_path": "/api/projects/rocks/tickets", "path":
+                              "/api/projects/rocks/tickets", "query": {}, "body": {"title": "Crack", "labels": ["geo"]},
+                              "auth": "Bearer tkn", "key": None, "extra": "a"}]
+
+
+async def test_rest_api_key_header_and_missing_secret(site, scripted_llm):
+    tool = rest("lookup", site.url + "/api/x", method="PUT",
+                auth={"type": "header", "header_name": "X-Api-Key", "value": {"env": "LOOKUP_KEY"}})
+    config = agent_config(llm_url=scripted_llm.url, tools=[tool])
+    ok = await run_tool(config, "lookup", {"a": 1}, env={"LOOKUP_KEY": "k1"})
+    missing = await run_tool(config, "lookup", {"a": 1}, env={})
+    assert ok.ok and site.requests[0]["key"] == "k1" and site.requests[0]["method"] == "PUT"
+    assert missing.error.code == "Unavailable" and "LOOKUP_KEY" in missing.error.message and len(site.requests) == 1
+
+
+async def test_rest_errors_come_back_as_data(site, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tools=[rest("flaky", site.url + "/flaky"),
+                                                           rest("nowhere", "http://127.0.0.1:9/x")])
+    flaky = await run_tool(config, "flaky", {})
+    nowhere = await run_tool(config, "nowhere", {})
+    assert (flaky.error.code, flaky.error.retryable) == ("Unavailable", True) and "HTTP 503" in flaky.error.message
+    assert (nowhere.error.code, nowhere.error.retryable) == ("Unavailable", True)
