@@ -5,7 +5,8 @@ expanded with `uritemplate`, so every value is percent-encoded: a model cannot s
 `?` or `#` into a path segment. Arguments not used by the template travel as the JSON body for
 POST/PUT/PATCH and as query parameters for GET/DELETE. Auth is a bearer token or an API-key
 header whose value comes from an env var the operator wired from a Secret; it is read at call
-time and never logged. The expanded URL is sent exactly as built (no re-quoting). 429 and 5xx answers are reported as retryable.
+time and never logged. The expanded URL is sent exactly as built (no re-quoting).
+429 and 5xx answers are reported as retryable.
 """
 
 from __future__ import annotations

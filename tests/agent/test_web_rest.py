@@ -136,7 +136,7 @@ async def test_web_search_with_brave_sends_the_key_from_env(site, scripted_llm):
 async def test_brave_without_a_key_is_a_clear_startup_error(scripted_llm):
     config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"],
                           web_search={"provider": "brave", "api_key": {"env": "BRAVE_KEY"}})
-    with pytest.raises(ValueError, match="web_search.api_key: .*BRAVE_KEY"):
+    with pytest.raises(ValueError, match=r"web_search\.api_key: .*BRAVE_KEY"):
         async with AgentRuntime.from_config(config, env={}):
             pass
 
