@@ -1,0 +1,36 @@
+"""A small MCP server for tests, built with the official SDK.
+
+    python tests/agent/mcp_server.py stdio
+    python tests/agent/mcp_server.py streamable-http PORT
+    python tests/agent/mcp_server.py sse PORT
+"""
+
+import sys
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("rocks")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def hardness(mineral: str) -> str:
+    """Mohs hardness of a mineral."""
+    scale = {"talc": 1, "quartz": 7, "diamond": 10}
+    if mineral not in scale:
+        raise ToolError(f"unknown mineral {mineral!r}")
+    return f"{mineral}: {scale[mineral]}"
+
+
+if __name__ == "__main__":
+    transport = sys.argv[1]
+    if transport == "stdio":
+        server.run("stdio")
+    else:
+        server.run(transport, host="127.0.0.1", port=int(sys.argv[2]))

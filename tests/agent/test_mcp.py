@@ -1,0 +1,134 @@
+"""MCP tools against real MCP servers (the SDK's own server, started by the test) over all three transports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rockbot.agent.registry import ToolContext
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.contracts.agent_config import FunctionDefinition, McpBackend, ResolvedTool, ToolDefinition
+from tests.agent.configs import agent_config
+
+SERVER = str(Path(__file__).with_name("mcp_server.py"))
+CONTEXT = ToolContext(session_id="s", tool_call_id="c")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(transport: str):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, SERVER, transport, str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process, port
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"the MCP test server ({transport}) exited with {process.returncode}") from None
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the MCP test server ({transport}) did not listen on {port}")
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    process, port = serve("streamable-http")
+    yield f"http://127.0.0.1:{port}/mcp"
+    process.terminate()
+    process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def sse_server():
+    process, port = serve("sse")
+    yield f"http://127.0.0.1:{port}/sse"
+    process.terminate()
+    process.wait(10)
+
+
+def mcp_tool(name: str, backend: dict, *, description: str = "", parameters=None) -> ResolvedTool:
+    return ResolvedTool(
+        definition=ToolDefinition(function=FunctionDefinition(
+            name=name, description=description, parameters=parameters or {"type": "object", "properties": {}})),
+        source=f"tool:{name}",
+        backend=McpBackend(**backend),
+    )
+
+
+async def test_every_tool_of_a_streamable_http_server_is_registered_and_callable(http_server, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tools=[
+        mcp_tool("rocks", {"server": "rocks", "url": http_server, "tool": "*"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        listed = {t.name: t for t in agent.registry.list()}
+        added = await agent.registry.invoke("add", '{"a": 2, "b": 40}', context=CONTEXT)
+        failed = await agent.registry.invoke("hardness", {"mineral": "cheese"}, context=CONTEXT)
+        invalid = await agent.registry.invoke("add", {"a": "x", "b": 1}, context=CONTEXT)
+    assert set(listed) == {"add", "hardness", "mcp_list_servers", "mcp_get_tool_schema", "mcp_invoke_tool"}
+    assert listed["add"].source == "mcp:rocks" and listed["add"].description == "Add two integers."
+    assert listed["add"].parameters["required"] == ["a", "b"]
+    assert added.content == "42"
+    assert failed.error.code == "ExecutionFailed" and "unknown mineral 'cheese'" in failed.error.message
+    assert invalid.error.code == "InvalidArguments"
+
+
+async def test_management_tools_list_describe_and_invoke(http_server, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tools=[
+        mcp_tool("rock_hardness", {"server": "rocks", "url": http_server, "tool": "hardness"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
+        schema = await agent.registry.invoke("mcp_get_tool_schema", {"server": "ROCKS", "tool": "add"}, context=CONTEXT)
+        called = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "add", "arguments": {"a": 1, "b": 2}}, context=CONTEXT)
+        unknown = await agent.registry.invoke("mcp_invoke_tool", {"server": "granite", "tool": "add"}, context=CONTEXT)
+        named = await agent.registry.invoke("rock_hardness", {"mineral": "quartz"}, context=CONTEXT)
+    assert servers.content == "- rocks (streamable-http): add, hardness"
+    assert json.loads(schema.content)["parameters"]["properties"]["a"]["type"] == "integer"
+    assert called.content == "3" and named.content == "quartz: 7"
+    assert unknown.error.code == "InvalidArguments" and "connected servers: rocks" in unknown.error.message
+
+
+async def test_a_named_tool_over_sse_takes_the_servers_schema(sse_server, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tools=[
+        mcp_tool("rock_add", {"server": "rocks", "url": sse_server, "transport": "sse", "tool": "add"},
+                 description="Add with rocks.")])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        tool = agent.registry.get("rock_add")
+        outcome = await agent.registry.invoke("rock_add", {"a": 5, "b": 6}, context=CONTEXT)
+    assert tool.description == "Add with rocks." and tool.parameters["required"] == ["a", "b"]
+    assert outcome.content == "11"
+
+
+async def test_a_stdio_server_is_started_and_called(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+        "hardness", {"server": "local-rocks", "transport": "stdio", "command": [sys.executable, SERVER, "stdio"],
+                     "tool": "hardness"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        outcome = await agent.registry.invoke("hardness", {"mineral": "diamond"}, context=CONTEXT)
+        source = agent.registry.get("hardness").source
+    assert outcome.content == "diamond: 10" and source == "mcp:local-rocks"
+
+
+async def test_a_server_that_is_down_does_not_stop_the_agent(scripted_llm):
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+        "weather", {"server": "weather", "url": url, "tool": "forecast"}, description="Forecast.")])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        assert agent.ready
+        outcome = await agent.registry.invoke("weather", {}, context=CONTEXT)
+        servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
+    assert (outcome.error.code, outcome.error.retryable) == ("Unavailable", True)
+    assert "MCP server 'weather'" in outcome.error.message
+    assert "unavailable" in servers.content
