@@ -81,11 +81,11 @@ async def _retry(
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     """Declare every handler on `registry` (a fresh one per operator, so tests can run several)."""
 
-    @kopf.index(GROUP, VERSION, "tools", registry=registry)
+    @kopf.index(GROUP, VERSION, "tools", id="tools_by_namespace", registry=registry)
     def tools_by_namespace(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
         return {namespace: _snapshot(body)}
 
-    @kopf.index(GROUP, VERSION, "agents", registry=registry)
+    @kopf.index(GROUP, VERSION, "agents", id="agents_by_namespace", registry=registry)
     def agents_by_namespace(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
         return {namespace: _snapshot(body)}
 

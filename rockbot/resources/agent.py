@@ -104,7 +104,7 @@ class EnvVar(Schema):
 class AgentSpec(Schema):
     model_config = cel_rules(
         (
-            "self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
+            "!has(self.toolBlacklist) || !has(self.tools) || self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
             "a tool cannot be both listed in tools and blacklisted; remove it from one of them",
         ),
     )

@@ -50,7 +50,7 @@ class McpBackendSpec(Schema):
 
     model_config = cel_rules(
         (
-            "self.transport == 'stdio' ? size(self.command) > 0 : has(self.url)",
+            "self.transport == 'stdio' ? has(self.command) && size(self.command) > 0 : has(self.url)",
             "stdio needs command; streamable-http and sse need url",
         ),
     )

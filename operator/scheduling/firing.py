@@ -1,0 +1,252 @@
+"""The firing loop: one asyncio task per ScheduledTask, sleeping on the clock until its next instant.
+
+Each loop plans from the latest copy of its task, writes the planned status conditionally on the
+resourceVersion it planned from, and only then publishes the trigger to the agent's inbox. A
+second replica or a restarted operator planning the same slot from the same version loses the
+write (409), reads again, sees the slot taken and publishes nothing. Replies arrive on one shared
+queue; a reply for a run that is no longer active (timed out, replaced, answered twice) is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from rockbot.bus import BadMessage, Bus, BusError, Delivery, Queue, Subscription
+from rockbot.bus.topology import agent_inbox
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
+from rockbot.operator.scheduling.clock import Clock
+from rockbot.operator.scheduling.planning import (
+    AgentState,
+    Trigger,
+    complete_run,
+    parse_request_id,
+    plan_task,
+)
+from rockbot.operator.scheduling.watching import mirror
+
+log = logging.getLogger(__name__)
+
+#: Where agents answer scheduled runs; any operator replica may complete any run.
+RUN_REPLIES = Queue(name="operator.scheduling.runs")
+WRITE_ATTEMPTS = 5
+ERROR_BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+
+Key = tuple[str, str]
+
+
+@dataclass
+class _TaskState:
+    body: dict[str, Any]
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    loop: asyncio.Task[None] | None = None
+
+
+class Scheduler:
+    """Fires every ScheduledTask in `namespaces` (all when empty); `start()` then `stop()`."""
+
+    def __init__(self, *, kube: KubeClient, bus: Bus, clock: Clock, namespaces: list[str] | None = None) -> None:
+        self._kube = kube
+        self._bus = bus
+        self._clock = clock
+        self._namespaces: list[str | None] = list(namespaces or []) or [None]
+        self._tasks: dict[Key, _TaskState] = {}
+        self._agents: dict[Key, AgentState] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+        self._replies: Subscription | None = None
+
+    async def start(self) -> None:
+        self._replies = await self._bus.consume(queue=RUN_REPLIES, handler=self._on_reply, prefetch=16)
+        for namespace in self._namespaces:
+            self._watchers.append(asyncio.create_task(mirror(
+                kube=self._kube, resource=AGENTS, namespace=namespace,
+                on_upsert=self._agent_changed, on_delete=self._agent_deleted,
+            ), name=f"watch agents in {namespace or 'all namespaces'}"))
+            self._watchers.append(asyncio.create_task(mirror(
+                kube=self._kube, resource=SCHEDULED_TASKS, namespace=namespace,
+                on_upsert=self._task_changed, on_delete=self._task_deleted,
+            ), name=f"watch scheduledtasks in {namespace or 'all namespaces'}"))
+
+    async def stop(self) -> None:
+        if self._replies is not None:
+            await self._replies.close()
+            self._replies = None
+        running = [*self._watchers, *(state.loop for state in self._tasks.values() if state.loop is not None)]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self._watchers.clear()
+        self._tasks.clear()
+
+    # ---- the mirror's callbacks
+
+    def _task_changed(self, body: dict[str, Any]) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        state = self._tasks.get(key)
+        if state is None:
+            state = self._tasks[key] = _TaskState(body=body)
+        else:
+            state.body = body
+            state.changed.set()
+        if state.loop is None or state.loop.done():
+            state.loop = asyncio.create_task(self._run(key, state), name=f"scheduledtask {key[0]}/{key[1]}")
+
+    def _task_deleted(self, namespace: str, name: str) -> None:
+        state = self._tasks.pop((namespace, name), None)
+        if state is not None and state.loop is not None:
+            state.loop.cancel()
+
+    def _agent_changed(self, body: dict[str, Any]) -> None:
+        metadata = body["metadata"]
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        state = AgentState(
+            exists=True,
+            ready=ready is not None and ready.get("status") == "True",
+            message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
+        )
+        key = (metadata["namespace"], metadata["name"])
+        if self._agents.get(key) != state:
+            self._agents[key] = state
+            self._wake_tasks_of(key)
+
+    def _agent_deleted(self, namespace: str, name: str) -> None:
+        self._agents[(namespace, name)] = AgentState(exists=False)
+        self._wake_tasks_of((namespace, name))
+
+    def _wake_tasks_of(self, agent: Key) -> None:
+        for (namespace, _), state in self._tasks.items():
+            if namespace == agent[0] and ((state.body.get("spec") or {}).get("agentRef") or {}).get("name") == agent[1]:
+                state.changed.set()
+
+    # ---- one loop per task
+
+    async def _run(self, key: Key, state: _TaskState) -> None:
+        failures = 0
+        while True:
+            state.changed.clear()
+            try:
+                wake_at = await self._step(key, state)
+                failures = 0
+            except NotFound:
+                log.info("ScheduledTask %s/%s is gone; its loop ends", *key)
+                return
+            except (ApiError, BusError, OSError) as exc:
+                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
+                failures += 1
+                log.warning("ScheduledTask %s/%s: %s; trying again in %s s", *key, exc, delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.changed.wait(), timeout=delay)
+                continue
+            await self._wait(state, wake_at)
+
+    async def _step(self, key: Key, state: _TaskState) -> Any:
+        """Plan once; write; publish. Returns when to plan again."""
+        while True:
+            body = state.body
+            agent_name = ((body.get("spec") or {}).get("agentRef") or {}).get("name", "")
+            agent = await self._agent_state(key[0], agent_name)
+            plan = plan_task(body=body, agent=agent, now=self._clock.now())
+            if plan.status is not None:
+                try:
+                    state.body = await self._write_status(body, plan.status)
+                except Conflict:
+                    state.body = await self._kube.get(SCHEDULED_TASKS, namespace=key[0], name=key[1])
+                    continue
+            for trigger in plan.triggers:
+                await self._publish(state, trigger)
+            return plan.wake_at
+
+    async def _wait(self, state: _TaskState, wake_at: Any) -> None:
+        waiters = [asyncio.ensure_future(state.changed.wait())]
+        if wake_at is not None:
+            waiters.append(asyncio.ensure_future(self._clock.sleep_until(wake_at)))
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _agent_state(self, namespace: str, name: str) -> AgentState:
+        known = self._agents.get((namespace, name))
+        if known is not None:
+            return known
+        try:
+            body = await self._kube.get(AGENTS, namespace=namespace, name=name)
+        except NotFound:
+            return AgentState(exists=False)
+        self._agent_changed(body)
+        return self._agents[(namespace, name)]
+
+    async def _publish(self, state: _TaskState, trigger: Trigger) -> None:
+        request = InboxRequest(
+            kind="scheduled_task",
+            request_id=trigger.request_id,
+            session_id=trigger.request_id,
+            content=trigger.prompt,
+            reply_to=RUN_REPLIES.name,
+        )
+        try:
+            await self._bus.publish(
+                queue=agent_inbox(namespace=trigger.namespace, name=trigger.agent),
+                body=request,
+                message_id=trigger.request_id,
+                correlation_id=trigger.request_id,
+                reply_to=RUN_REPLIES.name,
+            )
+        except BusError as exc:
+            log.warning("could not send run %s to agent %s: %s", trigger.run_id, trigger.agent, exc)
+            await self._complete(trigger.namespace, trigger.task, trigger.run_id, answer=None,
+                                 error=f"could not deliver the trigger to the agent's inbox: {exc}")
+
+    # ---- completing runs
+
+    async def _on_reply(self, delivery: Delivery) -> None:
+        try:
+            reply = delivery.decode(InboxReply)
+        except BadMessage as exc:
+            log.warning("dropping an unreadable run reply: %s", exc)
+            return
+        parsed = parse_request_id(reply.request_id)
+        if parsed is None:
+            log.warning("dropping a reply for %r, which is not a scheduled run", reply.request_id)
+            return
+        namespace, task, run = parsed
+        error = None if reply.error is None else f"{reply.error.code.value}: {reply.error.message}"
+        await self._complete(namespace, task, run, answer=reply.answer, error=error)
+
+    async def _complete(self, namespace: str, task: str, run: str, *, answer: str | None, error: str | None) -> None:
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                body = await self._kube.get(SCHEDULED_TASKS, namespace=namespace, name=task)
+            except NotFound:
+                return
+            if not run.endswith("-" + str(body["metadata"].get("uid", ""))[:8]):
+                return  # a run of an earlier task by the same name
+            status = complete_run(body=body, run_id=run, now=self._clock.now(), answer=answer, error=error)
+            if status is None:
+                return
+            try:
+                written = await self._write_status(body, status)
+            except Conflict:
+                continue
+            self._task_changed(written)
+            return
+        raise Conflict(status=409, reason="Conflict", message=f"run {run} not recorded after {WRITE_ATTEMPTS} tries")
+
+    async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the status subresource, only if the object is still at the version planned from."""
+        metadata = body["metadata"]
+        previous = body.get("status") or {}
+        patch = {key: None for key in previous if key not in status} | status
+        return await self._kube.patch(
+            SCHEDULED_TASKS,
+            namespace=metadata["namespace"],
+            name=metadata["name"],
+            subresource="status",
+            body={"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": patch},
+        )

@@ -1,0 +1,70 @@
+"""Mirror a kind of object into callbacks: list, then watch from the list's resourceVersion, forever.
+
+Watches end (server timeouts, API restarts) and resourceVersions expire (410 Gone): a stream that
+ends is resumed from the last version seen, an expired one is listed afresh, and objects that
+vanished in between are reported deleted. The scheduler keeps its own mirror rather than riding on
+kopf's, so it runs (and is tested) on any event loop with nothing but a `KubeClient`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from rockbot.kube import ApiError, Gone, KubeClient, Resource
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+WATCH_TIMEOUT_SECONDS = 300
+RETRY_SECONDS = 1.0
+
+
+async def mirror(
+    *,
+    kube: KubeClient,
+    resource: Resource,
+    namespace: str | None,
+    on_upsert: Callable[[dict[str, Any]], None],
+    on_delete: Callable[[str, str], None],
+) -> None:
+    """Call `on_upsert(body)` for every object and change, `on_delete(namespace, name)` for removals."""
+    known: set[Key] = set()
+    while True:
+        try:
+            listing = await kube.list(resource, namespace=namespace)
+            seen = {_key(item) for item in listing.items}
+            for key in known - seen:
+                on_delete(*key)
+            known = seen
+            for item in listing.items:
+                on_upsert(item)
+            version = listing.resource_version
+            while True:
+                async for event in kube.watch(
+                    resource, namespace=namespace, resource_version=version, timeout_seconds=WATCH_TIMEOUT_SECONDS
+                ):
+                    version = event.object.get("metadata", {}).get("resourceVersion") or version
+                    if event.type == "BOOKMARK":
+                        continue
+                    key = _key(event.object)
+                    if event.type == "DELETED":
+                        known.discard(key)
+                        on_delete(*key)
+                    else:
+                        known.add(key)
+                        on_upsert(event.object)
+        except Gone:
+            log.info("watch of %s expired; listing again", resource.plural)
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            log.warning("watching %s failed (%s); retrying in %s s", resource.plural, exc, RETRY_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
+
+
+def _key(body: dict[str, Any]) -> Key:
+    metadata = body.get("metadata") or {}
+    return metadata.get("namespace", ""), metadata.get("name", "")

@@ -1,0 +1,311 @@
+"""The operator end to end: kopf in its own thread, the emulated API server over HTTP, assertions on
+what the API server holds, as `kubectl get` would show it."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from rockbot.kube import (
+    AGENTS,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    SERVICES,
+    TOOLS,
+    Conflict,
+    Invalid,
+    KubeClient,
+    NotFound,
+)
+from rockbot.operator.settings import OperatorSettings
+from tests.operator.harness import condition, eventually, operator_running
+from tests.operator.samples import agent_body, tool_body
+
+NS = "default"
+SETTINGS = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600)
+
+
+def secret(name: str, **data: str) -> dict:
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS}, "data": encoded}
+
+
+async def create_basics(kube: KubeClient) -> None:
+    await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
+    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": "amqp://u:p@bus/"}))
+
+
+async def mark_deployment_ready(kube: KubeClient, name: str) -> None:
+    """Play kube-controller-manager: the Deployment rolled out and its pods are ready."""
+    deployment = await kube.get(DEPLOYMENTS, namespace=NS, name=name)
+    replicas = deployment["spec"]["replicas"]
+    status = {
+        "observedGeneration": deployment["metadata"]["generation"],
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+    }
+    await kube.patch(DEPLOYMENTS, namespace=NS, name=name, body={"status": status}, subresource="status")
+
+
+async def config_of(kube: KubeClient, agent: str) -> dict:
+    config_map = await kube.get(CONFIGMAPS, namespace=NS, name=f"rockbot-{agent}-config")
+    return json.loads(config_map["data"]["agent.json"])
+
+
+@pytest.fixture
+async def ready_agent(kube_client: KubeClient):
+    await create_basics(kube_client)
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("weather"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scripts"]))
+    async with operator_running(SETTINGS):
+        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
+        await mark_deployment_ready(kube_client, "rockbot-analyst")
+
+        async def is_ready():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "Ready")["status"] == "True"
+            return agent
+
+        yield await eventually(is_ready)
+
+
+async def test_agent_becomes_children_and_a_ready_status(kube_client: KubeClient, ready_agent):
+    status = ready_agent["status"]
+    assert condition(ready_agent, "ToolsResolved") | {"lastTransitionTime": None} == {
+        "type": "ToolsResolved",
+        "status": "True",
+        "reason": "AllResolved",
+        "message": "2 tools offered to the model",
+        "lastTransitionTime": None,
+        "observedGeneration": 1,
+    }
+    assert status["tools"] == [
+        {
+            "name": "execute_python_script",
+            "source": "builtin:scripts",
+            "description": status["tools"][0]["description"],
+        },
+        {"name": "weather", "source": "tool:weather", "description": "The weather tool."},
+    ]
+    assert status["observedGeneration"] == 1 and status["readyReplicas"] == 1
+    sa = await kube_client.get(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst")
+    assert sa["automountServiceAccountToken"] is False
+    assert (await kube_client.get(SERVICES, namespace=NS, name="rockbot-analyst"))["spec"]["ports"][0]["port"] == 8080
+    token = await kube_client.get(SECRETS, namespace=NS, name="rockbot-analyst-http-token")
+    assert len(base64.b64decode(token["data"]["token"])) >= 32
+    config = await config_of(kube_client, "analyst")
+    assert config["tools"][0]["definition"]["function"]["name"] == "weather"
+    assert "sk-test" not in json.dumps(config) and "sk-test" not in json.dumps(ready_agent)
+
+
+async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(kube_client: KubeClient, kube_api):
+    await create_basics(kube_client)
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("weather"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"]))
+    async with operator_running(SETTINGS):
+        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
+        await mark_deployment_ready(kube_client, "rockbot-analyst")
+
+        async def settled():
+            assert condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")["status"] == "True"
+
+        await eventually(settled)
+
+    mark = len(kube_api.requests)
+    async with operator_running(SETTINGS):
+        await kube_client.patch(
+            AGENTS, namespace=NS, name="analyst", body={"metadata": {"labels": {"poke": "1"}}}
+        )  # one more event, one more reconcile
+
+        async def reconciled_twice():
+            reads = [
+                r
+                for r in kube_api.requests[mark:]
+                if r.method == "GET" and "watch" not in r.params and r.url.path.endswith("/deployments/rockbot-analyst")
+            ]
+            assert len(reads) >= 2  # the start-up pass and the poke both compared the children
+
+        await eventually(reconciled_twice)
+    writes = [f"{r.method.value} {r.url.path}" for r in kube_api.writes_since(mark)]
+    assert writes == [f"PATCH /apis/rockbot.dev/v1alpha1/namespaces/{NS}/agents/analyst"]  # the test's own poke
+
+
+async def test_children_deleted_or_edited_by_hand_are_put_back(kube_client: KubeClient, ready_agent):
+    await kube_client.delete(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+    await kube_client.patch(
+        CONFIGMAPS, namespace=NS, name="rockbot-analyst-config", body={"data": {"agent.json": "{}"}}
+    )
+
+    async def repaired():
+        deployment = await kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+        assert (await config_of(kube_client, "analyst"))["name"] == "analyst"
+        return deployment
+
+    deployment = await eventually(repaired)
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+async def test_a_tool_change_reaches_every_agent_that_uses_it(kube_client: KubeClient, ready_agent):
+    await kube_client.patch(TOOLS, namespace=NS, name="weather", body={"spec": {"description": "Forecasts."}})
+
+    async def updated():
+        config = await config_of(kube_client, "analyst")
+        assert config["tools"][0]["definition"]["function"]["description"] == "Forecasts."
+        tool = await kube_client.get(TOOLS, namespace=NS, name="weather")
+        assert tool["status"]["usedBy"] == ["analyst"]
+        assert condition(tool, "Accepted")["status"] == "True"
+
+    await eventually(updated)
+
+    await kube_client.delete(TOOLS, namespace=NS, name="weather")
+
+    async def unresolved():
+        agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+        tools = condition(agent, "ToolsResolved")
+        assert tools["status"] == "False"
+        assert (
+            tools["message"] == 'Tool "weather" not found in namespace default: create it or remove it from spec.tools'
+        )
+        assert [t["name"] for t in agent["status"]["tools"]] == ["execute_python_script"]
+
+    await eventually(unresolved)
+
+
+async def test_bad_references_are_reported_in_conditions(kube_client: KubeClient):
+    await kube_client.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": "amqp://bus/"}))
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("bad", parameters={"type": "string"}))
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("one", functionName="same"))
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("two", functionName="same"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body(tools=["bad", "one", "two", "ghost"]))
+    async with operator_running(SETTINGS):
+
+        async def reported():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "ToolsResolved")["message"].split("; ") == [
+                'Tool "ghost" not found in namespace default: create it or remove it from spec.tools',
+                'Tool "bad" is not accepted: spec.parameters must be an object schema '
+                '({"type": "object", "properties": {...}}): tool arguments are always a JSON object',
+                "tool:one and tool:two both resolve to the tool name 'same': "
+                "set spec.functionName (or subAgents[].toolName) on one of them",
+            ]
+            ready = condition(agent, "Ready")
+            assert (ready["status"], ready["reason"]) == ("False", "ConfigurationIncomplete")
+            assert ready["message"] == (
+                "spec.model.apiKeySecretRef: Secret \"llm\" not found in namespace default: create it with key 'apiKey'"
+            )
+            bad = await kube_client.get(TOOLS, namespace=NS, name="bad")
+            assert condition(bad, "Accepted")["status"] == "False"
+
+        await eventually(reported)
+        # Degraded, not down: the agent deploys with what resolved (nothing here but built-ins).
+        assert await kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+
+        await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk"))
+        await kube_client.patch(AGENTS, namespace=NS, name="analyst", body={"spec": {"tools": ["one"]}})
+
+        async def fixed():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "ToolsResolved")["status"] == "True"
+            assert condition(agent, "Ready")["reason"] == "DeploymentProgressing"
+            assert agent["status"]["observedGeneration"] == 2
+
+        await eventually(fixed)
+
+
+async def test_an_object_owned_by_someone_else_is_not_taken_over(kube_client: KubeClient):
+    await create_basics(kube_client)
+    owner = await kube_client.create(
+        CONFIGMAPS,
+        namespace=NS,
+        body={"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "someone-else", "namespace": NS}},
+    )
+    foreign = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": "rockbot-analyst",
+            "namespace": NS,
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "name": "someone-else",
+                    "uid": owner["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    await kube_client.create(SERVICEACCOUNTS, namespace=NS, body=foreign)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body())
+    async with operator_running(SETTINGS):
+
+        async def refused():
+            ready = condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")
+            assert ready["message"] == (
+                "ServiceAccount default/rockbot-analyst exists and is controlled by another "
+                "owner: delete or rename it so the operator can manage it"
+            )
+
+        await eventually(refused)
+    sa = await kube_client.get(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst")
+    assert sa["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+
+
+async def test_deleting_an_agent_garbage_collects_its_children(kube_client: KubeClient, ready_agent):
+    await kube_client.delete(AGENTS, namespace=NS, name="analyst")
+
+    async def gone():
+        for resource, name in [
+            (DEPLOYMENTS, "rockbot-analyst"),
+            (CONFIGMAPS, "rockbot-analyst-config"),
+            (SERVICEACCOUNTS, "rockbot-analyst"),
+            (SERVICES, "rockbot-analyst"),
+        ]:
+            with pytest.raises(NotFound):
+                await kube_client.get(resource, namespace=NS, name=name)
+
+    await eventually(gone)
+
+
+async def test_the_crd_schema_rejects_invalid_resources_with_the_field_named(kube_client: KubeClient):
+    with pytest.raises(Invalid) as missing:
+        await kube_client.create(
+            AGENTS,
+            namespace=NS,
+            body={"apiVersion": "rockbot.dev/v1alpha1", "kind": "Agent", "metadata": {"name": "x"}, "spec": {}},
+        )
+    assert "spec.model: Required value" in str(missing.value)
+    two = tool_body("two-backends", rest={"url": "https://x.example"}, script={"source": "print(1)"})
+    two["metadata"].pop("uid")
+    with pytest.raises(Invalid) as backends:
+        await kube_client.create(TOOLS, namespace=NS, body=two)
+    assert "a Tool has exactly one backend: set one of rest, mcp, script or agent" in str(backends.value)
+    reserved = agent_body("y", env=[{"name": "ROCKBOT_AMQP_URL", "value": "amqp://evil/"}])
+    reserved["metadata"].pop("uid")
+    with pytest.raises(Invalid) as env:
+        await kube_client.create(AGENTS, namespace=NS, body=reserved)
+    assert "env names starting with ROCKBOT_ are reserved for the operator" in str(env.value)
+
+
+async def test_a_conflicting_create_is_compared_and_adopted_not_failed(kube_client: KubeClient):
+    await create_basics(kube_client)
+    unowned = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "rockbot-analyst", "namespace": NS}}
+    await kube_client.create(SERVICEACCOUNTS, namespace=NS, body=unowned)
+    with pytest.raises(Conflict):
+        await kube_client.create(SERVICEACCOUNTS, namespace=NS, body=unowned)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body())
+    async with operator_running(SETTINGS):
+
+        async def adopted():
+            sa = await kube_client.get(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst")
+            assert [ref["kind"] for ref in sa["metadata"].get("ownerReferences", [])] == ["Agent"]
+            assert sa["automountServiceAccountToken"] is False
+
+        await eventually(adopted)
