@@ -1,0 +1,118 @@
+"""Agent loop benchmarks against the scripted LLM (a real HTTP+SSE server on 127.0.0.1).
+
+    python benchmarks/bench_agent.py [--rounds 300]
+
+1. Loop overhead per tool-call round trip: the time of one round (ask the model, parse the stream,
+   run a no-op tool, append the answers) minus the time spent inside the model request itself
+   (HTTP + the scripted server) and inside the tool. Goal: under 2 ms.
+2. Three tools that each take 200 ms, run in parallel versus one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rockbot.agent.defining import tool
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.contracts.agent_config import AgentConfig
+from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
+
+
+def config(url: str, **fields) -> AgentConfig:
+    return AgentConfig.model_validate({
+        "name": "bench", "namespace": "bench", "model": {"base_url": url, "name": "scripted-model"},
+        "system_prompt": "You are a benchmark.", **fields,
+    })
+
+
+def tools_module(*tools):
+    class Module:
+        @staticmethod
+        async def install(*, registry, kit):
+            for t in tools:
+                registry.register(t)
+
+    return Module
+
+
+async def loop_overhead(rounds: int) -> None:
+    in_tool = 0.0
+
+    @tool
+    async def noop(n: int) -> str:
+        """Do nothing."""
+        nonlocal in_tool
+        started = time.perf_counter()
+        result = f"ok {n}"
+        in_tool += time.perf_counter() - started
+        return result
+
+    llm = await ScriptedLLM(chunk_chars=8).start()
+    llm.play(*[Turn(text="Working on it.", tool_calls=[ScriptedCall(name="noop", arguments={"n": i})])
+               for i in range(rounds)], Turn(text="done"))
+    agent = AgentRuntime.from_config(config(llm.url, max_iterations=rounds + 1), env={},
+                                     tool_sets=[tools_module(noop)], max_messages=10 * rounds)
+    in_model: list[float] = []
+    complete = agent.llm.complete
+
+    async def timed_complete(**kwargs):
+        started = time.perf_counter()
+        try:
+            return await complete(**kwargs)
+        finally:
+            in_model.append(time.perf_counter() - started)
+
+    agent.llm.complete = timed_complete  # the benchmark's stopwatch around the model request
+    async with agent:
+        started = time.perf_counter()
+        result = await agent.chat("bench", "go")
+        total = time.perf_counter() - started
+    await llm.stop()
+    assert result.answer == "done" and result.iterations == rounds + 1, result
+    overhead = (total - sum(in_model) - in_tool) / rounds
+    per_round = total / (rounds + 1)
+    print(f"loop: {rounds} tool-call round trips in {total * 1000:.0f} ms "
+          f"({per_round * 1000:.2f} ms per round, model request median {statistics.median(in_model) * 1000:.2f} ms)")
+    verdict = "meets" if overhead < 0.002 else "MISSES"
+    print(f"loop: own overhead per round trip {overhead * 1000:.3f} ms ({verdict} the 2 ms goal)")
+
+
+async def parallel_speedup() -> None:
+    @tool
+    async def slow(n: int) -> str:
+        """Take 200 ms."""
+        await asyncio.sleep(0.2)
+        return f"slow {n}"
+
+    timings = {}
+    for parallel in (False, True):
+        llm = await ScriptedLLM().start()
+        llm.play(Turn(tool_calls=[ScriptedCall(name="slow", arguments={"n": i}) for i in range(3)]),
+                 Turn(text="done"))
+        agent = AgentRuntime.from_config(config(llm.url, parallel_tool_calls=parallel), env={},
+                                         tool_sets=[tools_module(slow)])
+        async with agent:
+            started = time.perf_counter()
+            await agent.chat("bench", "go")
+            timings[parallel] = time.perf_counter() - started
+        await llm.stop()
+    print(f"tools: three 200 ms tools serial {timings[False] * 1000:.0f} ms, parallel {timings[True] * 1000:.0f} ms, "
+          f"speed-up x{timings[False] / timings[True]:.2f}")
+
+
+async def main(rounds: int) -> None:
+    await loop_overhead(rounds)
+    await parallel_speedup()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    asyncio.run(main(parser.parse_args().rounds))
