@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from rockbot.contracts.agent_config import AMQP_URL_ENV, AgentConfig
+from rockbot.logs import setup_logging
 
 log = logging.getLogger("rockbot.agent")
 
@@ -34,6 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0", help="HTTP listen address (default: 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="HTTP port (default: 8080)")
     parser.add_argument("--drain-seconds", type=float, default=20.0, help="time to finish in-flight turns on stop")
+    parser.add_argument("--log-format", choices=["json", "text"], default="json", help="log lines (default: json)")
 
 
 def load_config(path: Path) -> AgentConfig:
@@ -64,7 +67,7 @@ def http_token(config: AgentConfig) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_format=args.log_format)
     try:
         config = load_config(args.config)
         token = http_token(config)
@@ -124,8 +127,8 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
 
 
 def _sandbox(bus, config: AgentConfig):
-    """The scripts-manager client, when there is a bus to reach it."""
-    if bus is None:
+    """The scripts-manager client, when there is a bus to reach it (and this build has the client)."""
+    if bus is None or importlib.util.find_spec("rockbot.agent.sandbox") is None:
         return None
     from rockbot.agent.sandbox import SandboxClient
 

@@ -1,0 +1,84 @@
+"""`rockbot agent --config FILE` as a real process: config errors, then serving chat over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import aiohttp
+import yaml
+
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.fixtures.llm import Turn
+
+TOKEN_ENV = "TEST_AGENT_HTTP_TOKEN"
+SECRET = "tok-9f8e7d6c"
+
+
+def rockbot_agent(*args: str, env: dict[str, str] | None = None):
+    command = [sys.executable, "-m", "rockbot.cli", "agent", *args]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ROCKBOT_")} | (env or {})
+    return command, environment
+
+
+def test_an_invalid_config_names_the_field(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "namespace": "y", "model": {"name": "m"}}))
+    command, env = rockbot_agent("--config", str(path))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "model.base_url: Field required" in done.stderr and str(path) in done.stderr
+
+
+def test_a_configured_token_env_that_is_empty_is_an_error(tmp_path):
+    path = tmp_path / "agent.yaml"
+    config = agent_config(llm_url="http://127.0.0.1:9/v1", http_token={"env": TOKEN_ENV})
+    path.write_text(config.model_dump_json())
+    command, env = rockbot_agent("--config", str(path))
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"env var {TOKEN_ENV}, which is empty" in done.stderr
+
+
+async def test_the_agent_process_serves_chat_and_stops_on_sigterm(tmp_path, scripted_llm):
+    scripted_llm.play(Turn(text="Hello from a process."))
+    path = tmp_path / "agent.yaml"
+    config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV}, builtin_tools=["memory"])
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", str(port),
+                                 "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k"})
+    process = await asyncio.create_subprocess_exec(*command, env=env, stderr=asyncio.subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(200):
+                try:
+                    async with http.get(f"{base}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                assert process.returncode is None, await process.stderr.read()
+                await asyncio.sleep(0.1)
+            body = {"messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(f"{base}/v1/chat/completions", json=body) as response:
+                assert response.status == 401
+            async with http.post(f"{base}/v1/chat/completions", json=body,
+                                 headers={"Authorization": f"Bearer {SECRET}"}) as response:
+                answer = await response.json()
+        assert answer["choices"][0]["message"]["content"] == "Hello from a process."
+        assert scripted_llm.requests[0].authorization == "Bearer k"
+        assert scripted_llm.requests[0].tool_names == ["get_from_working_memory"]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+    logs = (await process.stderr.read()).decode()
+    assert code == 0, logs
+    assert "ready with 1 tools" in logs and SECRET not in logs
