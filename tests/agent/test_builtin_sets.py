@@ -129,3 +129,73 @@ async def test_a_plugged_in_tool_set_module_is_installed(scripted_llm):
     async with AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url), env={}, tool_sets=[module]) as agent:
         outcome = await agent.registry.invoke("ping", {}, context=ToolContext(session_id="s"))
     assert outcome.content == "pong"
+
+
+class RecordingSandbox:
+    """Stands in for the scripts-manager client at its interface: records requests, answers from a list."""
+
+    def __init__(self, *replies):
+        self.replies = list(replies)
+        self.requests = []
+
+    async def execute_python_script(self, **request):
+        self.requests.append(request)
+        return self.replies.pop(0)
+
+
+def script_result(**fields):
+    from rockbot.contracts.scripts import ScriptInvokeResponse
+
+    return ScriptInvokeResponse(request_id="r", **{"stdout": "", "stderr": "", "exit_code": 0,
+                                                   "duration_seconds": 0.5, **fields})
+
+
+async def test_execute_python_script_goes_through_the_sandbox_client(scripted_llm):
+    from rockbot.contracts.errors import ErrorInfo
+    from rockbot.contracts.scripts import ScriptInvokeError
+
+    sandbox = RecordingSandbox(
+        script_result(stdout="42\n", stderr="warning\n"),
+        script_result(exit_code=None, timed_out=True, stdout="partial"),
+        ScriptInvokeError(request_id="r", error=ErrorInfo(code="Rejected", message="pip_packages: not allowed")),
+    )
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"], script_limits={"timeout_seconds": 20})
+    async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
+        context = ToolContext(session_id="s", tool_call_id="call_1")
+        ok = await agent.registry.invoke(
+            "execute_python_script", {"script": "print(42)", "input_data": {"n": 1}}, context=context)
+        slow = await agent.registry.invoke("execute_python_script", {"script": "while True: pass"}, context=context)
+        refused = await agent.registry.invoke(
+            "execute_python_script", {"script": "import numpy", "pip_packages": ["numpy"]}, context=context)
+        too_long = await agent.registry.invoke(
+            "execute_python_script", {"script": "x", "timeout_seconds": 999}, context=context)
+        timeout = agent.registry.get("execute_python_script").timeout
+    assert ok.content == "exit code 0 after 0.50 s\n--- stdout ---\n42\n\n--- stderr ---\nwarning\n"
+    assert "killed before it exited" in slow.content and "ran out of time" in slow.content
+    assert (refused.error.code, refused.error.message) == ("Rejected", "pip_packages: not allowed")
+    assert too_long.error.code == "InvalidArguments" and len(sandbox.requests) == 3
+    first = sandbox.requests[0]
+    assert first["script"] == "print(42)" and first["input_data"] == '{"n": 1}' and first["timeout_seconds"] == 20
+    assert first["request_id"].startswith("call_1.") and sandbox.requests[2]["pip_packages"] == ("numpy",)
+    assert timeout == 20 + 60
+
+
+async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_llm):
+    from rockbot.contracts.agent_config import FunctionDefinition, ResolvedTool, ScriptBackend, ToolDefinition
+
+    sandbox = RecordingSandbox(script_result(stdout="HELLO"))
+    resolved = ResolvedTool(
+        definition=ToolDefinition(function=FunctionDefinition(
+            name="shout", description="Upper-case a text.",
+            parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})),
+        source="tool:shout",
+        backend=ScriptBackend(source="import json,sys; print(json.load(sys.stdin)['text'].upper())"),
+        timeout_seconds=10,
+    )
+    config = agent_config(llm_url=scripted_llm.url, tools=[resolved])
+    async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
+        outcome = await agent.registry.invoke("shout", {"text": "hello"}, context=ToolContext(session_id="s"))
+        tool = agent.registry.get("shout")
+    assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout" and tool.timeout == 70
+    assert sandbox.requests[0]["input_data"] == '{"text": "hello"}'
+    assert sandbox.requests[0]["script"].startswith("import json,sys")

@@ -287,3 +287,31 @@ async def test_tool_events_carry_the_error(scripted_llm):
         await agent.chat("s", "x", on_event=sink)
     started, finished = [e for e in events if isinstance(e, ToolStarted | ToolFinished)]
     assert started.name == finished.name == "nope" and finished.error.code == ErrorCode.TOOL_NOT_FOUND
+
+
+async def test_stream_lines_longer_than_64_kib_and_interleaved_calls_are_read(scripted_llm):
+    scripted_llm.chunk_chars = 100_000  # one SSE line per argument string
+    big = "x" * 90_000
+
+    @tool
+    async def store(blob: str) -> int:
+        """Store a blob."""
+        return len(blob)
+
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="store", arguments={"blob": big}),
+                         ScriptedCall(name="add", arguments={"a": 1, "b": 2})]),
+        Turn(text="stored"),
+    )
+    async with runtime_for(scripted_llm, store, add) as agent:
+        result = await agent.chat("s", "store it")
+    assert result.answer == "stored"
+    assert [m["content"] for m in tool_messages(scripted_llm.requests[1])] == ["90000", "3"]
+
+
+async def test_the_runtime_is_not_ready_before_start(scripted_llm):
+    agent = runtime_for(scripted_llm)
+    assert not agent.ready
+    await agent.start()
+    assert agent.ready
+    await agent.close()
