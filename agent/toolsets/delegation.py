@@ -21,13 +21,20 @@ from rockbot.contracts.agent_config import AgentBackend, ResolvedTool
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.inbox import MAX_CALL_DEPTH, InboxReply, InboxRequest
 
-_REPLY_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
+_REPLY_QUEUE_EXPIRES_MS = 3600 * 1000
 
 
-def agent_replies(*, namespace: str, name: str) -> Queue:
-    """Where replies to this agent's calls of other agents arrive."""
+def agent_replies(*, namespace: str, name: str, instance: str) -> Queue:
+    """Where replies to this agent process's calls of other agents arrive.
+
+    One queue per process (`instance`), not per agent: with several replicas, a shared queue would
+    hand a reply to a replica that is not waiting for it. Unused, it expires after an hour.
+    """
     inbox = agent_inbox(namespace=namespace, name=name)
-    return Queue(name=inbox.name.removesuffix(".inbox") + ".replies", arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS})
+    return Queue(
+        name=f"{inbox.name.removesuffix('.inbox')}.replies.{instance}",
+        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
+    )
 
 
 def refusal(*, chain: tuple[str, ...], target: str) -> str | None:
@@ -57,7 +64,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
     assert isinstance(backend, AgentBackend)
     target = f"{backend.namespace}/{backend.name}"
     inbox = agent_inbox(namespace=backend.namespace, name=backend.name)
-    replies = agent_replies(namespace=kit.config.namespace, name=kit.config.name)
+    replies = agent_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
     wait = max(resolved.timeout_seconds * 0.95, resolved.timeout_seconds - 1.0)
 
     async def execute(args: dict[str, Any], context: ToolContext) -> str:

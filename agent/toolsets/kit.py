@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -82,6 +83,7 @@ class ToolKit:
     sandbox: Any = None
     run_helper: Helpers | None = None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    instance: str = field(default_factory=lambda: secrets.token_hex(4))  # this process, for per-process queues
 
     @property
     def agent_id(self) -> str:

@@ -160,8 +160,9 @@ async def test_a_model_failure_is_replied_as_unavailable(scripted_llm, bus):
     assert "HTTP 401" in reply.error.message and API_KEY_ENV in reply.error.message
 
 
-def test_reply_queue_names_follow_the_inbox():
-    assert agent_replies(namespace="team-a", name="lead").name == "agent.team-a.lead.replies"
+def test_reply_queues_are_per_process():
+    queue = agent_replies(namespace="team-a", name="lead", instance="ab12")
+    assert queue.name == "agent.team-a.lead.replies.ab12" and queue.arguments == {"x-expires": 3_600_000}
 
 
 def test_an_agent_call_must_name_its_caller():
