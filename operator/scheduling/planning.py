@@ -251,12 +251,8 @@ def _trim(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> None:
     """Keep the newest successes and the newest other outcomes, each up to its limit, in order."""
     succeeded = [record for record in status.history if record.outcome == "Succeeded"]
     others = [record for record in status.history if record.outcome != "Succeeded"]
-    keep = {id(record) for record in succeeded[len(succeeded) - spec.successful_runs_history_limit:]}
-    keep |= {id(record) for record in others[len(others) - spec.failed_runs_history_limit:]}
-    if spec.successful_runs_history_limit == 0:
-        keep -= {id(record) for record in succeeded}
-    if spec.failed_runs_history_limit == 0:
-        keep -= {id(record) for record in others}
+    keep = {id(record) for record in succeeded[max(0, len(succeeded) - spec.successful_runs_history_limit):]}
+    keep |= {id(record) for record in others[max(0, len(others) - spec.failed_runs_history_limit):]}
     status.history = [record for record in status.history if id(record) in keep]
 
 

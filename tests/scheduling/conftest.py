@@ -1,0 +1,148 @@
+"""The scheduler against the API emulator and an in-memory bus, on a driven clock; a scripted agent."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
+from rockbot.bus.topology import agent_inbox
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient, NotFound
+from rockbot.operator.scheduling.clock import ManualClock
+from rockbot.operator.scheduling.firing import Scheduler
+from tests.fixtures.kubeapi import client_for
+from tests.kubeapi import KubeApiEmulator
+
+T = TypeVar("T")
+START = datetime.datetime(2024, 5, 1, 10, 20, tzinfo=datetime.UTC)
+
+
+class FakeAgent:
+    """Consumes one agent's inbox like the agent runtime does; answers at once unless `hold` is set."""
+
+    def __init__(self, *, bus: Bus, namespace: str, name: str) -> None:
+        self.bus = bus
+        self.queue = agent_inbox(namespace=namespace, name=name)
+        self.received: list[InboxRequest] = []
+        self.hold = False
+        self.held: list[Delivery] = []
+        self._subscription: Subscription | None = None
+
+    async def start(self) -> FakeAgent:
+        self._subscription = await self.bus.consume(queue=self.queue, handler=self._handle, prefetch=64)
+        return self
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await self._subscription.close()
+
+    async def _handle(self, delivery: Delivery) -> None:
+        request = delivery.decode(InboxRequest)
+        self.received.append(request)
+        if self.hold:
+            self.held.append(delivery)
+        else:
+            await self.answer(delivery)
+
+    async def answer(self, delivery: Delivery, text: str | None = None) -> None:
+        request = delivery.decode(InboxRequest)
+        reply = InboxReply(request_id=request.request_id, session_id=request.session_id,
+                           answer=text or f"done: {request.content}")
+        await self.bus.reply(to=delivery, body=reply)
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 10.0) -> T:
+    """Poll until `probe` stops failing an assertion (or finding nothing); re-raise the last failure."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await probe()
+        except (AssertionError, NotFound):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.01)
+
+
+class Cluster:
+    """The API emulator as seen by a test: create agents and tasks, read tasks back."""
+
+    def __init__(self, *, kube: KubeClient, emulator: KubeApiEmulator) -> None:
+        self.kube = kube
+        self.emulator = emulator
+
+    async def agent(self, name: str = "helper", *, ready: bool = True, namespace: str = "default") -> dict[str, Any]:
+        body = await self.kube.create(AGENTS, namespace=namespace, body={
+            "apiVersion": "rockbot.dev/v1alpha1", "kind": "Agent",
+            "metadata": {"name": name},
+            "spec": {"model": {"baseUrl": "https://llm.example/v1", "name": "m",
+                               "apiKeySecretRef": {"name": "llm", "key": "apiKey"}}},
+        })
+        return await self.set_agent_ready(name, ready=ready, namespace=namespace) if ready else body
+
+    async def set_agent_ready(self, name: str, *, ready: bool, namespace: str = "default") -> dict[str, Any]:
+        condition = {"type": "Ready", "status": "True" if ready else "False",
+                     "reason": "DeploymentReady" if ready else "DeploymentProgressing",
+                     "message": "1/1 replicas ready" if ready else "0/1 replicas ready",
+                     "lastTransitionTime": "2024-05-01T00:00:00Z"}
+        return await self.kube.patch(AGENTS, namespace=namespace, name=name, subresource="status",
+                                     body={"status": {"conditions": [condition]}})
+
+    async def task(self, name: str = "report", *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+        return await self.kube.create(SCHEDULED_TASKS, namespace=namespace, body={
+            "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask",
+            "metadata": {"name": name},
+            "spec": {"agentRef": {"name": "helper"}, "schedule": "0 * * * *", "prompt": "Write the report."} | spec,
+        })
+
+    async def edit(self, name: str = "report", *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+        return await self.kube.patch(SCHEDULED_TASKS, namespace=namespace, name=name, body={"spec": spec})
+
+    async def status(self, name: str = "report", *, namespace: str = "default") -> dict[str, Any]:
+        return (await self.kube.get(SCHEDULED_TASKS, namespace=namespace, name=name)).get("status") or {}
+
+
+@pytest.fixture
+async def cluster(kube_api: KubeApiEmulator) -> AsyncIterator[Cluster]:
+    async with client_for(kube_api) as kube:
+        yield Cluster(kube=kube, emulator=kube_api)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[MemoryBus]:
+    async with MemoryBus() as memory:
+        yield memory
+
+
+@pytest.fixture
+async def agent(bus: MemoryBus) -> AsyncIterator[FakeAgent]:
+    fake = await FakeAgent(bus=bus, namespace="default", name="helper").start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def start_scheduler(
+    cluster: Cluster, bus: MemoryBus, clock: ManualClock
+) -> AsyncIterator[Callable[[], Awaitable[Scheduler]]]:
+    """Starts schedulers (replicas, or one after another across a 'restart'); all stop at the end."""
+    started: list[Scheduler] = []
+
+    async def start() -> Scheduler:
+        scheduler = Scheduler(kube=cluster.kube, bus=bus, clock=clock)
+        await scheduler.start()
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        await scheduler.stop()

@@ -1,0 +1,254 @@
+"""Firing through the API emulator and the bus: exactly once across restarts, replicas and redelivery."""
+
+from __future__ import annotations
+
+import datetime
+
+from rockbot.operator.scheduling.clock import ManualClock
+from tests.scheduling.conftest import START, Cluster, FakeAgent, eventually
+
+UTC = datetime.UTC
+
+
+def at(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text).astimezone(UTC)
+
+
+async def scheduled(cluster: Cluster, name: str = "report", *, next_at: str) -> dict:
+    async def probe() -> dict:
+        status = await cluster.status(name)
+        assert status.get("nextScheduleTime") == next_at
+        return status
+
+    return await eventually(probe)
+
+
+async def outcomes(cluster: Cluster, expected: list[tuple[str, str]], name: str = "report") -> dict:
+    async def probe() -> dict:
+        status = await cluster.status(name)
+        got = [(record["scheduledTime"], record["outcome"]) for record in status.get("history", [])]
+        assert got == expected
+        return status
+
+    return await eventually(probe)
+
+
+async def test_a_task_fires_into_the_agent_inbox_and_the_reply_completes_it(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task()
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    (request,) = agent.received
+    assert request.kind == "scheduled_task" and request.content == "Write the report."
+    assert request.request_id.startswith("scheduledtask/default/report/20240501T110000Z-")
+    assert status["history"][0]["summary"] == "done: Write the report."
+    assert status["lastScheduleTime"] == "2024-05-01T11:00:00Z"
+    assert status["nextScheduleTime"] == "2024-05-01T12:00:00Z"
+    assert status["active"] == []
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {"Valid": "True", "Suspended": "False", "AgentReady": "True"}
+
+
+async def test_a_restart_never_fires_the_same_slot_twice(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task()
+    agent.hold = True
+    first = await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    await scheduled(cluster, next_at="2024-05-01T12:00:00Z")
+    await eventually(lambda: _assert_len(agent.received, 1))
+    await first.stop()
+    await start_scheduler()
+    clock.advance(1)
+    await scheduled(cluster, next_at="2024-05-01T12:00:00Z")
+    for delivery in agent.held:
+        await agent.answer(delivery)
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    assert len(agent.received) == 1
+
+
+async def test_two_replicas_fire_each_slot_once(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    for index in range(5):
+        await cluster.task(f"report-{index}", schedule="* * * * *", concurrencyPolicy="Allow")
+    await start_scheduler()
+    await start_scheduler()
+    for index in range(5):
+        await scheduled(cluster, f"report-{index}", next_at="2024-05-01T10:21:00Z")
+    for minute in (21, 22, 23):
+        clock.set(at(f"2024-05-01T10:{minute}:00+00:00"))
+        await eventually(lambda minute=minute: _assert_len(agent.received, 5 * (minute - 20)))
+        for index in range(5):
+            await scheduled(cluster, f"report-{index}", next_at=f"2024-05-01T10:{minute + 1}:00Z")
+    ids = [request.request_id for request in agent.received]
+    assert len(ids) == len(set(ids)) == 15
+
+
+async def test_a_redelivered_trigger_completes_the_run_once(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task(successfulRunsHistoryLimit=5)
+    agent.hold = True
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    await eventually(lambda: _assert_len(agent.held, 1))
+    (delivery,) = agent.held
+    await agent.answer(delivery, "first answer")
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    await agent.answer(delivery, "answer to the redelivered copy")
+    await asyncio_sleep_a_moment()
+    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    assert status["history"][0]["summary"] == "first answer"
+
+
+async def test_missed_slots_during_downtime_fire_once_on_restart(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task(missedRunPolicy="RunOnce")
+    first = await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    await first.stop()
+    clock.set(at("2024-05-01T15:30:00+00:00"))
+    await start_scheduler()
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Missed"), ("2024-05-01T15:00:00Z", "Succeeded")])
+    assert [request.request_id[-25:-9] for request in agent.received] == ["20240501T150000Z"]
+
+
+async def test_skip_policy_fires_nothing_after_downtime(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task(missedRunPolicy="Skip", failedRunsHistoryLimit=3)
+    first = await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    await first.stop()
+    clock.set(at("2024-05-01T15:30:00+00:00"))
+    await start_scheduler()
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Missed"), ("2024-05-01T15:00:00Z", "Missed")])
+    await scheduled(cluster, next_at="2024-05-01T16:00:00Z")
+    assert agent.received == []
+
+
+async def test_a_missing_agent_fails_the_run_and_the_next_slot_fires_once_it_exists(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.task()
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Failed")])
+    assert "'helper' not found" in status["history"][0]["message"]
+    assert status["nextScheduleTime"] == "2024-05-01T12:00:00Z"
+    await cluster.agent()
+
+    async def agent_ready() -> None:
+        conditions = {c["type"]: c["status"] for c in (await cluster.status())["conditions"]}
+        assert conditions["AgentReady"] == "True"
+
+    await eventually(agent_ready)
+    clock.set(at("2024-05-01T12:00:00+00:00"))
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Failed"), ("2024-05-01T12:00:00Z", "Succeeded")])
+
+
+async def test_suspend_edit_and_delete_take_effect_at_once(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task()
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    await cluster.edit(suspend=True)
+
+    async def suspended() -> None:
+        status = await cluster.status()
+        assert "nextScheduleTime" not in status
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "True"
+
+    await eventually(suspended)
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    await cluster.edit(suspend=False, schedule="*/15 * * * *")
+    await scheduled(cluster, next_at="2024-05-01T11:15:00Z")
+    assert agent.received == [], "resuming or editing fires no slot from the past"
+    await cluster.kube.delete(cluster_tasks(), namespace="default", name="report")
+    await asyncio_sleep_a_moment()
+    clock.set(at("2024-05-01T11:15:00+00:00"))
+    await asyncio_sleep_a_moment()
+    assert agent.received == []
+
+
+async def test_an_invalid_zone_reports_valid_false(cluster: Cluster, clock: ManualClock, start_scheduler) -> None:
+    await cluster.task(timeZone="Mars/Olympus_Mons")
+    await start_scheduler()
+
+    async def invalid() -> dict:
+        status = await cluster.status()
+        valid = next((c for c in status.get("conditions", []) if c["type"] == "Valid"), {})
+        assert (valid.get("status"), valid.get("reason")) == ("False", "InvalidTimeZone")
+        return valid
+
+    valid = await eventually(invalid)
+    assert "Mars/Olympus_Mons" in valid["message"]
+
+
+async def test_a_run_without_reply_times_out(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
+) -> None:
+    await cluster.agent()
+    await cluster.task(runTimeoutSeconds=90)
+    agent.hold = True
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    await eventually(lambda: _assert_len(agent.held, 1))
+    clock.set(at("2024-05-01T11:01:30+00:00"))
+    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Failed")])
+    assert "within 90 s" in status["history"][0]["message"]
+    await agent.answer(agent.held[0])
+    await asyncio_sleep_a_moment()
+    assert (await cluster.status())["history"][0]["outcome"] == "Failed", "a late answer changes nothing"
+
+
+async def test_dst_fall_back_fires_the_repeated_slot_once(
+    cluster: Cluster, agent: FakeAgent, start_scheduler, clock: ManualClock
+) -> None:
+    clock.set(at("2024-11-02T12:00:00+00:00"))
+    await cluster.agent()
+    await cluster.task(schedule="30 1 * * *", timeZone="America/New_York")
+    await start_scheduler()
+    await scheduled(cluster, next_at="2024-11-03T05:30:00Z")
+    clock.set(at("2024-11-03T05:30:00+00:00"))
+    await scheduled(cluster, next_at="2024-11-04T06:30:00Z")
+    clock.set(at("2024-11-03T06:30:00+00:00"))
+    await asyncio_sleep_a_moment()
+    assert len(agent.received) == 1
+
+
+def cluster_tasks():
+    from rockbot.kube import SCHEDULED_TASKS
+
+    return SCHEDULED_TASKS
+
+
+async def asyncio_sleep_a_moment() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.2)
+
+
+async def _assert_len(items: list, count: int) -> None:
+    assert len(items) == count, f"{len(items)} != {count}"
+
+
+assert START.tzinfo is UTC
