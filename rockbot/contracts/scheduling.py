@@ -22,10 +22,20 @@ _REPLY_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
 TASK_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 
 
-def scheduling_replies(*, namespace: str, name: str) -> Queue:
-    """Where the operator answers one agent's scheduling requests (expires when the agent is gone)."""
-    inbox = agent_inbox(namespace=namespace, name=name).name
-    return Queue(name=inbox.removesuffix(".inbox") + ".scheduling-replies",
+def scheduling_reply_prefix(*, namespace: str, name: str) -> str:
+    """What every scheduling reply queue of this agent's processes is named with."""
+    return agent_inbox(namespace=namespace, name=name).name.removesuffix("inbox") + "scheduling-replies."
+
+
+def scheduling_replies(*, namespace: str, name: str, instance: str) -> Queue:
+    """Where the operator answers one agent process's scheduling requests.
+
+    One queue per process (`instance`): replicas sharing a queue would take each other's replies.
+    Unused, it expires after a day.
+    """
+    if not instance.isalnum():
+        raise ValueError(f"instance={instance!r} must be letters and digits")
+    return Queue(name=scheduling_reply_prefix(namespace=namespace, name=name) + instance.lower(),
                  arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS})
 
 

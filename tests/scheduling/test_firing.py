@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 
+from rockbot.kube import SCHEDULED_TASKS
 from rockbot.operator.scheduling.clock import ManualClock
-from tests.scheduling.conftest import START, Cluster, FakeAgent, eventually
+from tests.scheduling.conftest import Cluster, FakeAgent, eventually
 
 UTC = datetime.UTC
 
@@ -181,7 +183,7 @@ async def test_suspend_edit_and_delete_take_effect_at_once(
     await cluster.edit(suspend=False, schedule="*/15 * * * *")
     await scheduled(cluster, next_at="2024-05-01T11:15:00Z")
     assert agent.received == [], "resuming or editing fires no slot from the past"
-    await cluster.kube.delete(cluster_tasks(), namespace="default", name="report")
+    await cluster.kube.delete(SCHEDULED_TASKS, namespace="default", name="report")
     await asyncio_sleep_a_moment()
     clock.set(at("2024-05-01T11:15:00+00:00"))
     await asyncio_sleep_a_moment()
@@ -235,20 +237,10 @@ async def test_dst_fall_back_fires_the_repeated_slot_once(
     assert len(agent.received) == 1
 
 
-def cluster_tasks():
-    from rockbot.kube import SCHEDULED_TASKS
-
-    return SCHEDULED_TASKS
-
-
 async def asyncio_sleep_a_moment() -> None:
-    import asyncio
-
+    """Long enough for a wrongly woken loop to publish (there is nothing to wait for when all is right)."""
     await asyncio.sleep(0.2)
 
 
 async def _assert_len(items: list, count: int) -> None:
     assert len(items) == count, f"{len(items)} != {count}"
-
-
-assert START.tzinfo is UTC

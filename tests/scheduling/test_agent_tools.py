@@ -1,0 +1,163 @@
+"""The agent's scheduling tools end to end: agent runtime -> bus -> operator -> API -> firing -> inbox."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rockbot.agent.inbox import serve_inbox
+from rockbot.agent.registry import ToolContext
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import MemoryBus
+from rockbot.bus.topology import OPERATOR_SCHEDULING
+from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
+from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingRequest, scheduling_replies
+from rockbot.kube import SCHEDULED_TASKS, NotFound
+from rockbot.operator.scheduling.agent_requests import SchedulingRequests
+from rockbot.operator.scheduling.clock import ManualClock
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.fixtures.llm import Turn
+from tests.scheduling.conftest import Cluster, eventually
+
+CONTEXT = ToolContext(session_id="chat-1", tool_call_id="call_1")
+
+
+@pytest.fixture
+async def operator_side(cluster: Cluster, bus: MemoryBus, clock: ManualClock, start_scheduler) -> AsyncIterator[None]:
+    await cluster.agent()
+    await cluster.agent("other")
+    requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock)
+    await requests.start()
+    await start_scheduler()
+    yield
+    await requests.stop()
+
+
+@pytest.fixture
+async def helper(scripted_llm, bus: MemoryBus, operator_side: None) -> AsyncIterator[AgentRuntime]:
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=bus) as runtime:
+        yield runtime
+
+
+async def call(runtime: AgentRuntime, tool: str, /, **arguments):
+    return await runtime.registry.invoke(tool, arguments, context=CONTEXT)
+
+
+async def test_the_set_offers_exactly_the_catalogued_tools(helper: AgentRuntime) -> None:
+    registered = {tool.name: tool.description for tool in helper.registry.list()}
+    assert registered == {t.name: t.description for t in BUILTIN_TOOLS if t.tool_set == "scheduling"}
+
+
+async def test_a_scheduled_task_is_created_listed_fired_into_the_inbox_and_cancelled(
+    helper: AgentRuntime, cluster: Cluster, bus: MemoryBus, clock: ManualClock, scripted_llm
+) -> None:
+    made = await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="Send the digest.",
+                      time_zone="Europe/Berlin")
+    assert made.ok, made.error
+    assert "next run: 2024-05-01 18:00:00 CEST" in made.content
+    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+    assert task["spec"] == {"agentRef": {"name": "helper"}, "schedule": "0 18 * * *", "timeZone": "Europe/Berlin",
+                            "prompt": "Send the digest.", "runOnce": False} | {
+                                key: task["spec"][key] for key in task["spec"]
+                                if key not in {"agentRef", "schedule", "timeZone", "prompt", "runOnce"}}
+    assert task["metadata"]["ownerReferences"][0]["kind"] == "Agent"
+    assert task["metadata"]["labels"]["rockbot.dev/agent"] == "helper"
+
+    async def listed() -> str:
+        listing = await call(helper, "list_scheduled_tasks")
+        assert "2024-05-01 18:00:00 CEST" in listing.content
+        return listing.content
+
+    table = await eventually(listed)
+    assert table.startswith("Current time: 2024-05-01 10:20:00 UTC (Wednesday).")
+    assert "| digest | `0 18 * * *` | Europe/Berlin |" in table and "| 2024-05-01 16:00:00 |" in table
+
+    inbox = await serve_inbox(runtime=helper, bus=bus)
+    scripted_llm.play(Turn(text="Digest sent."))
+    clock.set(datetime.datetime(2024, 5, 1, 16, 0, tzinfo=datetime.UTC))
+
+    async def succeeded() -> dict:
+        status = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest"))["status"]
+        assert [(r["outcome"], r["summary"]) for r in status.get("history", [])] == [("Succeeded", "Digest sent.")]
+        return status
+
+    await eventually(succeeded)
+    await inbox.close()
+    assert scripted_llm.requests[-1].body["messages"][-1]["content"] == "Send the digest."
+
+    cancelled = await call(helper, "cancel_scheduled_task", name="digest")
+    assert cancelled.ok and "Cancelled task 'digest'" in cancelled.content
+    with pytest.raises(NotFound):
+        await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+    again = await call(helper, "cancel_scheduled_task", name="digest")
+    assert again.error.code == "InvalidArguments"
+    assert again.error.message == "you have no task named 'digest'; you have no scheduled tasks"
+
+
+async def test_scheduling_a_name_again_updates_the_task(helper: AgentRuntime, cluster: Cluster) -> None:
+    await call(helper, "schedule_task", name="ping", cron="0 9 * * *", prompt="one")
+    updated = await call(helper, "schedule_task", name="ping", cron="*/10 * * * *", prompt="two", run_once=True)
+    assert updated.ok, updated.error
+    spec = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.ping"))["spec"]
+    assert (spec["schedule"], spec["prompt"], spec["runOnce"]) == ("*/10 * * * *", "two", True)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "words"),
+    [
+        ({"cron": "0 25 * * *"}, "InvalidArguments", "cron: '0 25 * * *' is not a valid cron expression"),
+        ({"time_zone": "Moon/Base"}, "InvalidArguments", "time_zone: 'Moon/Base' is not an IANA time zone"),
+        ({"name": "Bad Name"}, "InvalidArguments", "name"),
+    ],
+)
+async def test_bad_requests_are_answered_with_the_field_to_fix(
+    helper: AgentRuntime, cluster: Cluster, arguments: dict, code: str, words: str
+) -> None:
+    outcome = await call(helper, "schedule_task", **({"name": "x", "cron": "0 9 * * *", "prompt": "p"} | arguments))
+    assert outcome.error is not None and outcome.error.code == code
+    assert words in outcome.error.message
+    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items == []
+
+
+async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime, cluster: Cluster) -> None:
+    await cluster.task("by-a-person")
+    await cluster.task("other.mine", agentRef={"name": "other"})
+    listing = await call(helper, "list_scheduled_tasks")
+    assert "| by-a-person |" in listing.content and "no (set by a person)" in listing.content
+    assert "other.mine" not in listing.content
+    refused = await call(helper, "cancel_scheduled_task", name="by-a-person")
+    assert refused.error.code == "InvalidArguments" and "no task named 'by-a-person'" in refused.error.message
+    await cluster.kube.create(SCHEDULED_TASKS, namespace="default", body={
+        "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask",
+        "metadata": {"name": "helper.sneaky"},
+        "spec": {"agentRef": {"name": "helper"}, "schedule": "0 * * * *", "prompt": "p"},
+    })
+    refused = await call(helper, "cancel_scheduled_task", name="sneaky")
+    assert refused.error.code == "Rejected" and "not created by you" in refused.error.message
+    overwrite = await call(helper, "schedule_task", name="sneaky", cron="0 9 * * *", prompt="mine now")
+    assert overwrite.error.code == "Rejected"
+    assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.sneaky"))["spec"]["prompt"] == "p"
+
+
+async def test_a_request_answered_elsewhere_than_its_own_queue_is_refused(bus: MemoryBus, operator_side: None) -> None:
+    reply_queue = scheduling_replies(namespace="default", name="other", instance="abc1")
+    delivery = await bus.request(
+        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/helper", operation=ListTasks()),
+        reply_queue=reply_queue, correlation_id="c1", timeout=5,
+    )
+    reply = delivery.decode(SchedulingReply)
+    assert reply.error is not None and reply.error.code == "Rejected"
+    assert "its own scheduling queue" in reply.error.message
+
+
+async def test_a_request_for_an_unknown_agent_is_refused(bus: MemoryBus, operator_side: None) -> None:
+    reply_queue = scheduling_replies(namespace="default", name="ghost", instance="abc1")
+    delivery = await bus.request(
+        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/ghost", operation=ListTasks()),
+        reply_queue=reply_queue, correlation_id="c2", timeout=5,
+    )
+    reply = delivery.decode(SchedulingReply)
+    assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
