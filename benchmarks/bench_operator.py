@@ -9,6 +9,7 @@ no-op resync (an operator restart that re-reconciles everything; the target is 0
 from __future__ import annotations
 
 import argparse
+import collections
 import asyncio
 import base64
 import contextlib
@@ -96,6 +97,9 @@ async def main(count: int, tools_per_agent: int) -> None:
     print(f"time until all Ready: {elapsed:.1f} s ({count / elapsed:.1f} agents/s)")
     print(f"API requests per Agent (operator, controller and test together): {requests / count:.1f}")
     print(f"writes made by a full no-op resync (operator restart): {len(resync_writes)}")
+    kinds = collections.Counter(f"{r.method.value} {r.url.path.rsplit('/', 2)[-2]}" for r in resync_writes)
+    for kind, number in kinds.most_common():
+        print(f"  {number} x {kind}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ class Runtime:
         self.kube = kube
         self.reconciler = AgentReconciler(kube=kube, settings=settings, post_event=_post_event)
         self.retries: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: The live kopf indices, once a handler has seen them; the resync loop reads them.
+        self.indices: kopf.Indices | None = None
+        self.resync: asyncio.Task[None] | None = None
+        #: (generation, labels) of each Tool as last seen: a status-only change concerns no Agent.
+        self.tool_versions: dict[tuple[str, str], tuple[Any, ...]] = {}
 
 
 def _post_event(body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
@@ -59,7 +64,12 @@ async def reconcile_agent(
     tools = list(tools_index.get(namespace, []))
     agents = {agent["metadata"]["name"]: agent for agent in agents_index.get(namespace, [])}
     try:
+        used_before = runtime.reconciler.uses(namespace, name)
         await runtime.reconciler.reconcile(namespace=namespace, name=name, tools=tools, agents=agents)
+        changed = used_before ^ runtime.reconciler.uses(namespace, name)
+        for tool in tools:  # their `usedBy` gained or lost this Agent
+            if tool["metadata"]["name"] in changed:
+                await write_tool_status(runtime.kube, body=tool, tools=tools, agents=list(agents.values()))
     except Exception as error:  # any failure: the object stays as it was, and we come back
         delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
         logger.warning("reconcile of Agent %s/%s failed (%s); retrying in %ss", namespace, name, error, delay)
@@ -78,6 +88,23 @@ async def _retry(
     await reconcile_agent(runtime, namespace=namespace, name=name, indices=indices, attempt=attempt)
 
 
+async def _resync_forever(runtime: Runtime) -> None:
+    """Reconcile every Agent now and then: catches what no event announces (a Secret created later).
+
+    A loop rather than a kopf timer, because kopf puts a finalizer on objects with timers, and an
+    Agent should stay deletable while the operator is down.
+    """
+    while True:
+        await asyncio.sleep(runtime.settings.resync_seconds)
+        if runtime.indices is None:
+            continue
+        for namespace, agents in list(runtime.indices["agents_by_namespace"].items()):
+            for agent in list(agents):
+                await reconcile_agent(
+                    runtime, namespace=namespace, name=agent["metadata"]["name"], indices=runtime.indices
+                )
+
+
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     """Declare every handler on `registry` (a fresh one per operator, so tests can run several)."""
 
@@ -91,20 +118,32 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
 
     @kopf.on.event(GROUP, VERSION, "agents", registry=registry)
     async def agent_event(type: str, namespace: str, name: str, **kwargs: Any) -> None:
+        runtime.indices = _indices(kwargs)
         if type != "DELETED":
             await reconcile_agent(runtime, namespace=namespace, name=name, indices=_indices(kwargs))
 
-    @kopf.timer(GROUP, VERSION, "agents", interval=runtime.settings.resync_seconds, registry=registry)
-    async def agent_resync(namespace: str, name: str, **kwargs: Any) -> None:
-        await reconcile_agent(runtime, namespace=namespace, name=name, indices=_indices(kwargs))
+    @kopf.on.startup(registry=registry)
+    async def start_resync(**_: Any) -> None:
+        runtime.resync = asyncio.create_task(_resync_forever(runtime))
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_resync(**_: Any) -> None:
+        if runtime.resync is not None:
+            runtime.resync.cancel()
 
     @kopf.on.event(GROUP, VERSION, "tools", registry=registry)
     async def tool_event(type: str, namespace: str, name: str, body: kopf.Body, **kwargs: Any) -> None:
         indices = _indices(kwargs)
         tools = list(indices["tools_by_namespace"].get(namespace, []))
         agents = list(indices["agents_by_namespace"].get(namespace, []))
-        if type != "DELETED":
+        version = (body.metadata.get("generation"), tuple(sorted(body.metadata.labels.items())))
+        if type == "DELETED":
+            runtime.tool_versions.pop((namespace, name), None)
+        else:
             await write_tool_status(runtime.kube, body=dict(body), tools=tools, agents=agents)
+            if runtime.tool_versions.get((namespace, name)) == version:
+                return
+            runtime.tool_versions[(namespace, name)] = version
         for agent in agents:
             if _may_use(
                 agent, tool_name=name, previously=runtime.reconciler.uses(namespace, agent["metadata"]["name"])

@@ -7,6 +7,7 @@ node, no `additionalProperties: false` beside `properties`, and free-form object
 
 from __future__ import annotations
 
+import json
 import pathlib
 from typing import Any
 
@@ -94,10 +95,15 @@ def _structural(node: Any, *, definitions: dict[str, Any]) -> Any:
             result[key] = value
     if result.get("additionalProperties") is False:
         del result["additionalProperties"]
-    if result.get("type") == "object" and "properties" not in result and result.get("additionalProperties") in (
-        None,
-        True,
-        {},
+    if (
+        result.get("type") == "object"
+        and "properties" not in result
+        and result.get("additionalProperties")
+        in (
+            None,
+            True,
+            {},
+        )
     ):
         result.pop("additionalProperties", None)
         result["x-kubernetes-preserve-unknown-fields"] = True
@@ -122,3 +128,19 @@ def write_all(directory: pathlib.Path) -> list[pathlib.Path]:
         path.write_text(text)
         written.append(path)
     return written
+
+
+def reference_table() -> str:
+    """A Markdown table of every resource's spec fields, for the README (a test keeps it current)."""
+    rows = ["| Kind | Field | Type | Default | Description |", "| --- | --- | --- | --- | --- |"]
+    for resource in RESOURCES:
+        spec = crd_for(resource)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        required = set(spec.get("required", []))
+        for name, field in spec["properties"].items():
+            kind = field.get("type", "")
+            if "enum" in field:
+                kind = " \\| ".join(f"`{value}`" for value in field["enum"])
+            default = "required" if name in required else f"`{json.dumps(field['default'])}`" if "default" in field else ""
+            description = (field.get("description") or "").replace("|", "\\|").replace("\n", " ")
+            rows.append(f"| {resource.kind} | `{name}` | {kind} | {default} | {description} |")
+    return "\n".join(rows)

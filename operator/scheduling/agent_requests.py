@@ -83,15 +83,22 @@ class SchedulingRequests:
         except Refused as refused:
             reply = self._error(refused.info)
         except ApiError as exc:
-            reply = self._error(ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
-                                          message=f"the Kubernetes API refused the operator: {exc}"))
+            reply = self._error(
+                ErrorInfo(
+                    code=ErrorCode.UNAVAILABLE,
+                    retryable=True,
+                    message=f"the Kubernetes API refused the operator: {exc}",
+                )
+            )
         await self._bus.reply(to=delivery, body=reply)
 
     async def serve(self, request: SchedulingRequest, *, reply_to: str) -> SchedulingReply:
         namespace, agent_name = request.agent.split("/")
         if not reply_to.startswith(scheduling_reply_prefix(namespace=namespace, name=agent_name)):
-            raise Refused(ErrorCode.REJECTED,
-                          f"agent {request.agent} must ask for replies on its own scheduling queue, not {reply_to!r}")
+            raise Refused(
+                ErrorCode.REJECTED,
+                f"agent {request.agent} must ask for replies on its own scheduling queue, not {reply_to!r}",
+            )
         try:
             agent = await self._kube.get(AGENTS, namespace=namespace, name=agent_name)
         except NotFound:
@@ -132,10 +139,15 @@ class SchedulingRequests:
                 "name": name,
                 "namespace": metadata["namespace"],
                 "labels": {AGENT_LABEL: metadata["name"], TASK_LABEL: operation.name},
-                "ownerReferences": [{
-                    "apiVersion": f"{GROUP}/{VERSION}", "kind": "Agent", "name": metadata["name"],
-                    "uid": metadata["uid"], "blockOwnerDeletion": False,
-                }],
+                "ownerReferences": [
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": "Agent",
+                        "name": metadata["name"],
+                        "uid": metadata["uid"],
+                        "blockOwnerDeletion": False,
+                    }
+                ],
             },
             "spec": spec,
         }
@@ -148,33 +160,45 @@ class SchedulingRequests:
         existing = await self._owned(agent, name=operation.name)
         try:
             return await self._kube.patch(
-                SCHEDULED_TASKS, namespace=metadata["namespace"], name=name,
+                SCHEDULED_TASKS,
+                namespace=metadata["namespace"],
+                name=name,
                 body={"metadata": {"resourceVersion": existing["metadata"]["resourceVersion"]}, "spec": spec},
             )
         except Invalid as exc:
             raise Refused(ErrorCode.INVALID_ARGUMENTS, f"the task was rejected: {exc.message}") from None
         except Conflict:
-            raise Refused(ErrorCode.UNAVAILABLE, f"task {operation.name!r} changed meanwhile; try again",
-                          retryable=True) from None
+            raise Refused(
+                ErrorCode.UNAVAILABLE, f"task {operation.name!r} changed meanwhile; try again", retryable=True
+            ) from None
 
     async def _cancel(self, agent: dict[str, Any], operation: CancelTask) -> dict[str, Any]:
         task = await self._owned(agent, name=operation.name)
         with contextlib.suppress(NotFound):
-            await self._kube.delete(SCHEDULED_TASKS, namespace=task["metadata"]["namespace"],
-                                    name=task["metadata"]["name"], preconditions_uid=task["metadata"]["uid"])
+            await self._kube.delete(
+                SCHEDULED_TASKS,
+                namespace=task["metadata"]["namespace"],
+                name=task["metadata"]["name"],
+                preconditions_uid=task["metadata"]["uid"],
+            )
         return task
 
     async def _owned(self, agent: dict[str, Any], *, name: str) -> dict[str, Any]:
         """The agent's own task by the name it gave it; a clear refusal for anything else."""
         metadata = agent["metadata"]
         try:
-            task = await self._kube.get(SCHEDULED_TASKS, namespace=metadata["namespace"],
-                                        name=task_resource_name(agent=metadata["name"], name=name))
+            task = await self._kube.get(
+                SCHEDULED_TASKS,
+                namespace=metadata["namespace"],
+                name=task_resource_name(agent=metadata["name"], name=name),
+            )
         except NotFound:
-            listing = await self._kube.list(SCHEDULED_TASKS, namespace=metadata["namespace"],
-                                            label_selector=f"{AGENT_LABEL}={metadata['name']}")
-            own = sorted(item["metadata"]["labels"].get(TASK_LABEL, "") for item in listing.items
-                         if _owned_by(item, agent))
+            listing = await self._kube.list(
+                SCHEDULED_TASKS, namespace=metadata["namespace"], label_selector=f"{AGENT_LABEL}={metadata['name']}"
+            )
+            own = sorted(
+                item["metadata"]["labels"].get(TASK_LABEL, "") for item in listing.items if _owned_by(item, agent)
+            )
             hint = f"your tasks are: {', '.join(own)}" if own else "you have no scheduled tasks"
             raise Refused(ErrorCode.INVALID_ARGUMENTS, f"you have no task named {name!r}; {hint}") from None
         if not _owned_by(task, agent):
@@ -205,7 +229,8 @@ def _summary(task: dict[str, Any], *, agent: dict[str, Any], now: datetime.datet
     valid = next((c for c in status.get("conditions") or [] if c.get("type") == "Valid"), None)
     prompt = str(spec.get("prompt", ""))
     return TaskSummary(
-        name=(task["metadata"].get("labels") or {}).get(TASK_LABEL, task["metadata"]["name"]) if mine
+        name=(task["metadata"].get("labels") or {}).get(TASK_LABEL, task["metadata"]["name"])
+        if mine
         else task["metadata"]["name"],
         schedule=spec.get("schedule", ""),
         time_zone=spec.get("timeZone", "UTC"),

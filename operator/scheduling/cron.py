@@ -66,8 +66,7 @@ class CronSchedule:
         if len(fields) not in (5, 6):
             raise InvalidSchedule(
                 field="schedule",
-                message=f"{text!r} has {len(fields)} fields; use 5 (minute hour day month weekday) "
-                "or 6 (second first)",
+                message=f"{text!r} has {len(fields)} fields; use 5 (minute hour day month weekday) or 6 (second first)",
             )
         if len(fields) == 6:
             expression = " ".join([*fields[1:], fields[0]])
@@ -127,9 +126,9 @@ class CronSchedule:
 
     def _steady(self, instant: datetime.datetime) -> bool:
         """Whether the zone's offset stays the same for a window around `instant` (no transition near)."""
-        return (instant - _FOLD_WINDOW).astimezone(self.zone).utcoffset() == (
-            instant + _FOLD_WINDOW
-        ).astimezone(self.zone).utcoffset()
+        return (instant - _FOLD_WINDOW).astimezone(self.zone).utcoffset() == (instant + _FOLD_WINDOW).astimezone(
+            self.zone
+        ).utcoffset()
 
     def _instants(self, wall: datetime.datetime) -> list[datetime.datetime]:
         """When a local wall-clock slot fires: once normally and in a gap, once or twice in a fold."""

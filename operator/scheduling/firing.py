@@ -62,14 +62,30 @@ class Scheduler:
     async def start(self) -> None:
         self._replies = await self._bus.consume(queue=RUN_REPLIES, handler=self._on_reply, prefetch=16)
         for namespace in self._namespaces:
-            self._watchers.append(asyncio.create_task(mirror(
-                kube=self._kube, resource=AGENTS, namespace=namespace,
-                on_upsert=self._agent_changed, on_delete=self._agent_deleted,
-            ), name=f"watch agents in {namespace or 'all namespaces'}"))
-            self._watchers.append(asyncio.create_task(mirror(
-                kube=self._kube, resource=SCHEDULED_TASKS, namespace=namespace,
-                on_upsert=self._task_changed, on_delete=self._task_deleted,
-            ), name=f"watch scheduledtasks in {namespace or 'all namespaces'}"))
+            self._watchers.append(
+                asyncio.create_task(
+                    mirror(
+                        kube=self._kube,
+                        resource=AGENTS,
+                        namespace=namespace,
+                        on_upsert=self._agent_changed,
+                        on_delete=self._agent_deleted,
+                    ),
+                    name=f"watch agents in {namespace or 'all namespaces'}",
+                )
+            )
+            self._watchers.append(
+                asyncio.create_task(
+                    mirror(
+                        kube=self._kube,
+                        resource=SCHEDULED_TASKS,
+                        namespace=namespace,
+                        on_upsert=self._task_changed,
+                        on_delete=self._task_deleted,
+                    ),
+                    name=f"watch scheduledtasks in {namespace or 'all namespaces'}",
+                )
+            )
 
     async def stop(self) -> None:
         if self._replies is not None:
@@ -200,8 +216,13 @@ class Scheduler:
             )
         except BusError as exc:
             log.warning("could not send run %s to agent %s: %s", trigger.run_id, trigger.agent, exc)
-            await self._complete(trigger.namespace, trigger.task, trigger.run_id, answer=None,
-                                 error=f"could not deliver the trigger to the agent's inbox: {exc}")
+            await self._complete(
+                trigger.namespace,
+                trigger.task,
+                trigger.run_id,
+                answer=None,
+                error=f"could not deliver the trigger to the agent's inbox: {exc}",
+            )
 
     # ---- completing runs
 

@@ -43,8 +43,10 @@ def register_scheduling(
         if connection is None:
             url = runtime.settings.amqp_url
             if not url:
-                log.warning("scheduling is off: amqp_url is not set, so ScheduledTasks will not fire "
-                            "and agents' scheduling tools get no answer; set ROCKBOT_AMQP_URL")
+                log.warning(
+                    "scheduling is off: amqp_url is not set, so ScheduledTasks will not fire "
+                    "and agents' scheduling tools get no answer; set ROCKBOT_AMQP_URL"
+                )
                 return
             connection = await AmqpBus.connect(url=url)
             opened.append(connection)

@@ -106,8 +106,7 @@ def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime
         schedule = CronSchedule.parse(schedule=spec.schedule, time_zone=spec.time_zone)
     except InvalidSchedule as exc:
         reason = "InvalidTimeZone" if exc.field == "timeZone" else "InvalidSchedule"
-        return _invalid(current, status, reason=reason, message=str(exc), generation=generation, now=now,
-                        spec=spec)
+        return _invalid(current, status, reason=reason, message=str(exc), generation=generation, now=now, spec=spec)
     if spec_changed:
         status.completed = False
         status.next_schedule_time = schedule.next_after(now)
@@ -120,12 +119,25 @@ def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime
         slot = _handle_due(status, spec=spec, schedule=schedule, agent=agent, uid=uid, now=now)
         if slot is not None:
             triggers.append(
-                Trigger(namespace=namespace, task=name, agent=spec.agent_ref.name, run_id=slot.run_id,
-                        scheduled_time=slot.scheduled_time, prompt=spec.prompt)
+                Trigger(
+                    namespace=namespace,
+                    task=name,
+                    agent=spec.agent_ref.name,
+                    run_id=slot.run_id,
+                    scheduled_time=slot.scheduled_time,
+                    prompt=spec.prompt,
+                )
             )
-    status.conditions = _conditions(status, spec=spec, agent=agent, generation=generation, now=now,
-                                    valid=ConditionUpdate(type="Valid", status="True", reason="ScheduleValid",
-                                                          message=_valid_message(spec, status, schedule)))
+    status.conditions = _conditions(
+        status,
+        spec=spec,
+        agent=agent,
+        generation=generation,
+        now=now,
+        valid=ConditionUpdate(
+            type="Valid", status="True", reason="ScheduleValid", message=_valid_message(spec, status, schedule)
+        ),
+    )
     _trim(status, spec=spec)
     return Plan(status=_changed(current, status), triggers=triggers, wake_at=_wake_at(status, spec=spec))
 
@@ -181,37 +193,72 @@ def _handle_due(
         span = f"the slot at {_stamp(first)}"
         if before > first:
             span = f"the slots from {_stamp(first)} to {_stamp(before)}"
-        _record(status, run=run_id(uid=uid, scheduled_time=first), scheduled=first, outcome="Missed", now=now,
-                message=f"{span} passed while no operator was firing; only the latest slot is considered")
+        _record(
+            status,
+            run=run_id(uid=uid, scheduled_time=first),
+            scheduled=first,
+            outcome="Missed",
+            now=now,
+            message=f"{span} passed while no operator was firing; only the latest slot is considered",
+        )
     run = run_id(uid=uid, scheduled_time=latest)
     late = (now - latest).total_seconds()
     deadline = spec.starting_deadline_seconds
     if deadline is None and spec.missed_run_policy == "Skip":
         deadline = SKIP_GRACE_SECONDS
     if deadline is not None and late > deadline:
-        _record(status, run=run, scheduled=latest, outcome="Missed", now=now,
-                message=f"{late:.0f} s late, past the starting deadline of {deadline} s "
-                f"(startingDeadlineSeconds, missedRunPolicy {spec.missed_run_policy})")
+        _record(
+            status,
+            run=run,
+            scheduled=latest,
+            outcome="Missed",
+            now=now,
+            message=f"{late:.0f} s late, past the starting deadline of {deadline} s "
+            f"(startingDeadlineSeconds, missedRunPolicy {spec.missed_run_policy})",
+        )
         return None
     if not agent.exists:
-        _record(status, run=run, scheduled=latest, outcome="Failed", now=now,
-                message=f"Agent {spec.agent_ref.name!r} not found in this namespace")
+        _record(
+            status,
+            run=run,
+            scheduled=latest,
+            outcome="Failed",
+            now=now,
+            message=f"Agent {spec.agent_ref.name!r} not found in this namespace",
+        )
         return None
     if not agent.ready:
-        _record(status, run=run, scheduled=latest, outcome="Failed", now=now,
-                message=f"Agent {spec.agent_ref.name!r} is not Ready: {agent.message or 'no Ready condition yet'}")
+        _record(
+            status,
+            run=run,
+            scheduled=latest,
+            outcome="Failed",
+            now=now,
+            message=f"Agent {spec.agent_ref.name!r} is not Ready: {agent.message or 'no Ready condition yet'}",
+        )
         return None
     if status.active and spec.concurrency_policy == "Forbid":
         running = ", ".join(active.run_id for active in status.active)
-        _record(status, run=run, scheduled=latest, outcome="Missed", now=now,
-                message=f"skipped: run {running} is still running (concurrencyPolicy Forbid)")
+        _record(
+            status,
+            run=run,
+            scheduled=latest,
+            outcome="Missed",
+            now=now,
+            message=f"skipped: run {running} is still running (concurrencyPolicy Forbid)",
+        )
         return None
     if status.active and spec.concurrency_policy == "Replace":
         for active in status.active:
             status.history.append(
-                RunRecord(run_id=active.run_id, scheduled_time=active.scheduled_time, start_time=active.start_time,
-                          completion_time=now, outcome="Replaced",
-                          message=f"replaced by run {run} (concurrencyPolicy Replace); its answer will be ignored")
+                RunRecord(
+                    run_id=active.run_id,
+                    scheduled_time=active.scheduled_time,
+                    start_time=active.start_time,
+                    completion_time=now,
+                    outcome="Replaced",
+                    message=f"replaced by run {run} (concurrencyPolicy Replace); its answer will be ignored",
+                )
             )
         status.active = []
     started = ActiveRun(run_id=run, scheduled_time=latest, start_time=now)
@@ -225,9 +272,14 @@ def _expire_runs(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: d
     for active in [active for active in status.active if active.start_time + limit <= now]:
         status.active.remove(active)
         status.history.append(
-            RunRecord(run_id=active.run_id, scheduled_time=active.scheduled_time, start_time=active.start_time,
-                      completion_time=now, outcome="Failed",
-                      message=f"no reply from the agent within {spec.run_timeout_seconds} s (runTimeoutSeconds)")
+            RunRecord(
+                run_id=active.run_id,
+                scheduled_time=active.scheduled_time,
+                start_time=active.start_time,
+                completion_time=now,
+                outcome="Failed",
+                message=f"no reply from the agent within {spec.run_timeout_seconds} s (runTimeoutSeconds)",
+            )
         )
 
 
@@ -251,8 +303,8 @@ def _trim(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> None:
     """Keep the newest successes and the newest other outcomes, each up to its limit, in order."""
     succeeded = [record for record in status.history if record.outcome == "Succeeded"]
     others = [record for record in status.history if record.outcome != "Succeeded"]
-    keep = {id(record) for record in succeeded[max(0, len(succeeded) - spec.successful_runs_history_limit):]}
-    keep |= {id(record) for record in others[max(0, len(others) - spec.failed_runs_history_limit):]}
+    keep = {id(record) for record in succeeded[max(0, len(succeeded) - spec.successful_runs_history_limit) :]}
+    keep |= {id(record) for record in others[max(0, len(others) - spec.failed_runs_history_limit) :]}
     status.history = [record for record in status.history if id(record) in keep]
 
 
@@ -268,17 +320,32 @@ def _conditions(
     suspended = spec is not None and spec.suspend
     updates = [
         valid,
-        ConditionUpdate(type="Suspended", status="True" if suspended else "False",
-                        reason="Suspended" if suspended else "Active",
-                        message="spec.suspend is true: no slot fires" if suspended else ""),
+        ConditionUpdate(
+            type="Suspended",
+            status="True" if suspended else "False",
+            reason="Suspended" if suspended else "Active",
+            message="spec.suspend is true: no slot fires" if suspended else "",
+        ),
     ]
     if not agent.exists:
         name = spec.agent_ref.name if spec is not None else "?"
-        updates.append(ConditionUpdate(type="AgentReady", status="False", reason="AgentNotFound",
-                                       message=f"Agent {name!r} not found in this namespace"))
+        updates.append(
+            ConditionUpdate(
+                type="AgentReady",
+                status="False",
+                reason="AgentNotFound",
+                message=f"Agent {name!r} not found in this namespace",
+            )
+        )
     elif not agent.ready:
-        updates.append(ConditionUpdate(type="AgentReady", status="False", reason="AgentNotReady",
-                                       message=agent.message or "the Agent has no Ready condition yet"))
+        updates.append(
+            ConditionUpdate(
+                type="AgentReady",
+                status="False",
+                reason="AgentNotReady",
+                message=agent.message or "the Agent has no Ready condition yet",
+            )
+        )
     else:
         updates.append(ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message=""))
     current = [condition.to_wire() for condition in status.conditions]
@@ -297,12 +364,18 @@ def _invalid(
     spec: ScheduledTaskSpec | None = None,
 ) -> Plan:
     status.next_schedule_time = None
-    status.conditions = _conditions(status, spec=spec, agent=AgentState(exists=True, ready=True), generation=generation,
-                                    now=now, valid=ConditionUpdate(type="Valid", status="False", reason=reason,
-                                                                   message=_truncate(message)))
+    status.conditions = _conditions(
+        status,
+        spec=spec,
+        agent=AgentState(exists=True, ready=True),
+        generation=generation,
+        now=now,
+        valid=ConditionUpdate(type="Valid", status="False", reason=reason, message=_truncate(message)),
+    )
     status.conditions = [condition for condition in status.conditions if condition.type != "AgentReady"]
-    return Plan(status=_changed(current, status), triggers=[],
-                wake_at=_wake_at(status, spec=spec) if spec is not None else None)
+    return Plan(
+        status=_changed(current, status), triggers=[], wake_at=_wake_at(status, spec=spec) if spec is not None else None
+    )
 
 
 def _valid_message(spec: ScheduledTaskSpec, status: ScheduledTaskStatus, schedule: CronSchedule) -> str:
