@@ -1,0 +1,155 @@
+"""The bus every rockbot process talks through: publish, consume with manual ack, request/reply.
+
+A handler's message is acked only after the handler returns, so anything it publishes (its reply)
+is confirmed first; a handler that raises gets its message requeued once and then dropped (a
+poison message must not loop forever); a consumer that stops mid-handle leaves its messages to be
+redelivered. Request/reply is built here once on top of `publish` and `consume`, so both
+implementations share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Literal, Self
+
+from pydantic import BaseModel
+
+from rockbot.bus.errors import BusError, RequestTimeout
+from rockbot.bus.messages import Delivery
+from rockbot.bus.topology import Queue
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Delivery], Awaitable[None]]
+Outcome = Literal["ack", "requeue", "drop"]
+
+_REPLY_PREFETCH = 64
+
+
+async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
+    """Run a handler and say what to do with its message (cancellation propagates: no ack)."""
+    try:
+        await handler(delivery)
+    except Exception:
+        outcome: Outcome = "drop" if delivery.redelivered else "requeue"
+        log.exception("handler for %s failed; message %s %s", delivery.queue, delivery.message_id, outcome)
+        return outcome
+    return "ack"
+
+
+class Subscription(ABC):
+    """A running consumer; closing it leaves unfinished messages to be redelivered."""
+
+    @abstractmethod
+    async def close(self, *, drain_seconds: float = 0.0) -> None:
+        """Stop taking messages, let in-flight handlers finish for up to `drain_seconds`, cancel the rest."""
+
+
+class Bus(ABC):
+    def __init__(self) -> None:
+        self._reply_routers: dict[str, _ReplyRouter] = {}
+        self._router_lock = asyncio.Lock()
+
+    @abstractmethod
+    async def publish(
+        self,
+        *,
+        queue: Queue,
+        body: BaseModel,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> None:
+        """Declare `queue` if needed and put a persistent message on it; returns once confirmed."""
+
+    @abstractmethod
+    async def reply(self, *, to: Delivery, body: BaseModel) -> None:
+        """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
+
+    @abstractmethod
+    async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
+        """Run `handler` for each message, at most `prefetch` at a time, acking after each returns."""
+
+    @abstractmethod
+    async def _close_transport(self) -> None: ...
+
+    async def request(
+        self,
+        *,
+        queue: Queue,
+        body: BaseModel,
+        reply_queue: Queue,
+        correlation_id: str,
+        timeout_seconds: float,
+    ) -> Delivery:
+        """Publish `body` and wait for the reply carrying `correlation_id`; `RequestTimeout` after `timeout_seconds`."""
+        router = await self._router(reply_queue)
+        future = router.expect(correlation_id)
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                await self.publish(
+                    queue=queue,
+                    body=body,
+                    message_id=correlation_id,
+                    correlation_id=correlation_id,
+                    reply_to=reply_queue.name,
+                )
+                return await future
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no reply to {correlation_id!r} on {reply_queue.name!r} within {timeout_seconds:g} s"
+            ) from None
+        finally:
+            router.forget(correlation_id)
+
+    async def close(self) -> None:
+        for router in list(self._reply_routers.values()):
+            await router.subscription.close()
+        self._reply_routers.clear()
+        await self._close_transport()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _router(self, reply_queue: Queue) -> _ReplyRouter:
+        async with self._router_lock:
+            router = self._reply_routers.get(reply_queue.name)
+            if router is None:
+                router = _ReplyRouter()
+                router.subscription = await self.consume(
+                    queue=reply_queue, handler=router.on_reply, prefetch=_REPLY_PREFETCH
+                )
+                self._reply_routers[reply_queue.name] = router
+            return router
+
+
+class _ReplyRouter:
+    """One consumer per reply queue, handing each reply to the request waiting for it."""
+
+    subscription: Subscription
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[Delivery]] = {}
+
+    def expect(self, correlation_id: str) -> asyncio.Future[Delivery]:
+        if correlation_id in self._waiting:
+            raise BusError(f"a request with correlation id {correlation_id!r} is already waiting for its reply")
+        future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation_id] = future
+        return future
+
+    def forget(self, correlation_id: str) -> None:
+        self._waiting.pop(correlation_id, None)
+
+    async def on_reply(self, delivery: Delivery) -> None:
+        future = self._waiting.get(delivery.correlation_id or "")
+        if future is None or future.done():
+            log.info("dropping a reply on %s that nobody waits for (%s)", delivery.queue, delivery.correlation_id)
+            return
+        future.set_result(delivery)

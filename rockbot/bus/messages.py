@@ -1,0 +1,88 @@
+"""How a pydantic model becomes a message and a received message becomes a model again.
+
+Bodies are JSON (`content_type` `application/json`); the message `type` is the model's class name
+and the `x-schema-version` header its `schema_version`, so a consumer can refuse what it cannot read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from rockbot.bus.errors import BadMessage
+
+CONTENT_TYPE = "application/json"
+SCHEMA_VERSION_HEADER = "x-schema-version"
+
+M = TypeVar("M")
+
+
+class Outgoing(BaseModel):
+    """A message ready for the wire (both bus implementations carry exactly these fields)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    body: bytes
+    message_type: str
+    schema_version: int
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+
+
+def encode(
+    *,
+    body: BaseModel,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    reply_to: str | None = None,
+) -> Outgoing:
+    return Outgoing(
+        body=body.model_dump_json().encode(),
+        message_type=type(body).__name__,
+        schema_version=int(getattr(body, "schema_version", 1)),
+        message_id=message_id,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+    )
+
+
+class Delivery(BaseModel):
+    """A received message; the consumer's handler gets one and the bus acks it after the handler."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queue: str
+    body: bytes
+    content_type: str | None
+    message_type: str | None = None
+    schema_version: int | None = None
+    message_id: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    redelivered: bool = False
+
+    def json(self) -> Any:  # type: ignore[override]
+        """The body as plain JSON data."""
+        self._check_content_type()
+        try:
+            return json.loads(self.body)
+        except ValueError as exc:
+            raise BadMessage(f"message on {self.queue!r} is not valid JSON: {exc}") from exc
+
+    def decode(self, model: type[M] | TypeAdapter[M]) -> M:
+        """The body validated as `model` (a pydantic model class or a `TypeAdapter`)."""
+        self._check_content_type()
+        adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
+        try:
+            return adapter.validate_json(self.body)
+        except ValidationError as exc:
+            raise BadMessage(f"message on {self.queue!r} does not match the contract: {exc}") from exc
+
+    def _check_content_type(self) -> None:
+        if self.content_type != CONTENT_TYPE:
+            raise BadMessage(
+                f"message on {self.queue!r} has content type {self.content_type!r}, expected {CONTENT_TYPE!r}"
+            )

@@ -1,0 +1,62 @@
+"""Every queue name on the bus, in one place, so senders and receivers cannot drift apart.
+
+All queues are durable and all messages persistent; everything goes through the default exchange
+with the queue name as routing key. Each queue is declared with the same arguments by whoever
+touches it first, so declarations never conflict.
+
+| queue                               | carries                                  | consumed by     |
+| ----------------------------------- | ---------------------------------------- | --------------- |
+| `script.invoke`                     | `ScriptInvokeRequest`                    | scripts-manager |
+| `script.result.<agent>`             | `ScriptInvokeResponse`/`ScriptInvokeError` | that agent    |
+| `agent.<namespace>.<name>.inbox`    | messages for one agent (user turns, ...) | that agent      |
+| `operator.scheduling`               | scheduling requests from agents          | operator        |
+
+Reply queues expire after a day unused, so agents that are gone leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_SEGMENT = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+_REPLY_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
+
+
+class Queue(BaseModel):
+    """A named queue and the arguments it is always declared with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=255)]
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+def _segment(*, field: str, value: str) -> str:
+    if not _SEGMENT.match(value):
+        raise ValueError(
+            f"{field}={value!r} cannot be part of a queue name: use lower-case letters, digits, '.' and '-' "
+            "(a Kubernetes object name)"
+        )
+    return value
+
+
+SCRIPT_INVOKE = Queue(name="script.invoke")
+OPERATOR_SCHEDULING = Queue(name="operator.scheduling")
+
+
+def script_result(*, agent: str) -> Queue:
+    """Where the scripts-manager answers `agent`'s requests (its `reply_to`)."""
+    return Queue(
+        name=f"script.result.{_segment(field='agent', value=agent)}",
+        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
+    )
+
+
+def agent_inbox(*, namespace: str, name: str) -> Queue:
+    """The one queue an agent consumes for work addressed to it."""
+    return Queue(
+        name=f"agent.{_segment(field='namespace', value=namespace)}.{_segment(field='name', value=name)}.inbox"
+    )

@@ -1,0 +1,72 @@
+"""Messages of `execute_python_script` between an agent and the scripts-manager.
+
+The request travels on `script.invoke`; the answer (a `ScriptInvokeResponse` or a
+`ScriptInvokeError`, told apart by `kind`) goes to the agent's `script.result.<agent>` queue with
+the request id as correlation id. A script that overruns its timeout or memory is still a
+*response* (`timed_out` / `oom_killed`, with the output it produced); an error means the script
+could not be run or answered at all.
+
+Structure is checked here; limits that depend on the deployment (size caps, timeout bounds,
+allowed packages) are checked by the scripts-manager and answered with an error naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from rockbot.contracts.errors import ErrorInfo
+
+SCHEMA_VERSION = 1
+
+#: What an agent name may look like: it becomes part of a queue name (`script.result.<agent>`).
+AGENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
+
+
+class ScriptInvokeRequest(BaseModel):
+    """Run `script` with `input_data` on its standard input; `request_id` is the tool-call id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: Annotated[str, Field(min_length=1, max_length=256)]
+    agent: Annotated[str, Field(pattern=AGENT_NAME_PATTERN)]
+    script: Annotated[str, Field(min_length=1)]
+    input_data: str | None = None
+    timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
+    pip_packages: tuple[str, ...] = ()
+
+
+class ScriptInvokeResponse(BaseModel):
+    """What the script did: its two output streams kept apart, and how it ended."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["result"] = "result"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str
+    stdout: str
+    stderr: str
+    exit_code: int | None  # None when the script was killed before it could exit
+    timed_out: bool = False
+    oom_killed: bool = False
+    output_truncated: bool = False
+    duration_seconds: float
+
+
+class ScriptInvokeError(BaseModel):
+    """The script could not be run (bad request, policy, sandbox or cluster down, no answer)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["error"] = "error"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str
+    error: ErrorInfo
+
+
+ScriptInvokeReply = Annotated[ScriptInvokeResponse | ScriptInvokeError, Field(discriminator="kind")]
+
+#: Parses a reply body into whichever of the two it is.
+SCRIPT_INVOKE_REPLY: TypeAdapter[ScriptInvokeResponse | ScriptInvokeError] = TypeAdapter(ScriptInvokeReply)

@@ -1,0 +1,238 @@
+"""The delivery rules every bus implementation keeps (see rockbot.bus.interface)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+from rockbot.bus import BadMessage, Bus, BusError, Delivery, NoRoute, Queue, RequestTimeout
+from tests.bus.conftest import BusFactory
+
+WAIT = 10.0  # generous upper bound for things that should happen at once; never a timing assertion
+
+
+class Ping(BaseModel):
+    schema_version: Literal[1] = 1
+    n: int
+
+
+class Other(BaseModel):
+    text: str
+
+
+def fresh_queue(**arguments: object) -> Queue:
+    return Queue(name=f"test.{uuid.uuid4().hex}", arguments=dict(arguments))
+
+
+async def test_published_message_arrives_with_its_contract_metadata(bus: Bus) -> None:
+    queue = fresh_queue()
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.publish(queue=queue, body=Ping(n=7), message_id="m-1")
+    await bus.consume(queue=queue, handler=received.put)
+    delivery = await asyncio.wait_for(received.get(), WAIT)
+    assert delivery.decode(Ping) == Ping(n=7)
+    assert delivery.json() == {"schema_version": 1, "n": 7}
+    assert (delivery.content_type, delivery.message_type, delivery.schema_version) == (
+        "application/json", "Ping", 1)
+    assert (delivery.message_id, delivery.redelivered, delivery.queue) == ("m-1", False, queue.name)
+
+
+async def test_decoding_into_the_wrong_contract_is_a_bad_message(bus: Bus) -> None:
+    queue = fresh_queue()
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.publish(queue=queue, body=Ping(n=1))
+    await bus.consume(queue=queue, handler=received.put)
+    delivery = await asyncio.wait_for(received.get(), WAIT)
+    with pytest.raises(BadMessage, match="does not match the contract"):
+        delivery.decode(Other)
+
+
+async def test_message_unfinished_when_its_consumer_stops_is_redelivered(bus_factory: BusFactory) -> None:
+    first_bus, second_bus = await bus_factory(), await bus_factory()
+    queue = fresh_queue()
+    started = asyncio.Event()
+
+    async def stuck(delivery: Delivery) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    subscription = await first_bus.consume(queue=queue, handler=stuck)
+    await first_bus.publish(queue=queue, body=Ping(n=1))
+    await asyncio.wait_for(started.wait(), WAIT)
+    await subscription.close()
+
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await second_bus.consume(queue=queue, handler=received.put)
+    delivery = await asyncio.wait_for(received.get(), WAIT)
+    assert delivery.decode(Ping) == Ping(n=1)
+    assert delivery.redelivered is True
+
+
+async def test_draining_close_lets_the_running_handler_finish_and_ack(bus_factory: BusFactory) -> None:
+    bus = await bus_factory()
+    queue = fresh_queue()
+    started, release, done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def slow(delivery: Delivery) -> None:
+        started.set()
+        await release.wait()
+        done.set()
+
+    subscription = await bus.consume(queue=queue, handler=slow)
+    await bus.publish(queue=queue, body=Ping(n=1))
+    await asyncio.wait_for(started.wait(), WAIT)
+    closing = asyncio.create_task(subscription.close(drain_seconds=WAIT))
+    release.set()
+    await asyncio.wait_for(closing, WAIT)
+    assert done.is_set()
+
+    # Acked: a new consumer gets the next message, not the drained one again.
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.consume(queue=queue, handler=received.put)
+    await bus.publish(queue=queue, body=Ping(n=2))
+    assert (await asyncio.wait_for(received.get(), WAIT)).decode(Ping) == Ping(n=2)
+    assert received.empty()
+
+
+async def test_failing_handler_gets_its_message_once_more_then_it_is_dropped(bus: Bus) -> None:
+    queue = fresh_queue()
+    seen: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+
+    async def fails_on_one(delivery: Delivery) -> None:
+        ping = delivery.decode(Ping)
+        await seen.put((ping.n, delivery.redelivered))
+        if ping.n == 1:
+            raise RuntimeError("boom")
+
+    await bus.consume(queue=queue, handler=fails_on_one)
+    await bus.publish(queue=queue, body=Ping(n=1))
+    assert await asyncio.wait_for(seen.get(), WAIT) == (1, False)
+    assert await asyncio.wait_for(seen.get(), WAIT) == (1, True)
+    await bus.publish(queue=queue, body=Ping(n=2))
+    assert await asyncio.wait_for(seen.get(), WAIT) == (2, False)
+    assert seen.empty()
+
+
+async def test_prefetch_bounds_how_many_handlers_run_at_once(bus: Bus) -> None:
+    queue = fresh_queue()
+    running = 0
+    peak = 0
+    finished: asyncio.Queue[int] = asyncio.Queue()
+    gate, two_running = asyncio.Event(), asyncio.Event()
+
+    async def handler(delivery: Delivery) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        if running == 2:
+            two_running.set()
+        await gate.wait()
+        running -= 1
+        await finished.put(delivery.decode(Ping).n)
+
+    for n in range(5):
+        await bus.publish(queue=queue, body=Ping(n=n))
+    await bus.consume(queue=queue, handler=handler, prefetch=2)
+    await asyncio.wait_for(two_running.wait(), WAIT)
+    await asyncio.sleep(0.2)  # room for a third handler to start if prefetch were not enforced
+    assert running == 2
+    gate.set()
+    got = sorted([await asyncio.wait_for(finished.get(), WAIT) for _ in range(5)])
+    assert got == [0, 1, 2, 3, 4]
+    assert peak == 2
+
+
+async def test_request_gets_the_reply_with_its_correlation_id(bus_factory: BusFactory) -> None:
+    server, client = await bus_factory(), await bus_factory()
+    queue, replies = fresh_queue(), fresh_queue()
+
+    async def double(delivery: Delivery) -> None:
+        await server.reply(to=delivery, body=Ping(n=delivery.decode(Ping).n * 2))
+
+    await server.consume(queue=queue, handler=double)
+    reply = await client.request(
+        queue=queue, body=Ping(n=21), reply_queue=replies, correlation_id="call-1", timeout_seconds=WAIT
+    )
+    assert reply.decode(Ping) == Ping(n=42)
+    assert reply.correlation_id == "call-1"
+    assert reply.queue == replies.name
+
+
+async def test_concurrent_requests_each_get_their_own_reply(bus_factory: BusFactory) -> None:
+    server, client = await bus_factory(), await bus_factory()
+    queue, replies = fresh_queue(), fresh_queue()
+    arrived: list[Delivery] = []
+    all_arrived = asyncio.Event()
+
+    async def collect(delivery: Delivery) -> None:
+        arrived.append(delivery)
+        if len(arrived) == 3:
+            all_arrived.set()
+        await all_arrived.wait()
+        # Answer in reverse order of arrival: routing must follow correlation ids, not order.
+        await asyncio.sleep(0.05 * (3 - arrived.index(delivery)))
+        await server.reply(to=delivery, body=Ping(n=-delivery.decode(Ping).n))
+
+    await server.consume(queue=queue, handler=collect, prefetch=3)
+    results = await asyncio.gather(*(
+        client.request(queue=queue, body=Ping(n=n), reply_queue=replies, correlation_id=f"c{n}", timeout_seconds=WAIT)
+        for n in (1, 2, 3)
+    ))
+    assert [(r.correlation_id, r.decode(Ping).n) for r in results] == [("c1", -1), ("c2", -2), ("c3", -3)]
+
+
+async def test_request_without_a_responder_times_out_and_a_late_reply_is_ignored(
+    bus_factory: BusFactory,
+) -> None:
+    server, client = await bus_factory(), await bus_factory()
+    queue, replies = fresh_queue(), fresh_queue()
+    with pytest.raises(RequestTimeout, match="no reply to 'late'"):
+        await client.request(
+            queue=queue, body=Ping(n=1), reply_queue=replies, correlation_id="late", timeout_seconds=0.3
+        )
+
+    async def echo(delivery: Delivery) -> None:
+        await server.reply(to=delivery, body=delivery.decode(Ping))
+
+    await server.consume(queue=queue, handler=echo)  # answers the stale request too; nobody waits for it
+    reply = await client.request(
+        queue=queue, body=Ping(n=2), reply_queue=replies, correlation_id="fresh", timeout_seconds=WAIT
+    )
+    assert (reply.correlation_id, reply.decode(Ping).n) == ("fresh", 2)
+
+
+async def test_two_requests_cannot_wait_on_one_correlation_id(bus: Bus) -> None:
+    queue, replies = fresh_queue(), fresh_queue()
+    first = asyncio.create_task(
+        bus.request(queue=queue, body=Ping(n=1), reply_queue=replies, correlation_id="same", timeout_seconds=WAIT)
+    )
+    await asyncio.sleep(0.1)
+    with pytest.raises(BusError, match="already waiting"):
+        await bus.request(queue=queue, body=Ping(n=2), reply_queue=replies, correlation_id="same", timeout_seconds=WAIT)
+    first.cancel()
+
+
+async def test_reply_to_a_queue_that_does_not_exist_is_no_route(bus: Bus) -> None:
+    queue = fresh_queue()
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.publish(queue=queue, body=Ping(n=1), reply_to=f"gone.{uuid.uuid4().hex}", correlation_id="x")
+    await bus.consume(queue=queue, handler=received.put)
+    delivery = await asyncio.wait_for(received.get(), WAIT)
+    with pytest.raises(NoRoute, match="no queue named 'gone"):
+        await bus.reply(to=delivery, body=Ping(n=2))
+
+
+async def test_declaring_a_queue_with_other_arguments_is_refused(bus: Bus) -> None:
+    queue = fresh_queue(**{"x-expires": 60_000})
+    await bus.publish(queue=queue, body=Ping(n=1))
+    with pytest.raises(BusError):
+        await bus.publish(queue=Queue(name=queue.name, arguments={"x-expires": 120_000}), body=Ping(n=2))
+    # The refusal does not break the bus.
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.consume(queue=queue, handler=received.put)
+    await bus.publish(queue=queue, body=Ping(n=3))
+    assert [(await asyncio.wait_for(received.get(), WAIT)).decode(Ping).n for _ in range(2)] == [1, 3]
