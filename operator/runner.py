@@ -11,6 +11,7 @@ import kopf
 
 from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
+from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import GROUP
 
@@ -34,6 +35,7 @@ def build_registry(runtime: handlers.Runtime) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
 
     handlers.register(registry, runtime)
+    register_scheduling(registry, runtime)
     return registry
 
 
