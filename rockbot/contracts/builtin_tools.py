@@ -26,9 +26,11 @@ def _tools(tool_set: BuiltinToolSet, *pairs: tuple[str, str]) -> list[BuiltinToo
 BUILTIN_TOOLS: list[BuiltinTool] = [
     *_tools(
         "scripts",
-        ("execute_python_script",
-         "Run a Python 3 script in a throw-away sandbox with no network. `input_data` is readable as JSON "
-         "on stdin; print results to stdout. Returns stdout, stderr and the exit code."),
+        (
+            "execute_python_script",
+            "Run a Python 3 script in a throw-away sandbox with no network. `input_data` is readable as JSON "
+            "on stdin; print results to stdout. Returns stdout, stderr and the exit code.",
+        ),
     ),
     *_tools(
         "web",
