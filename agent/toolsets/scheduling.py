@@ -60,7 +60,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         try:
             delivery = await kit.bus.request(
                 queue=OPERATOR_SCHEDULING, body=request, reply_queue=replies,
-                correlation_id=f"{kit.config.name}.{secrets.token_hex(8)}", timeout=REQUEST_TIMEOUT_SECONDS,
+                correlation_id=f"{kit.config.name}.{secrets.token_hex(8)}", timeout_seconds=REQUEST_TIMEOUT_SECONDS,
             )
         except RequestTimeout:
             raise ToolFailure(f"the operator did not answer within {REQUEST_TIMEOUT_SECONDS:g} s",

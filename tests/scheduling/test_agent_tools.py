@@ -146,7 +146,7 @@ async def test_a_request_answered_elsewhere_than_its_own_queue_is_refused(bus: M
     reply_queue = scheduling_replies(namespace="default", name="other", instance="abc1")
     delivery = await bus.request(
         queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/helper", operation=ListTasks()),
-        reply_queue=reply_queue, correlation_id="c1", timeout=5,
+        reply_queue=reply_queue, correlation_id="c1", timeout_seconds=5,
     )
     reply = delivery.decode(SchedulingReply)
     assert reply.error is not None and reply.error.code == "Rejected"
@@ -157,7 +157,7 @@ async def test_a_request_for_an_unknown_agent_is_refused(bus: MemoryBus, operato
     reply_queue = scheduling_replies(namespace="default", name="ghost", instance="abc1")
     delivery = await bus.request(
         queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/ghost", operation=ListTasks()),
-        reply_queue=reply_queue, correlation_id="c2", timeout=5,
+        reply_queue=reply_queue, correlation_id="c2", timeout_seconds=5,
     )
     reply = delivery.decode(SchedulingReply)
     assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
