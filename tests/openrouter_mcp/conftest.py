@@ -100,15 +100,9 @@ def openrouter() -> Iterator[FakeOpenRouter]:
         fake.httpd.server_close()
 
 
-# The subcommand's own configure/run, as `rockbot openrouter-mcp` calls them.
-CLI = (
-    "import argparse, sys; from rockbot.openrouter_mcp import cli; "
-    "parser = argparse.ArgumentParser(); cli.configure(parser); sys.exit(cli.run(parser.parse_args(sys.argv[1:])))"
-)
-
-
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", CLI, *args], env=env, text=True,
+    """`rockbot openrouter-mcp ARGS` in its own process, as the chart's pod runs it."""
+    return subprocess.Popen([sys.executable, "-m", "rockbot.cli", "openrouter-mcp", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
