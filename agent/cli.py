@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import os
 import signal
@@ -127,9 +126,9 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
 
 
 def _sandbox(bus, config: AgentConfig):
-    """The scripts-manager client, when there is a bus to reach it (and this build has the client)."""
-    if bus is None or importlib.util.find_spec("rockbot.agent.sandbox") is None:
+    """The scripts-manager client, when there is a bus to reach it."""
+    if bus is None:
         return None
-    from rockbot.agent.sandbox import SandboxClient
+    from rockbot.agent.sandbox import ScriptSandbox
 
-    return SandboxClient(bus=bus, agent=config.name)
+    return ScriptSandbox(bus=bus, agent=config.name, default_timeout_seconds=config.script_limits.timeout_seconds)

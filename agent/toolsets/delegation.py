@@ -84,7 +84,8 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
         )
         try:
             delivery = await kit.bus.request(
-                queue=inbox, body=request, reply_queue=replies, correlation_id=request.request_id, timeout=wait
+                queue=inbox, body=request, reply_queue=replies, correlation_id=request.request_id,
+                timeout_seconds=wait,
             )
         except RequestTimeout:
             raise ToolFailure(

@@ -5,6 +5,8 @@ client, `rockbot.agent.sandbox`) and gets the script's stdout, stderr and exit c
 error as data. A script-backed Tool resource runs its fixed source with the call's arguments as
 JSON on stdin. The tool's own timeout is the script's limit plus `SANDBOX_MARGIN_SECONDS`, since
 a throw-away pod must be scheduled and started before the script's clock even starts.
+The client (`ScriptSandbox`) is passed to the runtime as `sandbox=`; anything with the same
+`execute_python_script` method will do (a local runner for `rockbot local`, for instance).
 """
 
 # No `from __future__ import annotations` here: the tool's annotations use this agent's limits,
@@ -17,12 +19,15 @@ from pydantic import Field
 
 from rockbot.agent.defining import tool
 from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.sandbox import DEFAULT_REPLY_GRACE_SECONDS
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 
-SANDBOX_MARGIN_SECONDS = 60.0
+#: The client waits the script's limit plus its reply grace; the tool waits a little longer, so the
+#: client's clearer error (busy, down, no answer) is the one the model sees.
+SANDBOX_MARGIN_SECONDS = DEFAULT_REPLY_GRACE_SECONDS + 10.0
 
 GUIDE = Guide(
     name="python-scripts",
@@ -47,7 +52,7 @@ class Sandbox(Protocol):
         script: str,
         input_data: str | None,
         timeout_seconds: float,
-        pip_packages: tuple[str, ...],
+        pip_packages: list[str],
     ) -> ScriptInvokeResponse | ScriptInvokeError: ...
 
 
@@ -70,7 +75,7 @@ async def run_script(
         script=script,
         input_data=None if input_data is None else json.dumps(input_data),
         timeout_seconds=timeout_seconds,
-        pip_packages=pip_packages,
+        pip_packages=list(pip_packages),
     )
     if isinstance(reply, ScriptInvokeError):
         raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)

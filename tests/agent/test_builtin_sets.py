@@ -176,8 +176,8 @@ async def test_execute_python_script_goes_through_the_sandbox_client(scripted_ll
     assert too_long.error.code == "InvalidArguments" and len(sandbox.requests) == 3
     first = sandbox.requests[0]
     assert first["script"] == "print(42)" and first["input_data"] == '{"n": 1}' and first["timeout_seconds"] == 20
-    assert first["request_id"].startswith("call_1.") and sandbox.requests[2]["pip_packages"] == ("numpy",)
-    assert timeout == 20 + 60
+    assert first["request_id"].startswith("call_1.") and sandbox.requests[2]["pip_packages"] == ["numpy"]
+    assert timeout == 20 + 150 + 10
 
 
 async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_llm):
@@ -196,6 +196,6 @@ async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_
     async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
         outcome = await agent.registry.invoke("shout", {"text": "hello"}, context=ToolContext(session_id="s"))
         tool = agent.registry.get("shout")
-    assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout" and tool.timeout == 70
+    assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout" and tool.timeout == 10 + 150 + 10
     assert sandbox.requests[0]["input_data"] == '{"text": "hello"}'
     assert sandbox.requests[0]["script"].startswith("import json,sys")

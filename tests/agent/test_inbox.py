@@ -49,7 +49,7 @@ async def started(llm, bus, name, tools=()):
 async def ask(bus, *, name, request: InboxRequest) -> InboxReply:
     delivery = await bus.request(
         queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=CALLER,
-        correlation_id=request.request_id, timeout=10,
+        correlation_id=request.request_id, timeout_seconds=10,
     )
     return delivery.decode(InboxReply)
 
@@ -139,7 +139,7 @@ async def test_an_unreadable_message_is_answered_with_an_error(scripted_llm, bus
     try:
         delivery = await bus.request(
             queue=agent_inbox(namespace="team-a", name="strict"), body=Queue(name="not-a-request"),
-            reply_queue=CALLER, correlation_id="bad-1", timeout=10)
+            reply_queue=CALLER, correlation_id="bad-1", timeout_seconds=10)
     finally:
         await subscription.close()
         await runtime.close()

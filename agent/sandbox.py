@@ -1,0 +1,108 @@
+"""`execute_python_script` for the agent: ask the scripts-manager over the bus, get the answer as data.
+
+The agent never runs scripts and has no Kubernetes rights; it publishes a `ScriptInvokeRequest`
+on `script.invoke` and waits on its own `script.result.<agent>` queue. Whatever happens, the
+caller gets a `ScriptInvokeResponse` (the script ran) or a `ScriptInvokeError` (it could not run,
+or no answer came in time) — never an exception — so the tool loop can hand it to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from rockbot.bus import BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
+from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.contracts.errors import ErrorCode, ErrorInfo
+from rockbot.contracts.scripts import (
+    SCRIPT_INVOKE_REPLY,
+    ScriptInvokeError,
+    ScriptInvokeRequest,
+    ScriptInvokeResponse,
+)
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+#: Time on top of the script's own timeout for queueing, pod start-up and the reply.
+DEFAULT_REPLY_GRACE_SECONDS = 150.0
+
+
+class ScriptSandbox:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        agent: str,
+        default_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        reply_grace_seconds: float = DEFAULT_REPLY_GRACE_SECONDS,
+    ) -> None:
+        self._bus = bus
+        self._agent = agent
+        self._reply_queue = script_result(agent=agent)
+        self._default_timeout = default_timeout_seconds
+        self._grace = reply_grace_seconds
+
+    async def execute_python_script(
+        self,
+        *,
+        script: str,
+        input_data: Any = None,
+        timeout_seconds: float | None = None,
+        pip_packages: list[str] | None = None,
+        request_id: str | None = None,
+    ) -> ScriptInvokeResponse | ScriptInvokeError:
+        """Run `script` in a network-less sandbox; `input_data` arrives on its stdin (JSON unless a string).
+
+        `request_id` should be the tool-call id, so a retried delivery is recognised and not run twice.
+        """
+        request_id = request_id or f"script-{uuid.uuid4().hex}"
+        try:
+            request = ScriptInvokeRequest(
+                request_id=request_id,
+                agent=self._agent,
+                script=script,
+                input_data=input_data if input_data is None or isinstance(input_data, str) else json.dumps(input_data),
+                timeout_seconds=self._default_timeout if timeout_seconds is None else timeout_seconds,
+                pip_packages=tuple(pip_packages or ()),
+            )
+        except (ValidationError, TypeError) as exc:
+            return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))
+        wait = request.timeout_seconds + self._grace
+        try:
+            reply = await self._bus.request(
+                queue=SCRIPT_INVOKE,
+                body=request,
+                reply_queue=self._reply_queue,
+                correlation_id=request_id,
+                timeout_seconds=wait,
+            )
+            return reply.decode(SCRIPT_INVOKE_REPLY)
+        except RequestTimeout:
+            return _error(
+                request_id, ErrorCode.TIMEOUT,
+                f"no answer from the scripts-manager within {wait:g} s; it may be busy or down — try again later",
+                retryable=True,
+            )  # fmt: skip
+        except BusUnavailable as exc:
+            return _error(request_id, ErrorCode.UNAVAILABLE, f"the message bus is unavailable: {exc}", retryable=True)
+        except BadMessage as exc:
+            return _error(request_id, ErrorCode.EXECUTION_FAILED, f"the scripts-manager's answer was unreadable: {exc}")
+        except BusError as exc:
+            return _error(request_id, ErrorCode.UNAVAILABLE, str(exc), retryable=True)
+
+
+def _error(request_id: str, code: ErrorCode, message: str, *, retryable: bool = False) -> ScriptInvokeError:
+    return ScriptInvokeError(request_id=request_id, error=ErrorInfo(code=code, message=message, retryable=retryable))
+
+
+def _describe(exc: ValidationError | TypeError) -> str:
+    if isinstance(exc, TypeError):
+        return f"invalid arguments: {exc}"
+    fields = {"script", "input_data", "timeout_seconds", "pip_packages", "request_id", "agent"}
+    problems = [
+        f"{'.'.join(str(part) for part in e['loc']) if e['loc'] and e['loc'][0] in fields else 'arguments'}: {e['msg']}"
+        for e in exc.errors()[:5]
+    ]
+    return "invalid arguments: " + "; ".join(problems)
