@@ -1,0 +1,47 @@
+"""execute_python_script end to end: agent loop -> ScriptSandbox client -> bus -> scripts-manager (local backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.agent.sandbox import ScriptSandbox
+from rockbot.bus import MemoryBus
+from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.fixtures.llm import ScriptedCall, Turn
+
+SCRIPT = "import json, sys\ndata = json.load(sys.stdin)\nprint(data['a'] * data['b'])\n"
+
+
+@pytest.fixture
+async def bus_with_scripts_manager():
+    async with MemoryBus() as bus:
+        manager = ScriptsManager(
+            settings=ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0), bus=bus
+        )
+        await manager.start()
+        try:
+            yield bus
+        finally:
+            await manager.stop()
+
+
+async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, bus_with_scripts_manager):
+    bus = bus_with_scripts_manager
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={
+            "script": SCRIPT, "input_data": {"a": 6, "b": 7}})]),
+        Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": "raise SystemExit(3)"})]),
+        Turn(text="6 x 7 = 42"),
+    )
+    config = agent_config(llm_url=scripted_llm.url, name="calc", builtin_tools=["scripts"])
+    sandbox = ScriptSandbox(bus=bus, agent=config.name)
+    async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"}) as agent:
+        result = await agent.chat("s", "What is 6 x 7? Use Python.")
+    assert result.answer == "6 x 7 = 42"
+    ran = scripted_llm.requests[1].messages[-1]["content"]
+    assert ran.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in ran
+    failed = scripted_llm.requests[2].messages[-1]["content"]
+    assert failed.startswith("exit code 3 after ")
