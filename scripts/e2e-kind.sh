@@ -100,7 +100,9 @@ while read -r name key; do
     kubectl -n "$NAMESPACE" create secret generic "$name" --from-literal="$key=e2e-placeholder" \
         --dry-run=client -o yaml | kubectl apply -f -
 done <"$WORK/secret-refs"
-kubectl -n "$NAMESPACE" apply -f "$ROOT/examples/"
+for manifest in "$ROOT"/examples/*.yaml; do  # the folder also holds configs for `rockbot local`
+    kubectl -n "$NAMESPACE" apply -f "$manifest"
+done
 
 log "agent $AGENT, whose model is the scripted LLM"
 kubectl -n "$NAMESPACE" apply -f - <<EOF
