@@ -84,10 +84,10 @@ class Helm:
             "KUBECONFIG": str(home / "no-kubeconfig"),
         }
 
-    def run(self, *args: str) -> str:
-        done = subprocess.run(
-            [str(self.binary), *args], env=self.env, capture_output=True, text=True, check=False
-        )
+    def run(self, *args: str, kubeconfig: Path | None = None) -> str:
+        """helm ARGS; with `kubeconfig`, against that cluster (lookups in templates see its objects)."""
+        env = self.env if kubeconfig is None else {**self.env, "KUBECONFIG": str(kubeconfig)}
+        done = subprocess.run([str(self.binary), *args], env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise HelmError(done.stderr.strip())
         return done.stdout
