@@ -210,14 +210,16 @@ def test_package_index_opens_only_the_index_and_dns_for_script_pods(render: Rend
 
 
 def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> None:
-    env = env_of(find(render(), "Deployment", "rockbot-scripts-manager"))
+    deployment = find(render(), "Deployment", "rockbot-scripts-manager")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["scripts-manager", "--log-format", "json"]
+    env = env_of(deployment)
     assert env == {
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_SCRIPTS_BACKEND": "pods",
         "ROCKBOT_SCRIPTS_CONCURRENCY": "4",
         "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
-        "ROCKBOT_LOG_FORMAT": "json",
     }
 
 
