@@ -17,7 +17,6 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("rockbot.operator.cli", "run the operator that reconciles Agents, Tools and ScheduledTasks"),
     "agent": ("rockbot.agent.cli", "run one agent from its rendered config"),
-    "scripts-manager": ("rockbot.scripts_manager.cli", "run the service that executes scripts in sandboxes"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),
     "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),
 }
