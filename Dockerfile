@@ -13,8 +13,10 @@ RUN python -m pip wheel --wheel-dir /wheels .
 
 # Final stage: a virtualenv installed from those wheels alone, run as a numeric non-root user.
 FROM ${PYTHON_IMAGE}
+# The root filesystem is read-only in the cluster: HOME points at the /tmp volume every pod mounts.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
     PATH=/opt/rockbot/bin:$PATH
 # The wheels are bind-mounted, not copied, so they add nothing to the image; pip is removed after use.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
