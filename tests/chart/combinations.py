@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-PACKAGE_INDEX_URL = "http://devpi.pypi.svc.cluster.local:3141/root/pypi/+simple/"
-
 COMBINATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "external-broker": {
@@ -19,15 +17,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
     "sandbox-options": {
-        "scripts": {
-            "runtimeClassName": "gvisor",
-            "packageIndex": {
-                "url": PACKAGE_INDEX_URL,
-                "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pypi"}},
-                        "podSelector": {"matchLabels": {"app": "devpi"}}}],
-                "ports": [3141],
-            },
-        },
+        "scripts": {"runtimeClassName": "gvisor", "allowedPackages": ["numpy", "pandas"]},
     },
     "agent-namespaces": {
         "agentNamespaces": ["team-a", "team-b"],
@@ -39,9 +29,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                      "extraEnv": [{"name": "ROCKBOT_EXTRA", "value": "1"}]},
         "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"],
                               "extraRules": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}]}},
-        "scripts": {"runtimeClassName": "gvisor", "concurrency": 8,
-                    "packageIndex": {"url": PACKAGE_INDEX_URL,
-                                     "to": [{"ipBlock": {"cidr": "10.96.0.10/32"}}]}},
+        "scripts": {"runtimeClassName": "gvisor", "concurrency": 8, "allowedPackages": ["numpy"]},
         "openrouterMcp": {"enabled": True},
         "rabbitmq": {"persistence": {"storageClassName": "fast", "size": "10Gi"}},
         "image": {"digest": "sha256:" + "a" * 64},

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.chart.combinations import COMBINATIONS, PACKAGE_INDEX_URL
+from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest
 
 KUBERNETES_VERSION = "1.30"  # the oldest minor the chart is checked against
@@ -190,23 +190,19 @@ def test_scripts_namespace_enforces_restricted_and_denies_all_traffic(render: Re
     policies = [
         m for m in manifests if m["kind"] == "NetworkPolicy" and m["metadata"]["namespace"] == "rockbot-scripts"
     ]
-    assert len(policies) == 1, "without a package index nothing may open traffic in the scripts namespace"
+    assert len(policies) == 1, "nothing may open traffic in the scripts namespace"
     (deny,) = policies
     assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
 
 
-def test_package_index_opens_only_the_index_and_dns_for_script_pods(render: Render) -> None:
+def test_sandbox_options_reach_the_scripts_manager_and_open_no_traffic(render: Render) -> None:
     manifests = render(COMBINATIONS["sandbox-options"])
     env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
     assert env["ROCKBOT_SCRIPTS_RUNTIME_CLASS"] == "gvisor"
-    assert env["ROCKBOT_SCRIPTS_PACKAGE_INDEX_URL"] == PACKAGE_INDEX_URL
-    policy = find(manifests, "NetworkPolicy", "rockbot-scripts-package-index", "rockbot-scripts")["spec"]
-    assert policy["podSelector"] == {"matchLabels": {"rockbot.dev/role": "script"}}
-    assert policy["policyTypes"] == ["Egress"]
-    dns, index = policy["egress"]
-    assert {p["port"] for p in dns["ports"]} == {53}
-    assert index == {"to": COMBINATIONS["sandbox-options"]["scripts"]["packageIndex"]["to"],
-                     "ports": [{"protocol": "TCP", "port": 3141}]}
+    assert env["ROCKBOT_SCRIPTS_ALLOWED_PACKAGES"] == "numpy,pandas"
+    scripts_policies = [m for m in manifests if m["kind"] == "NetworkPolicy"
+                        and m["metadata"]["namespace"] == "rockbot-scripts"]
+    assert [p["spec"] for p in scripts_policies] == [{"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}]
 
 
 def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> None:

@@ -25,7 +25,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "digest": ({"image": {"digest": "latest"}}, "image.digest"),
     "root-user": ({"podSecurityContext": {"runAsUser": 0}}, "podSecurityContext.runAsUser"),
     "resources-without-limits": ({"operator": {"resources": {"limits": None}}}, "operator.resources"),
-    "package-index-url": ({"scripts": {"packageIndex": {"url": "devpi:3141"}}}, "scripts.packageIndex.url"),
+    "package-with-version": ({"scripts": {"allowedPackages": ["numpy==2.0"]}}, "scripts.allowedPackages.0"),
     "no-broker-at-all": ({"rabbitmq": {"enabled": False}}, "set externalBroker.url"),
     "scripts-namespace-shared-with-agents": (
         {"agentNamespaces": ["rockbot-scripts"]},
