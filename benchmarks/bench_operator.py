@@ -9,11 +9,12 @@ no-op resync (an operator restart that re-reconciles everything; the target is 0
 from __future__ import annotations
 
 import argparse
-import collections
 import asyncio
 import base64
+import collections
 import contextlib
 import os
+import pathlib
 import tempfile
 import time
 
@@ -52,11 +53,11 @@ async def main(count: int, tools_per_agent: int) -> None:
             await apply_crd(client, yaml.safe_load(path.read_text()))
         with tempfile.TemporaryDirectory() as folder:
             kubeconfig = os.path.join(folder, "kubeconfig")
-            with open(kubeconfig, "w") as file:
-                yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "e",
-                                "clusters": [{"name": "e", "cluster": {"server": str(emulator.url).rstrip("/")}}],
-                                "users": [{"name": "u", "user": {"token": "t"}}],
-                                "contexts": [{"name": "e", "context": {"cluster": "e", "user": "u"}}]}, file)
+            text = yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "e",
+                                   "clusters": [{"name": "e", "cluster": {"server": str(emulator.url).rstrip("/")}}],
+                                   "users": [{"name": "u", "user": {"token": "t"}}],
+                                   "contexts": [{"name": "e", "context": {"cluster": "e", "user": "u"}}]})
+            await asyncio.to_thread(pathlib.Path(kubeconfig).write_text, text)
             os.environ["KUBECONFIG"] = kubeconfig
             import kubernetes_asyncio.config.kube_config as kube_config
 

@@ -140,7 +140,9 @@ def reference_table() -> str:
             kind = field.get("type", "")
             if "enum" in field:
                 kind = " \\| ".join(f"`{value}`" for value in field["enum"])
-            default = "required" if name in required else f"`{json.dumps(field['default'])}`" if "default" in field else ""
+            default = f"`{json.dumps(field['default'])}`" if "default" in field else ""
+            if name in required:
+                default = "required"
             description = (field.get("description") or "").replace("|", "\\|").replace("\n", " ")
             rows.append(f"| {resource.kind} | `{name}` | {kind} | {default} | {description} |")
     return "\n".join(rows)
