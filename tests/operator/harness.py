@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from rockbot.kube import NotFound
 from rockbot.operator.runner import run_operator
 from rockbot.operator.settings import OperatorSettings
 
@@ -41,18 +40,6 @@ async def operator_running(settings: OperatorSettings, *, within: float = 30.0) 
     assert not thread.is_alive(), "the operator did not stop"
     if failures:
         raise RuntimeError("the operator failed") from failures[0]
-
-
-async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 15.0) -> T:
-    """Poll until `probe` returns without an AssertionError or NotFound; re-raise the last failure."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
-            return await probe()
-        except (AssertionError, NotFound):
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:

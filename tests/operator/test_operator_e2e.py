@@ -22,8 +22,9 @@ from rockbot.kube import (
     NotFound,
 )
 from rockbot.operator.settings import OperatorSettings
-from tests.operator.harness import condition, eventually, operator_running
+from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent_body, tool_body
+from tests.waiting import eventually
 
 NS = "default"
 SETTINGS = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,7 +11,7 @@ import pytest
 from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
-from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient, NotFound
+from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import client_for
@@ -54,18 +53,6 @@ class FakeAgent:
         reply = InboxReply(request_id=request.request_id, session_id=request.session_id,
                            answer=text or f"done: {request.content}")
         await self.bus.reply(to=delivery, body=reply)
-
-
-async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 10.0) -> T:
-    """Poll until `probe` stops failing an assertion (or finding nothing); re-raise the last failure."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        try:
-            return await probe()
-        except (AssertionError, NotFound):
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.01)
 
 
 class Cluster:

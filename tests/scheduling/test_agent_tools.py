@@ -19,7 +19,8 @@ from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.clock import ManualClock
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import Turn
-from tests.scheduling.conftest import Cluster, eventually
+from tests.scheduling.conftest import Cluster
+from tests.waiting import eventually
 
 CONTEXT = ToolContext(session_id="chat-1", tool_call_id="call_1")
 

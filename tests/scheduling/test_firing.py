@@ -7,7 +7,8 @@ import datetime
 
 from rockbot.kube import SCHEDULED_TASKS
 from rockbot.operator.scheduling.clock import ManualClock
-from tests.scheduling.conftest import Cluster, FakeAgent, eventually
+from tests.scheduling.conftest import Cluster, FakeAgent
+from tests.waiting import eventually
 
 UTC = datetime.UTC
 

@@ -14,7 +14,8 @@ from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
 from tests.fixtures.kubeapi import run_kopf
-from tests.scheduling.conftest import Cluster, FakeAgent, eventually
+from tests.scheduling.conftest import Cluster, FakeAgent
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,23 @@
+"""Waiting on an eventually consistent system without sleeping a fixed time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from rockbot.kube import NotFound
+
+T = TypeVar("T")
+
+
+async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 15.0) -> T:
+    """Poll until `probe` stops failing an assertion (or finding nothing); re-raise the last failure."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await probe()
+        except (AssertionError, NotFound):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.02)
