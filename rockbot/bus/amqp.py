@@ -10,6 +10,7 @@ own channel, so closing it returns that consumer's unacked messages to the queue
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 
@@ -148,6 +149,7 @@ class _AmqpSubscription(Subscription):
         self._handler = handler
         self._in_flight: set[asyncio.Task[object]] = set()
         self._tag: str | None = None
+        self._closing = False
 
     async def start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
@@ -169,7 +171,13 @@ class _AmqpSubscription(Subscription):
                 reply_to=message.reply_to,
                 redelivered=bool(message.redelivered),
             )
-            outcome = await run_handler(handler=self._handler, delivery=delivery)
+            try:
+                outcome = await run_handler(handler=self._handler, delivery=delivery)
+            except asyncio.CancelledError:
+                if not self._closing:  # cancelled from elsewhere: hand the message back now
+                    with contextlib.suppress(*_TRANSIENT):
+                        await message.nack(requeue=True)
+                raise
             try:
                 if outcome == "ack":
                     await message.ack()
@@ -182,6 +190,7 @@ class _AmqpSubscription(Subscription):
             self._in_flight.discard(task)
 
     async def close(self, *, drain_seconds: float = 0.0) -> None:
+        self._closing = True
         if self._tag is not None:
             try:
                 await self._queue.cancel(self._tag)

@@ -1,0 +1,58 @@
+"""`rockbot scripts-manager`: run the service that executes `execute_python_script` requests.
+
+Settings come from `ROCKBOT_*` environment variables (see `settings.py`); the flags below override
+the most common ones. SIGTERM/SIGINT stop taking requests and drain the running ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from rockbot.logs import setup_logging
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=["pods", "local"], help="sandbox (default: $ROCKBOT_SCRIPTS_BACKEND, "
+                        "else pods inside Kubernetes and local elsewhere)")
+    parser.add_argument("--concurrency", type=int, help="scripts at once (default: $ROCKBOT_SCRIPTS_CONCURRENCY or 4)")
+    parser.add_argument("--health-port", type=int, help="port of /healthz, /readyz, /metrics (default: 8080)")
+    parser.add_argument("--log-format", choices=["json", "text"], default="json", help="log lines (default: json)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable
+    from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+    setup_logging(log_format=args.log_format)
+    overrides = {
+        "scripts_backend": args.backend,
+        "scripts_concurrency": args.concurrency,
+        "health_port": args.health_port,
+    }
+    try:
+        settings = ScriptsManagerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"ROCKBOT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        print(f"rockbot scripts-manager: invalid settings: {problems}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_main(settings))
+    except (ValueError, SandboxUnavailable, SandboxFailure) as exc:
+        print(f"rockbot scripts-manager: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+async def _main(settings: object) -> None:
+    from rockbot.scripts_manager.app import serve
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(settings=settings, stop=stop)  # type: ignore[arg-type]

@@ -1,0 +1,29 @@
+"""Prometheus metrics of the scripts-manager, in a registry of its own (one per service instance)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ScriptMetrics:
+    def __init__(self, *, backend: str) -> None:
+        self.registry = CollectorRegistry()
+        self.runs = Counter(
+            "rockbot_scripts_runs", "Script requests answered, by outcome "
+            "(succeeded, exited_nonzero, timed_out, oom_killed, or an error code).",
+            ["backend", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "rockbot_scripts_run_duration_seconds", "Time from taking a request to having its answer.",
+            ["backend"], registry=self.registry,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "rockbot_scripts_in_flight", "Sandboxes (pods or local processes) running right now.",
+            ["backend"], registry=self.registry,
+        )  # fmt: skip
+        self.swept = Counter(
+            "rockbot_scripts_swept_objects", "Leftover script pods and ConfigMaps deleted by the sweeper.",
+            registry=self.registry,
+        )  # fmt: skip
+        self.backend = backend

@@ -1,0 +1,81 @@
+"""The scripts-manager's settings, all from `ROCKBOT_*` environment variables (see the chart)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|K|M|G)?$")
+_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes byte quantity ("256Mi") as a number of bytes, for the local sandbox's rlimits."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a byte quantity such as 256Mi, 1Gi or 500M")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+class ScriptsManagerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROCKBOT_", extra="ignore")
+
+    amqp_url: SecretStr | None = None
+    health_host: str = "0.0.0.0"
+    health_port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    drain_seconds: Annotated[float, Field(ge=0)] = 20.0
+
+    # Which sandbox: `pods` in a cluster, `local` for development; unset means pods when the process
+    # runs inside Kubernetes (KUBERNETES_SERVICE_HOST is set), local otherwise.
+    scripts_backend: Literal["pods", "local"] | None = None
+    scripts_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+
+    # Limits every request is checked against (answered with InvalidArguments naming the field).
+    scripts_max_script_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
+    scripts_max_input_bytes: Annotated[int, Field(ge=0)] = 512 * 1024
+    scripts_max_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
+    scripts_max_output_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024  # per stream
+    scripts_max_packages: Annotated[int, Field(ge=0)] = 20
+
+    # Resources of one script (pod requests = limits; the local sandbox turns them into rlimits).
+    scripts_cpu: str = "500m"
+    scripts_memory: str = "256Mi"
+    scripts_ephemeral_storage: str = "128Mi"
+    scripts_tmp_size: str = "64Mi"
+
+    # Which packages scripts may name in `pip_packages` (empty: none). Pods: they must already be in
+    # ROCKBOT_SCRIPTS_IMAGE. Local: installed on first use into a content-addressed cache.
+    scripts_allowed_packages: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    scripts_pip_index_url: str | None = None
+    scripts_pip_find_links: str | None = None
+    scripts_package_cache: Path = Path("/tmp/rockbot-packages")
+
+    # Pod backend.
+    scripts_namespace: str = "rockbot-scripts"
+    scripts_image: str = "python:3.12-slim"
+    scripts_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    scripts_runtime_class: str | None = None
+    scripts_pod_start_seconds: Annotated[float, Field(gt=0)] = 120.0  # scheduling and image pull
+    scripts_sweep_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
+    scripts_sweep_grace_seconds: Annotated[float, Field(ge=0)] = 120.0
+
+    # Local backend.
+    scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"
+    scripts_local_python: str | None = None  # default: the base interpreter of this process
+
+    @field_validator("scripts_allowed_packages", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("scripts_memory", "scripts_ephemeral_storage", "scripts_tmp_size")
+    @classmethod
+    def _byte_quantity(cls, value: str) -> str:
+        quantity_bytes(value)
+        return value
