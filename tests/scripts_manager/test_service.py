@@ -1,0 +1,148 @@
+"""The scripts-manager as an agent meets it: over the bus, through the agent's client, with real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from agent.sandbox import ScriptSandbox
+from rockbot.bus import Delivery, MemoryBus
+from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.contracts.errors import ErrorCode, ErrorInfo
+from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
+from rockbot.scripts_manager.app import ScriptsManager
+from tests.scripts_manager.conftest import MakeSettings
+
+WAIT = 30.0
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[MemoryBus]:
+    async with MemoryBus() as bus:
+        yield bus
+
+
+@pytest.fixture
+async def manager(bus: MemoryBus, make_settings: MakeSettings) -> AsyncIterator[ScriptsManager]:
+    manager = ScriptsManager(settings=make_settings(scripts_max_timeout_seconds=60), bus=bus)
+    await manager.start()
+    yield manager
+    await manager.stop()
+
+
+@pytest.fixture
+def sandbox(bus: MemoryBus) -> ScriptSandbox:
+    return ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=WAIT)
+
+
+async def test_script_runs_and_the_agent_gets_both_streams(manager: ScriptsManager, sandbox: ScriptSandbox) -> None:
+    result = await sandbox.execute_python_script(
+        script="import sys, json\ndata = json.load(sys.stdin)\nprint(sum(data['xs']))\nprint('note', file=sys.stderr)",
+        input_data={"xs": [1, 2, 3]},
+        request_id="call-1",
+    )
+    assert isinstance(result, ScriptInvokeResponse), result
+    assert (result.request_id, result.stdout, result.stderr, result.exit_code) == ("call-1", "6\n", "note\n", 0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "code", "fragment"),
+    [
+        ({"timeout_seconds": 61}, ErrorCode.INVALID_ARGUMENTS, "timeout_seconds=61 is over the limit of 60"),
+        ({"pip_packages": ["numpy>=2"]}, ErrorCode.INVALID_ARGUMENTS, "pip_packages[0]='numpy>=2' is not a package"),
+        ({"pip_packages": ["numpy"]}, ErrorCode.REJECTED, "ROCKBOT_SCRIPTS_ALLOWED_PACKAGES"),
+        ({"script": "x" * 300_000}, ErrorCode.INVALID_ARGUMENTS, "script is 300000 bytes, over the limit"),
+    ],
+)
+async def test_requests_outside_the_limits_get_a_clear_error(
+    manager: ScriptsManager, sandbox: ScriptSandbox, arguments: dict, code: ErrorCode, fragment: str
+) -> None:
+    result = await sandbox.execute_python_script(**{"script": "print(1)", **arguments})
+    assert isinstance(result, ScriptInvokeError), result
+    assert result.error.code == code
+    assert fragment in result.error.message
+    assert result.error.retryable is False
+
+
+async def test_bad_arguments_are_refused_by_the_client_before_sending(sandbox: ScriptSandbox) -> None:
+    result = await sandbox.execute_python_script(script="", timeout_seconds=-1)
+    assert isinstance(result, ScriptInvokeError)
+    assert result.error.code == ErrorCode.INVALID_ARGUMENTS
+    assert "script:" in result.error.message and "timeout_seconds:" in result.error.message
+
+
+async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
+    manager: ScriptsManager, bus: MemoryBus
+) -> None:
+    reply = await bus.request(
+        queue=SCRIPT_INVOKE,
+        body=ErrorInfo(code=ErrorCode.TIMEOUT, message="not a request"),
+        reply_queue=script_result(agent="mallory"),
+        correlation_id="junk-1",
+        timeout_seconds=WAIT,
+    )
+    answer = reply.decode(SCRIPT_INVOKE_REPLY)
+    assert isinstance(answer, ScriptInvokeError)
+    assert (answer.request_id, answer.error.code) == ("junk-1", ErrorCode.INVALID_ARGUMENTS)
+    assert "request_id: Field required" in answer.error.message
+
+
+async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> None:
+    sandbox = ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=0.2)
+    result = await sandbox.execute_python_script(script="print(1)", timeout_seconds=0.1)
+    assert isinstance(result, ScriptInvokeError)
+    assert result.error.code == ErrorCode.TIMEOUT and result.error.retryable is True
+
+
+async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
+    manager: ScriptsManager, bus: MemoryBus
+) -> None:
+    replies = script_result(agent="bob")
+    answers: asyncio.Queue[Delivery] = asyncio.Queue()
+    await bus.consume(queue=replies, handler=answers.put)
+    request = ScriptInvokeRequest(
+        request_id=f"dup-{uuid.uuid4().hex}", agent="bob", timeout_seconds=10,
+        script="import time, random\ntime.sleep(0.5)\nprint(random.random())",
+    )  # fmt: skip
+    for _ in range(2):  # the second copy arrives while the first is running
+        await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
+    first, second = [await asyncio.wait_for(answers.get(), WAIT) for _ in range(2)]
+    assert first.decode(SCRIPT_INVOKE_REPLY) == second.decode(SCRIPT_INVOKE_REPLY)
+    # A third copy after the answer (a redelivery) gets the remembered answer, not a new run.
+    await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
+    third = await asyncio.wait_for(answers.get(), WAIT)
+    assert third.decode(SCRIPT_INVOKE_REPLY) == first.decode(SCRIPT_INVOKE_REPLY)
+    assert _sample(manager, "rockbot_scripts_run_duration_seconds_count", backend="local") == 1
+
+
+async def test_health_readiness_and_metrics_over_http(
+    manager: ScriptsManager, sandbox: ScriptSandbox
+) -> None:
+    await sandbox.execute_python_script(script="raise SystemExit(2)")
+    base = f"http://127.0.0.1:{manager.health.port}"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/healthz") as response:
+            assert response.status == 200
+        async with http.get(f"{base}/readyz") as response:
+            assert response.status == 200
+        async with http.get(f"{base}/metrics") as response:
+            text = await response.text()
+    assert 'rockbot_scripts_runs_total{backend="local",outcome="exited_nonzero"} 1.0' in text
+    assert 'rockbot_scripts_in_flight{backend="local"} 0.0' in text
+
+
+async def test_not_ready_once_stopped(bus: MemoryBus, make_settings: MakeSettings) -> None:
+    manager = ScriptsManager(settings=make_settings(), bus=bus)
+    await manager.start()
+    await manager._service.stop()  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{manager.health.port}/readyz") as response:
+        assert response.status == 503
+    await manager.stop()
+
+
+def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
+    return manager.metrics.registry.get_sample_value(name, labels)
