@@ -1,0 +1,140 @@
+"""Pure builders: a `ScriptJob` in, the script pod and its ConfigMap out (no API calls here).
+
+The pod is built to pass Pod Security `restricted` and to have nothing to reach or use: no
+service-account token, no service links, non-root, read-only root filesystem with a size-limited
+emptyDir at /tmp, all capabilities dropped, RuntimeDefault seccomp, no privilege escalation,
+requests equal to limits, `restartPolicy: Never`, and the `rockbot.dev/sandbox: script` label
+that the chart's default-deny NetworkPolicy (no ingress, no egress) selects. The script, its
+input and the runner travel in a ConfigMap volume, never on a command line or in an env var.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+from importlib.resources import files
+from typing import Any
+
+from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+K8sObject = dict[str, Any]
+
+CONTAINER = "script"
+JOB_MOUNT = "/rockbot"
+#: The labels every script pod and ConfigMap carries; the sweeper and the NetworkPolicy select on them.
+SANDBOX_LABELS = {"app.kubernetes.io/managed-by": "rockbot-scripts-manager", "rockbot.dev/sandbox": "script"}
+SANDBOX_SELECTOR = ",".join(f"{key}={value}" for key, value in SANDBOX_LABELS.items())
+DEADLINE_ANNOTATION = "rockbot.dev/deadline"
+REQUEST_ANNOTATION = "rockbot.dev/request-id"
+#: Seconds the pod may live past the script's timeout before the kubelet stops it (the runner stops
+#: the script itself at the timeout, and reports what it printed so far).
+DEADLINE_SLACK_SECONDS = 10
+_RUNNER = files("rockbot.scripts_manager").joinpath("runner.py").read_text()
+
+
+def pod_name(job: ScriptJob) -> str:
+    digest = hashlib.sha256(job.request_id.encode()).hexdigest()[:10]
+    return f"rockbot-script-{digest}-{uuid.uuid4().hex[:6]}"
+
+
+def deadline(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime) -> datetime:
+    """When the pod is certainly finished: start-up allowance, timeout and the kubelet's backstop."""
+    return now + timedelta(
+        seconds=settings.scripts_pod_start_seconds + job.timeout_seconds + DEADLINE_SLACK_SECONDS
+    )
+
+
+def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, now: datetime) -> K8sObject:
+    resources = {
+        "cpu": settings.scripts_cpu,
+        "memory": settings.scripts_memory,
+        "ephemeral-storage": settings.scripts_ephemeral_storage,
+    }
+    spec: K8sObject = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": math.ceil(job.timeout_seconds) + DEADLINE_SLACK_SECONDS,
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65534,
+            "runAsGroup": 65534,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": CONTAINER,
+            "image": settings.scripts_image,
+            "imagePullPolicy": settings.scripts_image_pull_policy,
+            "command": ["python3", "-I", f"{JOB_MOUNT}/runner.py", JOB_MOUNT],
+            "workingDir": "/tmp",
+            "resources": {"requests": resources, "limits": resources},
+            "securityContext": {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "runAsNonRoot": True,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumeMounts": [
+                {"name": "job", "mountPath": JOB_MOUNT, "readOnly": True},
+                {"name": "tmp", "mountPath": "/tmp"},
+            ],
+        }],
+        "volumes": [
+            {"name": "job", "configMap": {"name": name, "defaultMode": 0o444}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}},
+        ],
+    }  # fmt: skip
+    if settings.scripts_runtime_class:
+        spec["runtimeClassName"] = settings.scripts_runtime_class
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": settings.scripts_namespace,
+            "labels": dict(SANDBOX_LABELS),
+            "annotations": {
+                DEADLINE_ANNOTATION: deadline(job=job, settings=settings, now=now).isoformat(),
+                REQUEST_ANNOTATION: job.request_id,
+            },
+        },
+        "spec": spec,
+    }
+
+
+def build_config_map(*, job: ScriptJob, pod: K8sObject, settings: ScriptsManagerSettings) -> K8sObject:
+    """The job's files, owned by the pod so that deleting the pod deletes them too."""
+    metadata = pod["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "labels": dict(SANDBOX_LABELS),
+            "annotations": {DEADLINE_ANNOTATION: metadata["annotations"][DEADLINE_ANNOTATION]},
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Pod", "name": metadata["name"], "uid": metadata["uid"],
+                "blockOwnerDeletion": False,
+            }],
+        },
+        "data": {
+            "script.py": job.script,
+            "input": job.input_data or "",
+            "runner.py": _RUNNER,
+            "job.json": json.dumps({
+                "timeout_seconds": job.timeout_seconds,
+                "max_output_bytes": settings.scripts_max_output_bytes,
+            }),
+        },
+    }  # fmt: skip
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
