@@ -24,12 +24,15 @@ import logging
 from datetime import datetime
 from typing import Any
 
+import aiohttp
+
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import CONFIGMAPS, PODS, ApiError, Gone, KubeClient, NotFound
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import (
     CONTAINER,
     DEADLINE_ANNOTATION,
+    DEADLINE_SLACK_SECONDS,
     SANDBOX_SELECTOR,
     build_config_map,
     build_pod,
@@ -48,6 +51,7 @@ K8sObject = dict[str, Any]
 _CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError", "RunContainerError"}
 _WATCH_SECONDS = 60
+_WATCH_RETRY_SECONDS = 1.0
 
 
 class PodBackend:
@@ -86,12 +90,16 @@ class PodBackend:
             )  # fmt: skip
             final = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"], job=job)
             return await self._result(job=job, pod=final)
+        except ApiError as exc:
+            raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
+        except OSError as exc:
+            raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
         finally:
             await asyncio.shield(self._delete(name))
 
     async def _follow(self, *, name: str, resource_version: str, job: ScriptJob) -> K8sObject:
         """Watch the pod until its container has terminated (or the pod ended); never poll."""
-        limit = self._settings.scripts_pod_start_seconds + job.timeout_seconds + 2 * 10
+        limit = self._settings.scripts_pod_start_seconds + job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS
         last: K8sObject | None = None
         try:
             async with asyncio.timeout(limit):
@@ -113,6 +121,9 @@ class PodBackend:
                         resource_version = last["metadata"]["resourceVersion"]
                         if _finished(last):
                             return last
+                    except (aiohttp.ClientError, OSError) as exc:  # a dropped stream: resume where it was
+                        log.info("watch of %s broke (%r); resuming", name, exc)
+                        await asyncio.sleep(_WATCH_RETRY_SECONDS)
         except TimeoutError:
             waiting = _waiting_reason(last) if last else None
             raise SandboxUnavailable(
