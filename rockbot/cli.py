@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import pathlib
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,8 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("rockbot.operator.cli", "run the operator that reconciles Agents, Tools and ScheduledTasks"),
     "agent": ("rockbot.agent.cli", "run one agent from its rendered config"),
+    "scripts-manager": ("rockbot.scripts_manager.cli", "run the service that executes scripts in sandboxes"),
+    "local": ("rockbot.local.cli", "run the Agents of some YAML files on this machine, with no cluster"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),
     "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),
 }
@@ -53,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(*, available: dict[str, tuple[str, str]] | None = None) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rockbot", description="Kubernetes-native AI agents with sandboxed Python.")
     from rockbot import __version__
 
     parser.add_argument("--version", action="version", version=f"rockbot {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
-    for name, (module_name, help_text) in (available or SUBCOMMANDS).items():
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         module.configure(sub)
@@ -68,17 +69,8 @@ def build_parser(*, available: dict[str, tuple[str, str]] | None = None) -> argp
     return parser
 
 
-def _importable() -> dict[str, tuple[str, str]]:
-    """The subcommands whose modules exist in this installation."""
-    found = {}
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        if importlib.util.find_spec(module_name) is not None:
-            found[name] = (module_name, help_text)
-    return found
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(available=_importable())
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args._module.run(args) or 0)

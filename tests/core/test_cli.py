@@ -15,12 +15,12 @@ def rockbot(*args: str) -> subprocess.CompletedProcess[str]:
 def test_help_lists_every_process():
     result = rockbot("--help")
     assert result.returncode == 0
-    for command in ("operator", "agent", "openrouter-mcp", "crds"):
+    for command in ("operator", "agent", "scripts-manager", "local", "openrouter-mcp", "crds"):
         assert command in result.stdout
 
 
 def test_each_subcommand_has_useful_help():
-    for command in ("operator", "agent", "openrouter-mcp", "crds"):
+    for command in ("operator", "agent", "scripts-manager", "local", "openrouter-mcp", "crds"):
         result = rockbot(command, "--help")
         assert result.returncode == 0, result.stderr
         assert "usage: rockbot " + command in result.stdout

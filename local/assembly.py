@@ -1,0 +1,79 @@
+"""Turn manifests into agent configs with the operator's own resolution, then apply local overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rockbot.contracts import agent_config as cfg
+from rockbot.local.manifests import Manifests
+from rockbot.operator.resolving import resolve_agent
+from rockbot.resources import Agent
+from rockbot.resources.common import SecretKeyRef
+
+#: Locally nothing needs these Secrets: the bus is in process and the HTTP API is not served.
+_BUS = SecretKeyRef(name="local-bus", key="amqp-url")
+_TOKEN = SecretKeyRef(name="local-http-token", key="token")
+#: The set whose tools talk to the operator; there is none locally.
+_NEEDS_OPERATOR = "scheduling"
+
+
+@dataclass
+class LocalModel:
+    """The endpoint every local agent uses (from flags or the OPENAI_* environment)."""
+
+    base_url: str
+    name: str | None
+    api_key_env: str | None
+
+
+@dataclass
+class AssembledAgent:
+    config: cfg.AgentConfig
+    #: Environment the runtime reads secrets from: Secret-manifest values under their wired names.
+    env: dict[str, str]
+    warnings: list[str]
+
+
+def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledAgent]:
+    """One resolved config per Agent, exactly as the operator would render it, pointed at `model`."""
+    secret_keys = {name: set(values) for name, values in manifests.secrets.items()}
+    secret_keys |= {_BUS.name: {_BUS.key}, _TOKEN.name: {_TOKEN.key}}
+    assembled = {}
+    for name, body in manifests.agents.items():
+        agent = Agent.model_validate(body)
+        resolution = resolve_agent(
+            agent=agent,
+            tools=list(manifests.tools.values()),
+            agents=manifests.agents,
+            secret_keys=secret_keys,
+            bus_secret=_BUS,
+            http_token_secret=_TOKEN,
+        )
+        warnings = list(resolution.tool_problems)
+        builtins = list(resolution.config.builtin_tools)
+        if _NEEDS_OPERATOR in builtins:
+            builtins.remove(_NEEDS_OPERATOR)
+            warnings.append(
+                "the scheduling tools need the operator and are off locally (ScheduledTask manifests still fire)"
+            )
+        env = {
+            item.env: manifests.secrets[item.ref.name][item.ref.key]
+            for item in resolution.secret_env
+            if item.ref.key in manifests.secrets.get(item.ref.name, {})
+        }
+        api_key = cfg.SecretEnv(env=model.api_key_env) if model.api_key_env else None
+        config = resolution.config.model_copy(
+            update={
+                "model": resolution.config.model.model_copy(
+                    update={
+                        "base_url": model.base_url,
+                        "name": model.name or resolution.config.model.name,
+                        "api_key": api_key,
+                    }
+                ),
+                "builtin_tools": builtins,
+                "http_token": None,
+            }
+        )
+        assembled[name] = AssembledAgent(config=config, env=env, warnings=warnings)
+    return assembled

@@ -1,0 +1,120 @@
+"""`rockbot local -f examples/`: chat with the Agents of some YAML files, on this machine, with no cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import pathlib
+import sys
+
+MODEL_HELP = (
+    "no model endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY, OPENAI_MODEL), or pass --base-url and --model, "
+    "e.g. --base-url https://openrouter.ai/api/v1 --model openai/gpt-4o-mini"
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-f",
+        "--filename",
+        dest="paths",
+        action="append",
+        type=pathlib.Path,
+        required=True,
+        metavar="PATH",
+        help="YAML file or folder of Agents, Tools, ScheduledTasks and Secrets (repeatable)",
+    )
+    parser.add_argument("--agent", help="the Agent to chat with (default: the first one)")
+    parser.add_argument("--prompt", help="answer this one message and exit, instead of an interactive chat")
+    parser.add_argument(
+        "--base-url",
+        default=os.environ.get("OPENAI_BASE_URL"),
+        help="OpenAI-compatible endpoint for every agent (default: $OPENAI_BASE_URL)",
+    )
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("OPENAI_MODEL"),
+        help="model name for every agent (default: $OPENAI_MODEL, else each Agent's own)",
+    )
+    parser.add_argument("--amqp-url", help="use this RabbitMQ instead of the in-memory bus")
+    parser.add_argument(
+        "--unsafe-no-sandbox",
+        action="store_true",
+        help="run scripts without isolation when no sandbox primitive works (not recommended)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show the processes' logs")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rockbot.local.assembly import LocalModel, assemble
+    from rockbot.local.manifests import ManifestError, load
+    from rockbot.logs import setup_logging
+
+    setup_logging(log_format="text", level=logging.INFO if args.verbose else logging.WARNING)
+    if not args.base_url:
+        print(f"rockbot local: {MODEL_HELP}", file=sys.stderr)
+        return 2
+    try:
+        manifests = load(args.paths)
+    except ManifestError as error:
+        print(f"rockbot local: {error}", file=sys.stderr)
+        return 2
+    if not manifests.agents:
+        print(
+            f"rockbot local: no Agent in {', '.join(map(str, args.paths))}: add a `kind: Agent` document",
+            file=sys.stderr,
+        )
+        return 2
+    chosen = args.agent or next(iter(manifests.agents))
+    if chosen not in manifests.agents:
+        print(f"rockbot local: no Agent {chosen!r}; there are: {', '.join(manifests.agents)}", file=sys.stderr)
+        return 2
+    model = LocalModel(
+        base_url=args.base_url,
+        name=args.model,
+        api_key_env="OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None,
+    )
+    agents = assemble(manifests, model=model)
+    for name, assembled in agents.items():
+        for warning in assembled.warnings:
+            print(f"warning: Agent {name}: {warning}", file=sys.stderr)
+    return asyncio.run(_main(args, manifests=manifests, agents=agents, chosen=chosen))
+
+
+async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str) -> int:
+    from rockbot.bus import AmqpBus, BusUnavailable, MemoryBus
+    from rockbot.local.app import running
+    from rockbot.local.chat import Printer, ask
+    from rockbot.resources import ScheduledTask
+    from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+    scripts = ScriptsManagerSettings(
+        scripts_backend="local",
+        health_host="127.0.0.1",
+        health_port=0,
+        scripts_local_isolation="unsafe-none" if args.unsafe_no_sandbox else "auto",
+    )
+    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
+    printer = Printer()
+    try:
+        bus = await AmqpBus.connect(url=args.amqp_url) if args.amqp_url else MemoryBus()
+    except BusUnavailable as error:
+        print(f"rockbot local: {error}", file=sys.stderr)
+        return 1
+    async with bus, running(bus=bus, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts) as local:
+        agent = local.agents[chosen]
+        tools = ", ".join(tool.name for tool in agent.registry.list()) or "none"
+        print(f"[{chosen}: {agents[chosen].config.model.name} at {args.base_url}; tools: {tools}]", file=sys.stderr)
+        if args.prompt is not None:
+            return 0 if await ask(agent, args.prompt, printer=printer) else 1
+        print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
+        while True:
+            try:
+                line = await asyncio.to_thread(input, "you> ")
+            except EOFError:
+                return 0
+            if not line.strip():
+                return 0
+            await ask(agent, line, printer=printer)

@@ -1,0 +1,84 @@
+"""Read the YAML a user would `kubectl apply`, and check every document against the resource models."""
+
+from __future__ import annotations
+
+import base64
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+import yaml
+
+from rockbot.resources import Agent, ScheduledTask, Tool
+
+MODELS: dict[str, type[Agent] | type[Tool] | type[ScheduledTask]] = {
+    "Agent": Agent,
+    "Tool": Tool,
+    "ScheduledTask": ScheduledTask,
+}
+NAMESPACE = "local"
+
+
+class ManifestError(Exception):
+    """A document that cannot be used; the message names the file, the object and the field."""
+
+
+@dataclass
+class Manifests:
+    agents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Secret name -> key -> value, from `kind: Secret` documents (`data` or `stringData`).
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def load(paths: list[pathlib.Path]) -> Manifests:
+    """Every `*.yaml`/`*.yml` under the paths (files or folders), in name order; other kinds are skipped."""
+    found = Manifests()
+    for path in _files(paths):
+        try:
+            documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        except yaml.YAMLError as error:
+            raise ManifestError(f"{path}: not valid YAML: {error}") from None
+        for document in documents:
+            _add(found, document, path=path)
+    return found
+
+
+def _files(paths: list[pathlib.Path]) -> list[pathlib.Path]:
+    files: list[pathlib.Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(p for p in path.iterdir() if p.suffix in {".yaml", ".yml"})
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ManifestError(f"{path}: no such file or folder")
+    return files
+
+
+def _add(found: Manifests, document: dict[str, Any], *, path: pathlib.Path) -> None:
+    kind = document.get("kind")
+    name = (document.get("metadata") or {}).get("name")
+    if kind == "Secret":
+        data = {key: base64.b64decode(value).decode() for key, value in (document.get("data") or {}).items()}
+        found.secrets[name] = {**data, **(document.get("stringData") or {})}
+        return
+    model = MODELS.get(kind or "")
+    if model is None:
+        return
+    if not name:
+        raise ManifestError(f"{path}: a {kind} without metadata.name: give it a name")
+    body = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE, "uid": f"local-{name}"}}
+    try:
+        model.model_validate(body)
+    except pydantic.ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
+        )
+        raise ManifestError(f"{path}: {kind} {name!r} is invalid: {problems}") from None
+    bucket = {"Agent": found.agents, "Tool": found.tools, "ScheduledTask": found.tasks}[kind]
+    if name in bucket:
+        raise ManifestError(f"{path}: a second {kind} named {name!r}: names are unique per kind")
+    bucket[name] = body

@@ -1,0 +1,118 @@
+"""`rockbot local` as a user runs it: a real process, the scripted LLM over HTTP, the real sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import subprocess
+import sys
+
+from rockbot.bus import MemoryBus
+from rockbot.contracts.inbox import InboxReply
+from rockbot.local.app import running
+from rockbot.local.assembly import LocalModel, assemble
+from rockbot.local.manifests import load
+from rockbot.resources import ScheduledTask
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from tests.fixtures.llm import ScriptedCall, Turn
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+SUM = "import json, sys\nprint(sum(json.load(sys.stdin)))\n"
+
+
+async def rockbot_local(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "rockbot.cli", "local", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, **(env or {})},
+    )
+
+
+async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scripted_llm):
+    scripted_llm.play(
+        Turn(
+            tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": SUM, "input_data": [1, 2, 39]})]
+        ),
+        Turn(text="The sum is 42."),
+    )
+    result = await rockbot_local(
+        "-f",
+        str(EXAMPLES),
+        "--prompt",
+        "Add 1, 2 and 39.",
+        env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "The sum is 42.\n"
+    assert "[tools called: execute_python_script]" in result.stderr
+    tool_result = scripted_llm.requests[1].messages[-1]["content"]
+    assert tool_result.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in tool_result
+    first = scripted_llm.requests[0]
+    assert first.authorization == "Bearer sk-local"
+    assert {"execute_python_script", "exchange-rates", "researcher"} <= set(first.tool_names)
+    assert "schedule_task" not in first.tool_names  # needs the operator: off locally, with a warning
+    assert "the scheduling tools need the operator" in result.stderr
+
+
+async def test_without_a_model_it_says_how_to_point_it_at_one():
+    result = await rockbot_local("-f", str(EXAMPLES), "--prompt", "hi")
+    assert result.returncode == 2
+    assert result.stderr.startswith("rockbot local: no model endpoint: set OPENAI_BASE_URL")
+    assert "Traceback" not in result.stderr
+
+
+async def test_an_invalid_manifest_is_named_with_its_field(tmp_path):
+    (tmp_path / "bad.yaml").write_text(
+        "apiVersion: rockbot.dev/v1alpha1\nkind: Tool\nmetadata: {name: broken}\n"
+        "spec: {description: x, script: {source: 'print(1)'}, rest: {url: 'https://x.example'}}\n"
+    )
+    result = await rockbot_local(
+        "-f", str(tmp_path), "--prompt", "hi", env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"rockbot local: {tmp_path / 'bad.yaml'}: Tool 'broken' is invalid: spec: "
+        "a Tool has exactly one backend: set one of rest, mcp, script or agent\n"
+    )
+
+
+async def test_an_unreachable_model_is_one_line_not_a_traceback():
+    result = await rockbot_local(
+        "-f", str(EXAMPLES), "--prompt", "hi", env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    )
+    assert result.returncode == 1
+    assert "error: cannot reach the model endpoint http://127.0.0.1:9/v1/chat/completions" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_path):
+    (tmp_path / "task.yaml").write_text(
+        (EXAMPLES / "analyst.yaml")
+        .read_text()
+        .replace('schedule: "0 8 * * *"', 'schedule: "* * * * * *"')
+        .replace("concurrencyPolicy: Forbid", "runOnce: true")
+    )
+    scripted_llm.play(Turn(text="Rates look calm."))
+    manifests = load([tmp_path])
+    agents = assemble(manifests, model=LocalModel(base_url=scripted_llm.url, name=scripted_llm.model, api_key_env=None))
+    reports: list[tuple[str, InboxReply | None, str | None]] = []
+    reported = asyncio.Event()
+    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
+    scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
+    async with (
+        MemoryBus() as bus,
+        running(
+            bus=bus, agents=agents, tasks=tasks, report=lambda *r: (reports.append(r), reported.set()), scripts=scripts
+        ),
+    ):
+        async with asyncio.timeout(10):
+            await reported.wait()
+    ((task, reply, problem),) = reports
+    assert (task, problem) == ("morning-rates", None)
+    assert reply is not None and reply.answer == "Rates look calm."
+    assert scripted_llm.requests[0].messages[-1]["content"].startswith("Compare today's EUR rates")
