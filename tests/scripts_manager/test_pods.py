@@ -310,3 +310,20 @@ async def test_the_manager_with_the_pod_backend_answers_an_agent(
     assert isinstance(ok, ScriptInvokeResponse) and ok.stdout == "1024\n", ok
     assert isinstance(refused, ScriptInvokeError) and refused.error.code == ErrorCode.REJECTED
     await nothing_left(kube)
+
+
+async def test_a_missing_scripts_namespace_is_a_retryable_unavailable_for_the_agent(
+    kube_api: KubeApiEmulator, kubeconfig: Path, make_settings: MakeSettings
+) -> None:
+    async with MemoryBus() as bus:
+        manager = ScriptsManager(settings=make_settings(scripts_backend="pods", scripts_namespace="nowhere"), bus=bus)
+        await manager.start()
+        try:
+            result = await ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=30).execute_python_script(
+                script="print(1)"
+            )
+        finally:
+            await manager.stop()
+    assert isinstance(result, ScriptInvokeError), result
+    assert (result.error.code, result.error.retryable) == (ErrorCode.UNAVAILABLE, True)
+    assert "cannot create the script pod in 'nowhere'" in result.error.message
