@@ -65,15 +65,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-#: `rockbot scripts-manager ARGS`, through the module's own configure/run (as rockbot/cli.py calls them).
-CLI = [
-    sys.executable, "-c",
-    "import argparse, sys\n"
-    "from rockbot.scripts_manager import cli\n"
-    "parser = argparse.ArgumentParser(prog='rockbot scripts-manager')\n"
-    "cli.configure(parser)\n"
-    "sys.exit(cli.run(parser.parse_args(sys.argv[1:])))",
-]
+#: The installed `rockbot` command, next to this interpreter.
+CLI = [str(Path(sys.executable).parent / "rockbot"), "scripts-manager"]
 
 
 async def test_cli_serves_until_sigterm_and_refuses_bad_settings(amqp_url: str, tmp_path: Path) -> None:
