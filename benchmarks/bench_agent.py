@@ -1,6 +1,6 @@
 """Agent loop benchmarks against the scripted LLM (a real HTTP+SSE server on 127.0.0.1).
 
-    python benchmarks/bench_agent.py [--rounds 300]
+    python -m benchmarks.bench_agent [--rounds 300]
 
 1. Loop overhead per tool-call round trip: the time of one round (ask the model, parse the stream,
    run a no-op tool, append the answers) minus the time spent inside the model request itself
