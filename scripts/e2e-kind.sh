@@ -100,7 +100,7 @@ while read -r name key; do
     kubectl -n "$NAMESPACE" create secret generic "$name" --from-literal="$key=e2e-placeholder" \
         --dry-run=client -o yaml | kubectl apply -f -
 done <"$WORK/secret-refs"
-for manifest in "$ROOT"/examples/*.yaml; do  # the folder also holds configs for `rockbot local`
+for manifest in "$ROOT"/examples/*.yaml; do
     kubectl -n "$NAMESPACE" apply -f "$manifest"
 done
 

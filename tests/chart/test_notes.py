@@ -39,7 +39,7 @@ def notes(helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Callable[[dic
 @pytest.mark.parametrize("name", COMBINATIONS)
 def test_notes_render_and_say_what_to_apply_next(notes: Callable[[dict], str], name: str) -> None:
     text = notes(COMBINATIONS[name])
-    assert f"kubectl -n {NAMESPACE} apply -f examples/analyst.yaml" in text
+    assert f"kubectl -n {NAMESPACE} apply -f examples/" in text
     assert "port-forward svc/rockbot-AGENT 8080:8080" in text
 
 

@@ -40,9 +40,10 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
         ),
         Turn(text="The sum is 42."),
     )
+    # analyst.yaml alone: the MCP example points at a cluster Service this test must not try to reach.
     result = await rockbot_local(
         "-f",
-        str(EXAMPLES),
+        str(EXAMPLES / "analyst.yaml"),
         "--prompt",
         "Add 1, 2 and 39.",
         env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
@@ -60,7 +61,7 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
 
 
 async def test_without_a_model_it_says_how_to_point_it_at_one():
-    result = await rockbot_local("-f", str(EXAMPLES), "--prompt", "hi")
+    result = await rockbot_local("-f", str(EXAMPLES / "analyst.yaml"), "--prompt", "hi")
     assert result.returncode == 2
     assert result.stderr.startswith("rockbot local: no model endpoint: set OPENAI_BASE_URL")
     assert "Traceback" not in result.stderr
@@ -83,7 +84,7 @@ async def test_an_invalid_manifest_is_named_with_its_field(tmp_path):
 
 async def test_an_unreachable_model_is_one_line_not_a_traceback():
     result = await rockbot_local(
-        "-f", str(EXAMPLES), "--prompt", "hi", env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+        "-f", str(EXAMPLES / "analyst.yaml"), "--prompt", "hi", env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
     )
     assert result.returncode == 1
     assert "error: cannot reach the model endpoint http://127.0.0.1:9/v1/chat/completions" in result.stderr
