@@ -10,6 +10,7 @@ import hashlib
 from typing import Any
 
 from rockbot.contracts.agent_config import AgentConfig
+from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.operator.resolving import Resolution
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import GROUP, VERSION, Agent
@@ -132,13 +133,7 @@ def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSet
         "resources": resources,
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 10},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 20},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_container_context(),
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -161,13 +156,7 @@ def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSet
                     "serviceAccountName": child_name(agent),
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": AGENT_UID,
-                        "runAsGroup": AGENT_UID,
-                        "fsGroup": AGENT_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": restricted_pod_context(uid=AGENT_UID, fs_group=True),
                     "containers": [container],
                     "volumes": [
                         {"name": "config", "configMap": {"name": child_name(agent, "-config")}},

@@ -18,12 +18,15 @@ from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
 
+from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 K8sObject = dict[str, Any]
 
 CONTAINER = "script"
+#: `nobody`: script pods run as a user that owns nothing in the image.
+NOBODY = 65534
 JOB_MOUNT = "/rockbot"
 #: The labels every script pod and ConfigMap carries; the sweeper and the NetworkPolicy select on them.
 SANDBOX_LABELS = {"app.kubernetes.io/managed-by": "rockbot-scripts-manager", "rockbot.dev/sandbox": "script"}
@@ -60,12 +63,7 @@ def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, no
         "terminationGracePeriodSeconds": 1,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65534,
-            "runAsGroup": 65534,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": restricted_pod_context(uid=NOBODY),
         "containers": [{
             "name": CONTAINER,
             "image": settings.scripts_image,
@@ -73,13 +71,7 @@ def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, no
             "command": ["python3", "-I", f"{JOB_MOUNT}/runner.py", JOB_MOUNT],
             "workingDir": "/tmp",
             "resources": {"requests": resources, "limits": resources},
-            "securityContext": {
-                "allowPrivilegeEscalation": False,
-                "readOnlyRootFilesystem": True,
-                "runAsNonRoot": True,
-                "capabilities": {"drop": ["ALL"]},
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": restricted_container_context(),
             "volumeMounts": [
                 {"name": "job", "mountPath": JOB_MOUNT, "readOnly": True},
                 {"name": "tmp", "mountPath": "/tmp"},
