@@ -1,7 +1,8 @@
 """kopf glue: every trigger resolves to "reconcile these Agents"; the work lives in the reconciler.
 
-Handlers are event handlers (`on.event`) plus a resync timer: level-based, so kopf keeps no
-progress or diff-base annotations on our objects and a restart replays nothing but reads.
+Handlers are event handlers (`on.event`) plus a periodic resync loop: level-based, so kopf keeps
+no progress, diff-base annotations or finalizers on our objects and a restart replays nothing but
+reads.
 Tools and Agents are mirrored into in-memory indices from kopf's watches, so a reconcile reads
 them without an API call.
 """
@@ -128,8 +129,10 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def stop_resync(**_: Any) -> None:
-        if runtime.resync is not None:
-            runtime.resync.cancel()
+        pending = [*runtime.retries.values(), *([runtime.resync] if runtime.resync is not None else [])]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     @kopf.on.event(GROUP, VERSION, "tools", registry=registry)
     async def tool_event(type: str, namespace: str, name: str, body: kopf.Body, **kwargs: Any) -> None:

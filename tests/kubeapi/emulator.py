@@ -33,6 +33,16 @@ class Route:
     subresource: str | None
 
 
+@dataclass(kw_only=True)
+class Fault:
+    """An error the emulator answers instead of serving (see `KubeApiEmulator.fail`)."""
+
+    method: str
+    path_suffix: str
+    times: int
+    error: StatusError
+
+
 @attrs.define(kw_only=True)
 class KubeApiEmulator(kmock.KubernetesScaffold):
     """A Kubernetes API server in memory, over real HTTP; see the package docstring for what it does."""
@@ -40,6 +50,7 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     history_limit: int = 1000
     api: ApiServer = attrs.field(init=False)
     _logs: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict, init=False)
+    _faults: list["Fault"] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -59,6 +70,16 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     def set_pod_log(self, *, namespace: str, name: str, text: str, container: str | None = None) -> None:
         """Play the kubelet: the text `pods/{name}/log` answers (for one container, or the only one)."""
         self._logs[(namespace, name, container)] = text
+
+    def fail(self, *, method: str, path_suffix: str, code: int = 500, times: int = 1) -> None:
+        """Answer the next `times` matching requests with an error, as an overloaded or racing server does.
+
+        Only answers a real server gives (500, 503, 429, a 409 Conflict) make sense here: the request
+        is refused before it changes anything.
+        """
+        reasons = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+        self._faults.append(Fault(method=method.upper(), path_suffix=path_suffix, times=times,
+                                  error=StatusError(code=code, reason=reasons[code], message="injected by the test")))
 
     def compact(self) -> None:
         """Compact the history (as etcd does every few minutes): resuming a watch from before now gets 410."""
@@ -93,6 +114,10 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         raw = request._raw_request
         assert raw is not None
         try:
+            for fault in self._faults:
+                if fault.times and raw.method == fault.method and raw.path.endswith(fault.path_suffix):
+                    fault.times -= 1
+                    raise fault.error
             route = self._route(raw.path)
             if route is None:
                 return await super()._handle(request)

@@ -310,3 +310,23 @@ async def test_a_conflicting_create_is_compared_and_adopted_not_failed(kube_clie
             assert sa["automountServiceAccountToken"] is False
 
         await eventually(adopted)
+
+
+async def test_failed_writes_and_conflicts_are_retried_until_they_succeed(kube_client: KubeClient, kube_api):
+    await create_basics(kube_client)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body())
+    kube_api.fail(method="POST", path_suffix=f"/namespaces/{NS}/deployments", code=500, times=2)
+    kube_api.fail(method="PATCH", path_suffix=f"/namespaces/{NS}/agents/analyst/status", code=409)
+    async with operator_running(SETTINGS):
+        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
+        await mark_deployment_ready(kube_client, "rockbot-analyst")
+
+        async def ready():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "Ready")["status"] == "True"
+
+        await eventually(ready, within=30)
+    creates = [r for r in kube_api.requests if r.method.value == "POST" and r.url.path.endswith("/deployments")]
+    status_patches = [r for r in kube_api.requests if r.url.path.endswith("/agents/analyst/status")]
+    assert len(creates) == 3  # refused twice, then created
+    assert len(status_patches) >= 2  # refused once (409), then written
