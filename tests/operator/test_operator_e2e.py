@@ -12,6 +12,7 @@ from rockbot.kube import (
     AGENTS,
     CONFIGMAPS,
     DEPLOYMENTS,
+    EVENTS,
     SECRETS,
     SERVICEACCOUNTS,
     SERVICES,
@@ -103,6 +104,14 @@ async def test_agent_becomes_children_and_a_ready_status(kube_client: KubeClient
     config = await config_of(kube_client, "analyst")
     assert config["tools"][0]["definition"]["function"]["name"] == "weather"
     assert "sk-test" not in json.dumps(config) and "sk-test" not in json.dumps(ready_agent)
+
+
+    async def transitions_posted():
+        events = (await kube_client.list(EVENTS, namespace=NS)).items
+        reasons = {e["reason"] for e in events if e["involvedObject"].get("name") == "analyst"}
+        assert {"AllResolved", "DeploymentReady"} <= reasons
+
+    await eventually(transitions_posted)
 
 
 async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(kube_client: KubeClient, kube_api):
