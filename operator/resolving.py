@@ -20,6 +20,8 @@ from rockbot.resources import Agent, Tool
 from rockbot.resources.agent import LabelSelector, ResolvedToolStatus
 from rockbot.resources.common import SecretKeyRef
 
+#: A sub-agent runs a whole tool loop of its own: it gets as long as a scheduled run does by default.
+SUBAGENT_TIMEOUT_SECONDS = 600.0
 SUBAGENT_PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {"message": {"type": "string", "description": "What to ask the agent, with all needed context."}},
@@ -147,43 +149,10 @@ def resolve_agent(
         elif resolved is not None:
             candidates.append(resolved)
 
-    for ref in spec.sub_agents:
-        if ref.name == name:
-            problems.append(f'spec.subAgents: "{name}" cannot be its own sub-agent: remove it')
-            continue
-        target = agents.get(ref.name)
-        if target is None:
-            problems.append(f'sub-agent "{ref.name}" not found in namespace {namespace}: create it or remove it')
-            continue
-        description = ref.description or (target.get("spec") or {}).get("description") or f"Ask the {ref.name} agent."
-        candidates.append(
-            cfg.ResolvedTool(
-                definition=cfg.ToolDefinition(
-                    function=cfg.FunctionDefinition(
-                        name=ref.tool_name or ref.name.replace(".", "_"),
-                        description=description,
-                        parameters=SUBAGENT_PARAMETERS,
-                    )
-                ),
-                source=f"agent:{ref.name}",
-                backend=cfg.AgentBackend(namespace=namespace, name=ref.name),
-                timeout_seconds=float(spec.script_limits.timeout_seconds) * 10,
-            )
-        )
-
-    web_search = None
-    if spec.web_search is not None:
-        search_key = None
-        if spec.web_search.api_key_secret_ref is not None:
-            search_key = secrets.wire(spec.web_search.api_key_secret_ref, env=cfg.WEB_SEARCH_API_KEY_ENV)
-            if search_key is None:
-                problems.append(
-                    secrets.problem(spec.web_search.api_key_secret_ref, field="spec.webSearch.apiKeySecretRef")
-                )
-        if search_key is not None or spec.web_search.api_key_secret_ref is None:
-            web_search = cfg.WebSearchConfig(
-                provider=spec.web_search.provider, url=spec.web_search.url, api_key=search_key
-            )
+    sub_agents, sub_agent_problems = _resolve_sub_agents(agent, agents=agents)
+    candidates += sub_agents
+    problems += sub_agent_problems
+    web_search = _resolve_web_search(agent, secrets=secrets, problems=problems)
 
     blacklist = set(spec.tool_blacklist)
     probe = cfg.AgentConfig(
@@ -245,6 +214,49 @@ def resolve_agent(
         secret_env=secrets.env,
         used_tools=sorted(wanted),
     )
+
+
+def _resolve_sub_agents(
+    agent: Agent, *, agents: Mapping[str, dict[str, Any]]
+) -> tuple[list[cfg.ResolvedTool], list[str]]:
+    """Other Agents offered as tools: their final answer is the tool result."""
+    name, namespace = agent.metadata["name"], agent.metadata["namespace"]
+    tools, problems = [], []
+    for ref in agent.spec.sub_agents:
+        if ref.name == name:
+            problems.append(f'spec.subAgents: "{name}" cannot be its own sub-agent: remove it')
+            continue
+        target = agents.get(ref.name)
+        if target is None:
+            problems.append(f'sub-agent "{ref.name}" not found in namespace {namespace}: create it or remove it')
+            continue
+        description = ref.description or (target.get("spec") or {}).get("description") or f"Ask the {ref.name} agent."
+        function = cfg.FunctionDefinition(
+            name=ref.tool_name or ref.name, description=description, parameters=SUBAGENT_PARAMETERS
+        )
+        tools.append(
+            cfg.ResolvedTool(
+                definition=cfg.ToolDefinition(function=function),
+                source=f"agent:{ref.name}",
+                backend=cfg.AgentBackend(namespace=namespace, name=ref.name),
+                timeout_seconds=SUBAGENT_TIMEOUT_SECONDS,
+            )
+        )
+    return tools, problems
+
+
+def _resolve_web_search(agent: Agent, *, secrets: _SecretWiring, problems: list[str]) -> cfg.WebSearchConfig | None:
+    """The search provider, or None (then `web_search` is simply not offered)."""
+    search = agent.spec.web_search
+    if search is None:
+        return None
+    api_key = None
+    if search.api_key_secret_ref is not None:
+        api_key = secrets.wire(search.api_key_secret_ref, env=cfg.WEB_SEARCH_API_KEY_ENV)
+        if api_key is None:
+            problems.append(secrets.problem(search.api_key_secret_ref, field="spec.webSearch.apiKeySecretRef"))
+            return None
+    return cfg.WebSearchConfig(provider=search.provider, url=search.url, api_key=api_key)
 
 
 class _SecretWiring:
