@@ -3,8 +3,11 @@
 Browsing parses HTML with BeautifulSoup (stdlib parser, no native build) and converts it with
 markdownify, after removing what is noise to a reader model: scripts, styles, navigation, headers,
 footers, asides, forms, frames and SVG. Only http(s) URLs are fetched; pages are capped at
-`MAX_PAGE_BYTES`. A long page is not cut here: the loop splits any long result into working
-memory chunks (headings first), so the model reads it section by section.
+`MAX_PAGE_BYTES`. Browsing has its own HTTP session whose connector refuses non-public addresses
+(see `rockbot.agent.egress`; `web_browse.allowed_networks` opens some), because the model picks the
+URL: it must not reach loopback, cluster services or the cloud metadata endpoint, neither
+directly nor through a redirect. A long page is not cut here: the loop splits any long result into
+working memory chunks (headings first), so the model reads it section by section.
 
 Search providers are pluggable (`SearchProvider`): SearXNG's JSON API (`url` = the instance) and
 Brave's Web Search API (key from the Secret-backed env var; `url` overrides the endpoint). With
@@ -22,12 +25,14 @@ from markdownify import markdownify
 from pydantic import BaseModel, Field
 
 from rockbot.agent.defining import tool
+from rockbot.agent.egress import AddressRefused, EgressPolicy
 from rockbot.agent.registry import ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import WebSearchConfig
 from rockbot.contracts.errors import ErrorCode
 
 MAX_PAGE_BYTES = 5 * 1024 * 1024
+BROWSE_TIMEOUT_SECONDS = 60.0
 BRAVE_URL = "https://api.search.brave.com/res/v1/web/search"
 _NOISE = ["script", "style", "noscript", "nav", "header", "footer", "aside", "form", "iframe", "svg", "template"]
 
@@ -134,6 +139,14 @@ def html_to_markdown(html: str) -> str:
 
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
+    policy = EgressPolicy(allowed_networks=kit.config.web_browse.allowed_networks)
+    browsing = aiohttp.ClientSession(
+        connector=policy.connector(),
+        timeout=aiohttp.ClientTimeout(total=BROWSE_TIMEOUT_SECONDS),
+        headers={"User-Agent": "rockbot-agent"},
+    )
+    kit.closers.append(browsing.close)
+
     @tool(name="web_browse", description=catalogue_description("web_browse"))
     async def web_browse(url: Annotated[str, Field(description="An absolute http:// or https:// URL.")]) -> str:
         parts = urlsplit(url)
@@ -142,9 +155,8 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                 f"web_browse only fetches absolute http(s) URLs; {url!r} is not one (give e.g. https://example.org/page)",
                 code=ErrorCode.INVALID_ARGUMENTS,
             )
-        session = await kit.http()
         try:
-            async with session.get(url, headers={"Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}) as response:
+            async with browsing.get(url, headers={"Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}) as response:
                 if response.status >= 400:
                     raise ToolFailure(
                         f"{url} answered HTTP {response.status}",
@@ -154,6 +166,15 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                 kind = response.content_type
                 charset = response.charset or "utf-8"
         except aiohttp.ClientError as exc:
+            refused = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else None
+            if isinstance(refused, AddressRefused):
+                prefix = 128 if ":" in refused.address else 32
+                raise ToolFailure(
+                    f"web_browse refused {url}: it (or a redirect from it) leads to {refused.address}, "
+                    f"{refused.reason}, which is not on the public internet; to let this agent reach it, add "
+                    f"its network to web_browse.allowed_networks in the agent config (e.g. {refused.address}/{prefix})",
+                    code=ErrorCode.REJECTED,
+                ) from exc
             raise ToolFailure(f"cannot fetch {url}: {exc}", code=ErrorCode.UNAVAILABLE, retryable=True) from exc
         note = f"\n\n[page truncated at {MAX_PAGE_BYTES} bytes]" if len(data) > MAX_PAGE_BYTES else ""
         text = data[:MAX_PAGE_BYTES].decode(charset, errors="replace")

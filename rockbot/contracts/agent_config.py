@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork
 
 SCHEMA_VERSION = 1
 
@@ -121,6 +121,17 @@ class WebSearchConfig(Contract):
     api_key: SecretEnv | None = None
 
 
+class WebBrowseConfig(Contract):
+    """Where `web_browse` may connect: public addresses only, unless a network is allowed here.
+
+    The model chooses the URLs, so by default loopback, private (cluster), link-local (cloud
+    metadata) and other non-public addresses are refused; list e.g. `10.20.0.0/16` for an intranet,
+    or `0.0.0.0/0` and `::/0` to allow everything.
+    """
+
+    allowed_networks: list[IPvAnyNetwork] = Field(default_factory=list)
+
+
 class AgentConfig(Contract):
     """Everything the agent process needs, and nothing it could use to reach the Kubernetes API."""
 
@@ -136,4 +147,5 @@ class AgentConfig(Contract):
     max_iterations: int = 10
     script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
     web_search: WebSearchConfig | None = None
+    web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
     http_token: SecretEnv | None = None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 
 import pytest
 from aiohttp import web
 
+from rockbot.agent.egress import AddressRefused, EgressPolicy
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.web import html_to_markdown
@@ -25,7 +28,14 @@ PAGE = """<html><head><title>Rock facts</title><style>body{color:red}</style><sc
 async def site():
     """A local HTTP server recording what it was asked; tests add routes before the first request."""
     seen: list[dict] = []
-    app = web.Application()
+    hits: list[str] = []
+
+    @web.middleware
+    async def record(request, handler):
+        hits.append(request.path_qs)
+        return await handler(request)
+
+    app = web.Application(middlewares=[record])
 
     async def page(request):
         return web.Response(text=PAGE, content_type="text/html")
@@ -66,19 +76,29 @@ async def site():
     app.router.add_get("/search", searxng)
     app.router.add_get("/brave", brave)
     app.router.add_route("*", "/api/{tail:.*}", echo)
+    async def redirect(request):
+        raise web.HTTPFound(request.query["to"])
+
     app.router.add_get("/flaky", flaky)
+    app.router.add_get("/redirect", redirect)
+    async with serving(app, host="127.0.0.1") as base_url:
+
+        class Site:
+            url = base_url
+            requests = seen
+            paths = hits  # every request the server saw, whatever the route
+
+        yield Site
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, *, host: str):
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    tcp = web.TCPSite(runner, "127.0.0.1", 0)
+    tcp = web.TCPSite(runner, host, 0)
     await tcp.start()
-    port = tcp._server.sockets[0].getsockname()[1]
-
-    class Site:
-        url = f"http://127.0.0.1:{port}"
-        requests = seen
-
     try:
-        yield Site
+        yield f"http://{host}:{tcp._server.sockets[0].getsockname()[1]}"
     finally:
         await runner.cleanup()
 
@@ -97,10 +117,104 @@ async def run_tool(config, name, arguments, env=None):
         return await agent.registry.invoke(name, arguments, context=CONTEXT)
 
 
+def browsing_config(llm_url, *, allowed_networks=("127.0.0.1/32",), **fields):
+    """The web set with loopback 127.0.0.1 opted in (the test servers live there); nothing else allowed."""
+    return agent_config(llm_url=llm_url, builtin_tools=["web"],
+                        web_browse={"allowed_networks": list(allowed_networks)}, **fields)
+
+
 async def test_web_browse_fetches_a_local_page_as_markdown(site, scripted_llm):
-    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, builtin_tools=["web"]), "web_browse",
-                             {"url": f"{site.url}/page"})
+    outcome = await run_tool(browsing_config(scripted_llm.url), "web_browse", {"url": f"{site.url}/page"})
     assert outcome.ok and outcome.content.startswith("# Granite") and "Copyright" not in outcome.content
+
+
+async def test_web_browse_follows_a_redirect_within_allowed_networks(site, scripted_llm):
+    outcome = await run_tool(browsing_config(scripted_llm.url), "web_browse",
+                             {"url": f"{site.url}/redirect?to={site.url}/page"})
+    assert outcome.ok and outcome.content.startswith("# Granite")
+    assert site.paths == [f"/redirect?to={site.url}/page", "/page"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_web_browse_refuses_loopback_by_default_without_connecting(site, scripted_llm, host):
+    url = site.url.replace("127.0.0.1", host) + "/page"
+    outcome = await run_tool(agent_config(llm_url=scripted_llm.url, builtin_tools=["web"]), "web_browse", {"url": url})
+    assert outcome.error.code == "Rejected" and not outcome.error.retryable
+    assert ", a loopback address" in outcome.error.message  # localhost may resolve to ::1 first
+    assert "web_browse.allowed_networks" in outcome.error.message
+    assert site.paths == []
+
+
+async def test_web_browse_names_the_refused_address_and_the_setting_to_allow_it(site, scripted_llm):
+    outcome = await run_tool(browsing_config(scripted_llm.url, allowed_networks=[]), "web_browse",
+                             {"url": f"{site.url}/page"})
+    assert outcome.error.message == (
+        f"web_browse refused {site.url}/page: it (or a redirect from it) leads to 127.0.0.1, a loopback address, "
+        "which is not on the public internet; to let this agent reach it, add its network to "
+        "web_browse.allowed_networks in the agent config (e.g. 127.0.0.1/32)")
+
+
+async def test_web_browse_refuses_the_cloud_metadata_endpoint_from_the_literal_ip(scripted_llm):
+    """Decided from the address before a socket exists: nothing is ever sent to 169.254.169.254."""
+    outcome = await run_tool(browsing_config(scripted_llm.url), "web_browse",
+                             {"url": "http://169.254.169.254/latest/meta-data/"})
+    assert outcome.error.code == "Rejected"
+    assert "169.254.169.254, a link-local address" in outcome.error.message
+    assert "169.254.169.254/32" in outcome.error.message
+
+
+async def test_web_browse_checks_every_redirect_hop(site, scripted_llm):
+    """127.0.0.1 is opted in, 127.0.0.2 (another loopback address, with its own server) is not."""
+    other_paths: list[str] = []
+
+    async def other_page(request):
+        other_paths.append(request.path)
+        return web.Response(text="internal", content_type="text/plain")
+
+    other = web.Application()
+    other.router.add_get("/internal", other_page)
+    async with serving(other, host="127.0.0.2") as other_url:
+        config = browsing_config(scripted_llm.url)
+        direct = await run_tool(config, "web_browse", {"url": f"{other_url}/internal"})
+        via_redirect = await run_tool(config, "web_browse", {"url": f"{site.url}/redirect?to={other_url}/internal"})
+        to_metadata = await run_tool(config, "web_browse",
+                                     {"url": f"{site.url}/redirect?to=http://169.254.169.254/latest/meta-data/"})
+    assert direct.error.code == via_redirect.error.code == to_metadata.error.code == "Rejected"
+    assert "leads to 127.0.0.2, a loopback address" in via_redirect.error.message
+    assert "leads to 169.254.169.254, a link-local address" in to_metadata.error.message
+    assert other_paths == [] and len(site.paths) == 2
+
+
+async def test_web_browse_with_every_network_allowed_reaches_loopback(site, scripted_llm):
+    config = browsing_config(scripted_llm.url, allowed_networks=["0.0.0.0/0", "::/0"])
+    outcome = await run_tool(config, "web_browse", {"url": site.url.replace("127.0.0.1", "localhost") + "/page"})
+    assert outcome.ok and site.paths == ["/page"]
+
+
+@pytest.mark.parametrize(("address", "reason"), [
+    ("127.0.0.1", "a loopback address"), ("::1", "a loopback address"), ("::ffff:127.0.0.1", "a loopback address"),
+    ("10.1.2.3", "a private address"), ("172.16.0.1", "a private address"), ("192.168.1.1", "a private address"),
+    ("fd12::1", "a private address"), ("169.254.169.254", "a link-local address"),
+    ("fe80::1%2", "a link-local address"),
+    ("0.0.0.0", "an unspecified address"), ("::", "an unspecified address"), ("224.0.0.1", "a multicast address"),
+    ("ff02::1", "a multicast address"), ("240.0.0.1", "a private address"), ("100.64.0.1", "a special-purpose address"),
+])
+def test_non_public_addresses_are_refused(address, reason):
+    with pytest.raises(AddressRefused) as refused:
+        EgressPolicy().check(address)
+    assert refused.value.reason == reason
+
+
+@pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700:4700::1111", "::ffff:8.8.8.8"])
+def test_public_addresses_pass(address):
+    EgressPolicy().check(address)  # no exception; no connection is made by check()
+
+
+def test_allowed_networks_open_only_themselves():
+    policy = EgressPolicy(allowed_networks=[ipaddress.ip_network("10.20.0.0/16")])
+    policy.check("10.20.3.4")
+    with pytest.raises(AddressRefused):
+        policy.check("10.21.0.1")
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.org/x", "javascript:alert(1)", "/relative"])
@@ -110,7 +224,7 @@ async def test_web_browse_refuses_urls_that_are_not_http(scripted_llm, url):
 
 
 async def test_web_browse_reports_http_errors_and_binary_content(site, scripted_llm):
-    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["web"])
+    config = browsing_config(scripted_llm.url)
     missing = await run_tool(config, "web_browse", {"url": f"{site.url}/missing"})
     binary = await run_tool(config, "web_browse", {"url": f"{site.url}/logo.png"})
     assert missing.error.code == "ExecutionFailed" and "HTTP 404" in missing.error.message
