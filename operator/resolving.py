@@ -196,6 +196,9 @@ def resolve_agent(
         max_iterations=spec.max_iterations,
         script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
         web_search=web_search,
+        web_browse=cfg.WebBrowseConfig(
+            allowed_networks=spec.web_browse.allowed_networks if spec.web_browse is not None else []
+        ),
         http_token=http_token,
     )
     statuses = [

@@ -77,6 +77,14 @@ class WebSearchSpec(Schema):
     api_key_secret_ref: SecretKeyRef | None = None
 
 
+class WebBrowseSpec(Schema):
+    """Where `web_browse` may connect besides the public internet (it refuses private addresses)."""
+
+    allowed_networks: Annotated[
+        list[Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]], Field(max_length=64)
+    ] = Field(default_factory=list, description="CIDRs web_browse may reach although not public, e.g. 10.20.0.0/16.")
+
+
 class ScriptLimitsSpec(Schema):
     timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
     cpu: Quantity = "500m"
@@ -126,6 +134,7 @@ class AgentSpec(Schema):
         default_factory=lambda: ["memory"], description="Built-in tool sets to enable."
     )
     web_search: WebSearchSpec | None = None
+    web_browse: WebBrowseSpec | None = None
     parallel_tool_calls: bool = True
     max_iterations: Annotated[int, Field(ge=1, le=100)] = 10
     replicas: Annotated[int, Field(ge=0, le=20)] = 1

@@ -136,3 +136,9 @@ def test_secret_env_names_are_distinct_for_look_alike_secrets():
     first = secret_env_name(SecretKeyRef(name="a-b", key="k"))
     second = secret_env_name(SecretKeyRef(name="a", key="b-k"))
     assert first != second and first.startswith("ROCKBOT_SECRET_")
+
+
+def test_web_browse_networks_reach_the_config_and_default_to_none():
+    assert resolve(agent(builtinTools=["web"])).config.web_browse.allowed_networks == []
+    opened = resolve(agent(builtinTools=["web"], webBrowse={"allowedNetworks": ["10.20.0.0/16"]}))
+    assert [str(net) for net in opened.config.web_browse.allowed_networks] == ["10.20.0.0/16"]
