@@ -131,4 +131,9 @@ def _sandbox(bus, config: AgentConfig):
         return None
     from rockbot.agent.sandbox import ScriptSandbox
 
-    return ScriptSandbox(bus=bus, agent=config.name, default_timeout_seconds=config.script_limits.timeout_seconds)
+    return ScriptSandbox(
+        bus=bus,
+        namespace=config.namespace,
+        agent=config.name,
+        default_timeout_seconds=config.script_limits.timeout_seconds,
+    )

@@ -4,7 +4,9 @@ Each `InboxRequest` becomes a turn of the conversation named by its session id; 
 back as an `InboxReply` to `reply_to` (when there is one). Nothing is acked before it is handled:
 the bus acks after this handler returns, i.e. after the reply is published. A call that would
 loop back to this agent or go too deep is refused before any work (see `delegation`), and every
-failure, including an unreadable message, is answered as an error, never silently dropped.
+failure, including an unreadable message, is answered as an error, never silently dropped. A
+request id is worked on once: a redelivered or duplicated copy joins the run in flight or gets the
+remembered reply, so the model is not asked (and tools not called) twice.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from rockbot.agent.llm import LlmAuthError, LlmError
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.delegation import refusal
 from rockbot.bus import BadMessage, Bus, Delivery, NoRoute, Subscription
+from rockbot.bus.once import RunOnce
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.inbox import InboxReply, InboxRequest
@@ -26,6 +29,7 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
     """Start consuming this agent's inbox; close the returned subscription to stop."""
     config = runtime.config
     agent_id = f"{config.namespace}/{config.name}"
+    once: RunOnce[InboxReply] = RunOnce()
 
     async def handle(delivery: Delivery) -> None:
         try:
@@ -38,7 +42,7 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
                 error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc)),
             ))
             return
-        reply = await _handle(runtime, request, agent_id=agent_id)
+        reply = await once.run(key=request.request_id, work=lambda: _handle(runtime, request, agent_id=agent_id))
         await _answer(bus, delivery, reply)
 
     return await bus.consume(

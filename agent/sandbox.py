@@ -1,7 +1,9 @@
 """`execute_python_script` for the agent: ask the scripts-manager over the bus, get the answer as data.
 
 The agent never runs scripts and has no Kubernetes rights; it publishes a `ScriptInvokeRequest`
-on `script.invoke` and waits on its own `script.result.<agent>` queue. Whatever happens, the
+on `script.invoke` and waits on a reply queue of its own process
+(`script.result.<namespace>.<agent>.<instance>`), so replicas of one agent, and same-named agents
+in other namespaces, never take each other's answers. Whatever happens, the
 caller gets a `ScriptInvokeResponse` (the script ran) or a `ScriptInvokeError` (it could not run,
 or no answer came in time) — never an exception — so the tool loop can hand it to the model.
 """
@@ -9,6 +11,7 @@ or no answer came in time) — never an exception — so the tool loop can hand 
 from __future__ import annotations
 
 import json
+import secrets
 import uuid
 from typing import Any
 
@@ -34,13 +37,14 @@ class ScriptSandbox:
         self,
         *,
         bus: Bus,
+        namespace: str,
         agent: str,
         default_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         reply_grace_seconds: float = DEFAULT_REPLY_GRACE_SECONDS,
     ) -> None:
         self._bus = bus
         self._agent = agent
-        self._reply_queue = script_result(agent=agent)
+        self.reply_queue = script_result(namespace=namespace, agent=agent, instance=secrets.token_hex(4))
         self._default_timeout = default_timeout_seconds
         self._grace = reply_grace_seconds
 
@@ -74,7 +78,7 @@ class ScriptSandbox:
             reply = await self._bus.request(
                 queue=SCRIPT_INVOKE,
                 body=request,
-                reply_queue=self._reply_queue,
+                reply_queue=self.reply_queue,
                 correlation_id=request_id,
                 timeout_seconds=wait,
             )

@@ -107,7 +107,7 @@ async def throughput(url: str, *, concurrency: int, scripts: int) -> None:
     await manager.start()
     try:
         async with await AmqpBus.connect(url=url) as bus:
-            sandbox = ScriptSandbox(bus=bus, agent="bench", reply_grace_seconds=60)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="bench", reply_grace_seconds=60)
             await sandbox.execute_python_script(script="pass")
             started = time.perf_counter()
             results = await asyncio.gather(*(

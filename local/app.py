@@ -39,7 +39,7 @@ async def running(
         stack.push_async_callback(manager.stop)
         runtimes = {}
         for name, assembled in agents.items():
-            sandbox = ScriptSandbox(bus=bus, agent=name)
+            sandbox = ScriptSandbox(bus=bus, namespace=assembled.config.namespace, agent=name)
             runtime = AgentRuntime.from_config(
                 assembled.config, bus=bus, sandbox=sandbox, env={**os.environ, **assembled.env}
             )

@@ -2,7 +2,7 @@
 
 Agents publish a `ScriptInvokeRequest` on `script.invoke`; the manager (`service.py`) checks it
 against the deployment's limits (`policy.py`), runs it on a backend and replies on the agent's
-`script.result.<agent>` queue before acking. Backends (`backends/`): `pods` creates one
+per-process reply queue before acking. Backends (`backends/`): `pods` creates one
 network-less pod per script in ROCKBOT_SCRIPTS_NAMESPACE (the production path; the agent itself
 has no Kubernetes rights at all); `local` runs a bubblewrap/unshare sandbox for development and
 `rockbot local`.

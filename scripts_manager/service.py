@@ -9,14 +9,13 @@ gets the remembered answer instead of running the script again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections import OrderedDict
 
 from pydantic import ValidationError
 
 from rockbot.bus import Bus, Delivery, NoRoute, Subscription
+from rockbot.bus.once import RunOnce
 from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
@@ -28,7 +27,6 @@ from rockbot.scripts_manager.settings import ScriptsManagerSettings
 log = logging.getLogger(__name__)
 
 Reply = ScriptInvokeResponse | ScriptInvokeError
-_REMEMBERED = 1024
 
 
 class ScriptService:
@@ -39,8 +37,7 @@ class ScriptService:
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
-        self._running: dict[str, asyncio.Future[Reply]] = {}
-        self._answered: OrderedDict[str, Reply] = OrderedDict()
+        self._once: RunOnce[Reply] = RunOnce()
         self._subscription: Subscription | None = None
 
     @property
@@ -75,26 +72,7 @@ class ScriptService:
                 code=ErrorCode.INVALID_ARGUMENTS,
                 message=_describe(exc),
             ))  # fmt: skip
-        if (remembered := self._answered.get(request.request_id)) is not None:
-            log.info("request %s was answered before; sending the same answer again", request.request_id)
-            return remembered
-        if (running := self._running.get(request.request_id)) is not None:
-            log.info("request %s is already running; waiting for that run", request.request_id)
-            return await asyncio.shield(running)
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._running[request.request_id] = future
-        try:
-            reply = await self._run(request)
-        except BaseException:  # cancelled: duplicates waiting on it are cancelled too and get redelivered
-            future.cancel()
-            raise
-        finally:
-            del self._running[request.request_id]
-        future.set_result(reply)
-        self._answered[request.request_id] = reply
-        while len(self._answered) > _REMEMBERED:
-            self._answered.popitem(last=False)
-        return reply
+        return await self._once.run(key=request.request_id, work=lambda: self._run(request))
 
     async def _run(self, request: ScriptInvokeRequest) -> Reply:
         try:

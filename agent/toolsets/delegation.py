@@ -15,26 +15,11 @@ from typing import Any
 
 from rockbot.agent.registry import ToolContext, ToolFailure
 from rockbot.agent.toolsets.kit import ToolKit
-from rockbot.bus import BusError, BusUnavailable, NoRoute, Queue, RequestTimeout
-from rockbot.bus.topology import agent_inbox
+from rockbot.bus import BusError, BusUnavailable, NoRoute, RequestTimeout
+from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.agent_config import AgentBackend, ResolvedTool
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.inbox import MAX_CALL_DEPTH, InboxReply, InboxRequest
-
-_REPLY_QUEUE_EXPIRES_MS = 3600 * 1000
-
-
-def agent_replies(*, namespace: str, name: str, instance: str) -> Queue:
-    """Where replies to this agent process's calls of other agents arrive.
-
-    One queue per process (`instance`), not per agent: with several replicas, a shared queue would
-    hand a reply to a replica that is not waiting for it. Unused, it expires after an hour.
-    """
-    inbox = agent_inbox(namespace=namespace, name=name)
-    return Queue(
-        name=f"{inbox.name.removesuffix('.inbox')}.replies.{instance}",
-        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
-    )
 
 
 def refusal(*, chain: tuple[str, ...], target: str) -> str | None:

@@ -4,14 +4,17 @@ All queues are durable and all messages persistent; everything goes through the 
 with the queue name as routing key. Each queue is declared with the same arguments by whoever
 touches it first, so declarations never conflict.
 
-| queue                               | carries                                  | consumed by     |
-| ----------------------------------- | ---------------------------------------- | --------------- |
-| `script.invoke`                     | `ScriptInvokeRequest`                    | scripts-manager |
-| `script.result.<agent>`             | `ScriptInvokeResponse`/`ScriptInvokeError` | that agent    |
-| `agent.<namespace>.<name>.inbox`    | messages for one agent (user turns, ...) | that agent      |
-| `operator.scheduling`               | scheduling requests from agents          | operator        |
+| queue                                          | carries                                     | consumed by        |
+| ---------------------------------------------- | ------------------------------------------- | ------------------ |
+| `script.invoke`                                | `ScriptInvokeRequest`                       | scripts-manager    |
+| `script.result.<namespace>.<agent>.<instance>` | `ScriptInvokeResponse`/`ScriptInvokeError`  | one agent process  |
+| `agent.<namespace>.<name>.inbox`               | `InboxRequest` (user turns, tasks, calls)   | that agent         |
+| `agent.<namespace>.<name>.replies.<instance>`  | `InboxReply` to that process's agent calls  | one agent process  |
+| `operator.scheduling`                          | scheduling requests from agents             | operator           |
 
-Reply queues expire after a day unused, so agents that are gone leave nothing behind.
+Reply queues belong to one process (`instance`, random per process): replicas sharing one would
+take each other's replies. They expire after an hour unused, so processes that are gone leave
+nothing behind. (The scheduling reply queues are named in `rockbot.contracts.scheduling`.)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 _SEGMENT = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
-_REPLY_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
+_REPLY_QUEUE_EXPIRES_MS = 3600 * 1000
 
 
 class Queue(BaseModel):
@@ -47,10 +50,11 @@ SCRIPT_INVOKE = Queue(name="script.invoke")
 OPERATOR_SCHEDULING = Queue(name="operator.scheduling")
 
 
-def script_result(*, agent: str) -> Queue:
-    """Where the scripts-manager answers `agent`'s requests (its `reply_to`)."""
+def script_result(*, namespace: str, agent: str, instance: str) -> Queue:
+    """Where the scripts-manager answers one agent process's script requests (their `reply_to`)."""
     return Queue(
-        name=f"script.result.{_segment(field='agent', value=agent)}",
+        name=f"script.result.{_segment(field='namespace', value=namespace)}.{_segment(field='agent', value=agent)}"
+        f".{_segment(field='instance', value=instance)}",
         arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
     )
 
@@ -59,4 +63,13 @@ def agent_inbox(*, namespace: str, name: str) -> Queue:
     """The one queue an agent consumes for work addressed to it."""
     return Queue(
         name=f"agent.{_segment(field='namespace', value=namespace)}.{_segment(field='name', value=name)}.inbox"
+    )
+
+
+def agent_replies(*, namespace: str, name: str, instance: str) -> Queue:
+    """Where the answers to one agent process's calls of other agents arrive."""
+    inbox = agent_inbox(namespace=namespace, name=name)
+    return Queue(
+        name=f"{inbox.name.removesuffix('.inbox')}.replies.{_segment(field='instance', value=instance)}",
+        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
     )

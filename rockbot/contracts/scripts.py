@@ -1,8 +1,9 @@
 """Messages of `execute_python_script` between an agent and the scripts-manager.
 
 The request travels on `script.invoke`; the answer (a `ScriptInvokeResponse` or a
-`ScriptInvokeError`, told apart by `kind`) goes to the agent's `script.result.<agent>` queue with
-the request id as correlation id. A script that overruns its timeout or memory is still a
+`ScriptInvokeError`, told apart by `kind`) goes to the asking process's reply queue
+(`script.result.<namespace>.<agent>.<instance>`) with the request id as correlation id. A
+script that overruns its timeout or memory is still a
 *response* (`timed_out` / `oom_killed`, with the output it produced); an error means the script
 could not be run or answered at all.
 
@@ -20,7 +21,7 @@ from rockbot.contracts.errors import ErrorInfo
 
 SCHEMA_VERSION = 1
 
-#: What an agent name may look like: it becomes part of a queue name (`script.result.<agent>`).
+#: What an agent name may look like: it becomes part of a queue name (`script.result.<namespace>.<agent>.<id>`).
 AGENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.agent.toolsets.delegation import agent_replies
 from rockbot.bus import MemoryBus, Queue
-from rockbot.bus.topology import agent_inbox
+from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.agent_config import AgentBackend, FunctionDefinition, ResolvedTool, ToolDefinition
 from rockbot.contracts.inbox import MAX_CALL_DEPTH, InboxReply, InboxRequest
 from tests.agent.configs import API_KEY_ENV, agent_config
@@ -158,6 +158,29 @@ async def test_a_model_failure_is_replied_as_unavailable(scripted_llm, bus):
         await runtime.close()
     assert reply.error.code == "Unavailable"
     assert "HTTP 401" in reply.error.message and API_KEY_ENV in reply.error.message
+
+
+async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_same_reply(scripted_llm, bus):
+    scripted_llm.play(Turn(text="Only once.", delay_seconds=0.3), Turn(text="A second run!"))
+    runtime, subscription = await started(scripted_llm, bus, "careful")
+    replies: asyncio.Queue = asyncio.Queue()
+    answers = await bus.consume(queue=CALLER, handler=replies.put)
+    inbox = agent_inbox(namespace="team-a", name="careful")
+    request = InboxRequest(kind="user_message", request_id="dup-1", session_id="s", content="hi", reply_to=CALLER.name)
+    try:
+        for _ in range(2):  # the second copy arrives while the first is with the model
+            await bus.publish(queue=inbox, body=request, correlation_id=request.request_id, reply_to=CALLER.name)
+        copies = [(await asyncio.wait_for(replies.get(), 10)).decode(InboxReply) for _ in range(2)]
+        # A redelivery after the answer went out gets the remembered reply.
+        await bus.publish(queue=inbox, body=request, correlation_id=request.request_id, reply_to=CALLER.name)
+        copies.append((await asyncio.wait_for(replies.get(), 10)).decode(InboxReply))
+    finally:
+        await answers.close()
+        await subscription.close()
+        await runtime.close()
+    assert len(scripted_llm.requests) == 1
+    assert copies[0].answer == "Only once." and copies[0] == copies[1] == copies[2]
+    assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
 
 
 def test_reply_queues_are_per_process():

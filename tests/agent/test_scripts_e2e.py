@@ -37,7 +37,7 @@ async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, bus_with_scr
         Turn(text="6 x 7 = 42"),
     )
     config = agent_config(llm_url=scripted_llm.url, name="calc", builtin_tools=["scripts"])
-    sandbox = ScriptSandbox(bus=bus, agent=config.name)
+    sandbox = ScriptSandbox(bus=bus, namespace=config.namespace, agent=config.name)
     async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"}) as agent:
         result = await agent.chat("s", "What is 6 x 7? Use Python.")
     assert result.answer == "6 x 7 = 42"

@@ -25,7 +25,7 @@ async def test_script_round_trip_through_rabbitmq(amqp_url: str, make_settings: 
     await manager.start()
     try:
         async with await AmqpBus.connect(url=amqp_url) as bus:
-            sandbox = ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=30)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
             results = await asyncio.gather(*(
                 sandbox.execute_python_script(script=f"print({n} * {n})", request_id=f"sq-{n}") for n in range(6)
             ))
@@ -41,7 +41,7 @@ async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
     await manager.start()
     try:
         async with await AmqpBus.connect(url=private_rabbitmq.url, publish_timeout=60) as bus:
-            sandbox = ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=60)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=60)
             call = asyncio.create_task(sandbox.execute_python_script(
                 script="import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('done')",
                 request_id="through-restart",
@@ -98,7 +98,8 @@ async def test_cli_serves_until_sigterm_and_refuses_bad_settings(amqp_url: str, 
 
             await eventually(ready, within=30)
         async with await AmqpBus.connect(url=amqp_url) as bus:
-            result = await ScriptSandbox(bus=bus, agent="cli", reply_grace_seconds=30).execute_python_script(
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="cli", reply_grace_seconds=30)
+            result = await sandbox.execute_python_script(
                 script="print('from the cli')"
             )
         assert isinstance(result, ScriptInvokeResponse) and result.stdout == "from the cli\n", result

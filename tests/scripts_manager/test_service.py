@@ -36,7 +36,7 @@ async def manager(bus: MemoryBus, make_settings: MakeSettings) -> AsyncIterator[
 
 @pytest.fixture
 def sandbox(bus: MemoryBus) -> ScriptSandbox:
-    return ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=WAIT)
+    return ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
 
 
 async def test_script_runs_and_the_agent_gets_both_streams(manager: ScriptsManager, sandbox: ScriptSandbox) -> None:
@@ -81,7 +81,7 @@ async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
     reply = await bus.request(
         queue=SCRIPT_INVOKE,
         body=ErrorInfo(code=ErrorCode.TIMEOUT, message="not a request"),
-        reply_queue=script_result(agent="mallory"),
+        reply_queue=script_result(namespace="default", agent="mallory", instance="ab12"),
         correlation_id="junk-1",
         timeout_seconds=WAIT,
     )
@@ -92,7 +92,7 @@ async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
 
 
 async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> None:
-    sandbox = ScriptSandbox(bus=bus, agent="alice", reply_grace_seconds=0.2)
+    sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=0.2)
     result = await sandbox.execute_python_script(script="print(1)", timeout_seconds=0.1)
     assert isinstance(result, ScriptInvokeError)
     assert result.error.code == ErrorCode.TIMEOUT and result.error.retryable is True
@@ -101,7 +101,7 @@ async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> N
 async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
     manager: ScriptsManager, bus: MemoryBus
 ) -> None:
-    replies = script_result(agent="bob")
+    replies = script_result(namespace="default", agent="bob", instance="ab12")
     answers: asyncio.Queue[Delivery] = asyncio.Queue()
     await bus.consume(queue=replies, handler=answers.put)
     request = ScriptInvokeRequest(

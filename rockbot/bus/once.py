@@ -1,0 +1,58 @@
+"""Run the work of one request id once, however often its message arrives.
+
+A broker redelivers a message whose consumer died before acking (possibly after its reply went
+out), and a sender may publish twice. A consumer keeps a `RunOnce` keyed by the request id: a copy
+that arrives while the first is being handled joins that run; a copy that arrives after it gets
+the remembered result. Memory is bounded to the most recent ids; a run that fails or is cancelled
+is not remembered, so a later copy tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_REMEMBERED = 1024
+
+
+class RunOnce(Generic[T]):
+    def __init__(self, *, remember: int = DEFAULT_REMEMBERED) -> None:
+        if remember < 1:
+            raise ValueError(f"remember={remember} must be at least 1 (how many finished ids to keep)")
+        self._remember = remember
+        self._running: dict[str, asyncio.Future[T]] = {}
+        self._done: OrderedDict[str, T] = OrderedDict()
+
+    async def run(self, *, key: str, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()`'s result for `key`, calling it only if no run for `key` is in flight or remembered."""
+        if key in self._done:
+            log.info("%s was handled before; answering with the same result", key)
+            return self._done[key]
+        if (running := self._running.get(key)) is not None:
+            log.info("%s is being handled; waiting for that run", key)
+            return await asyncio.shield(running)  # a joiner cancelled must not cancel the run
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        try:
+            result = await work()
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # joiners re-raise it; nobody else needs to be warned it went unseen
+            raise
+        except BaseException:  # cancelled: joiners are cancelled too, and their copies redelivered
+            future.cancel()
+            raise
+        finally:
+            del self._running[key]
+        future.set_result(result)
+        self._done[key] = result
+        while len(self._done) > self._remember:
+            self._done.popitem(last=False)
+        return result

@@ -1,0 +1,52 @@
+"""The agent's script client on a real broker: each agent process has a reply queue of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from rockbot.agent.sandbox import ScriptSandbox
+from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus.topology import SCRIPT_INVOKE
+from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
+
+
+async def test_replicas_and_namespaces_never_get_each_others_script_replies(amqp_url: str) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        manager_bus, *process_buses = [
+            await stack.enter_async_context(await AmqpBus.connect(url=amqp_url)) for _ in range(4)
+        ]
+
+        async def echo(delivery: Delivery) -> None:  # a scripts-manager that answers with who asked
+            request = delivery.decode(ScriptInvokeRequest)
+            await manager_bus.reply(to=delivery, body=ScriptInvokeResponse(
+                request_id=request.request_id, stdout=request.script, stderr="", exit_code=0, duration_seconds=0,
+            ))  # fmt: skip
+
+        manager = await manager_bus.consume(queue=SCRIPT_INVOKE, handler=echo)
+        stack.push_async_callback(manager.close)
+        sandboxes = {  # two replicas of default/alice, each its own process (connection), and other/alice
+            who: ScriptSandbox(bus=bus, namespace=namespace, agent="alice", reply_grace_seconds=5)
+            for who, namespace, bus in zip(("replica-1", "replica-2", "other"), ("default", "default", "other"),
+                                           process_buses, strict=True)
+        }
+        queues = {who: sandbox.reply_queue.name for who, sandbox in sandboxes.items()}
+        assert len(set(queues.values())) == 3, queues
+        assert queues["replica-1"].startswith("script.result.default.alice.")
+        assert queues["other"].startswith("script.result.other.alice.")
+
+        async def calls(who: str) -> list[object]:
+            return [
+                await sandboxes[who].execute_python_script(
+                    script=f"{who} {n}", request_id=f"{who}-{n}", timeout_seconds=1
+                )
+                for n in range(6)
+            ]
+
+        # Every process is listening before the others' replies start to flow.
+        await asyncio.gather(*(sandbox.execute_python_script(script="warm-up", timeout_seconds=1)
+                               for sandbox in sandboxes.values()))
+        results = dict(zip(sandboxes, await asyncio.gather(*(calls(who) for who in sandboxes)), strict=True))
+    for who, answers in results.items():
+        assert all(isinstance(answer, ScriptInvokeResponse) for answer in answers), answers
+        assert [answer.stdout for answer in answers] == [f"{who} {n}" for n in range(6)]
