@@ -214,14 +214,7 @@ class KubeClient:
     async def read_log(self, *, namespace: str, name: str, container: str | None = None) -> str:
         """Read a pod's log as text (the kubelet's answer, relayed by the API server)."""
         path = PODS.path(namespace=namespace, name=name, subresource="log")
-        response = await self._send("GET", path, query=_query(container=container))
-        try:
-            text = await response.text()
-            if response.status >= 400:
-                raise error_from_text(status=response.status, text=text)
-            return text
-        finally:
-            response.release()
+        return await self._text("GET", path, query=_query(container=container))
 
     async def _json(
         self,
@@ -232,17 +225,28 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> K8sObject:
+        text = await self._text(method, path, query=query, body=body, content_type=content_type)
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ApiError(status=200, reason="BadResponse", message=f"not JSON: {text[:200]!r}") from exc
+
+    async def _text(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> str:
+        """The answer's body; an error status becomes the matching `ApiError`."""
         response = await self._send(method, path, query=query, body=body, content_type=content_type)
         try:
             text = await response.text()
             if response.status >= 400:
                 raise error_from_text(status=response.status, text=text)
-            try:
-                return json.loads(text)
-            except ValueError as exc:
-                raise ApiError(
-                    status=response.status, reason="BadResponse", message=f"not JSON: {text[:200]!r}"
-                ) from exc
+            return text
         finally:
             response.release()
 
