@@ -153,14 +153,12 @@ def complete_run(
     status = current.model_copy(deep=True)
     status.active = [active for active in status.active if active.run_id != run_id]
     status.history.append(
-        RunRecord(
-            run_id=run.run_id,
-            scheduled_time=run.scheduled_time,
-            start_time=run.start_time,
-            completion_time=now,
+        _finished(
+            run,
             outcome="Failed" if error is not None else "Succeeded",
-            message=_truncate(error or ""),
-            summary=_truncate(answer or ""),
+            now=now,
+            message=error or "",
+            summary=answer or "",
         )
     )
     try:
@@ -251,12 +249,10 @@ def _handle_due(
     if status.active and spec.concurrency_policy == "Replace":
         for active in status.active:
             status.history.append(
-                RunRecord(
-                    run_id=active.run_id,
-                    scheduled_time=active.scheduled_time,
-                    start_time=active.start_time,
-                    completion_time=now,
+                _finished(
+                    active,
                     outcome="Replaced",
+                    now=now,
                     message=f"replaced by run {run} (concurrencyPolicy Replace); its answer will be ignored",
                 )
             )
@@ -272,15 +268,33 @@ def _expire_runs(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: d
     for active in [active for active in status.active if active.start_time + limit <= now]:
         status.active.remove(active)
         status.history.append(
-            RunRecord(
-                run_id=active.run_id,
-                scheduled_time=active.scheduled_time,
-                start_time=active.start_time,
-                completion_time=now,
+            _finished(
+                active,
                 outcome="Failed",
+                now=now,
                 message=f"no reply from the agent within {spec.run_timeout_seconds} s (runTimeoutSeconds)",
             )
         )
+
+
+def _finished(
+    active: ActiveRun,
+    *,
+    outcome: Literal["Succeeded", "Failed", "Replaced"],
+    now: datetime.datetime,
+    message: str,
+    summary: str = "",
+) -> RunRecord:
+    """The history record of an active run that ended now."""
+    return RunRecord(
+        run_id=active.run_id,
+        scheduled_time=active.scheduled_time,
+        start_time=active.start_time,
+        completion_time=now,
+        outcome=outcome,
+        message=_truncate(message),
+        summary=_truncate(summary),
+    )
 
 
 def _record(
