@@ -61,31 +61,17 @@ class Scheduler:
 
     async def start(self) -> None:
         self._replies = await self._bus.consume(queue=RUN_REPLIES, handler=self._on_reply, prefetch=16)
+        mirrored = [
+            (AGENTS, self._agent_changed, self._agent_deleted),
+            (SCHEDULED_TASKS, self._task_changed, self._task_deleted),
+        ]
         for namespace in self._namespaces:
-            self._watchers.append(
-                asyncio.create_task(
-                    mirror(
-                        kube=self._kube,
-                        resource=AGENTS,
-                        namespace=namespace,
-                        on_upsert=self._agent_changed,
-                        on_delete=self._agent_deleted,
-                    ),
-                    name=f"watch agents in {namespace or 'all namespaces'}",
+            for resource, on_upsert, on_delete in mirrored:
+                watching = mirror(
+                    kube=self._kube, resource=resource, namespace=namespace, on_upsert=on_upsert, on_delete=on_delete
                 )
-            )
-            self._watchers.append(
-                asyncio.create_task(
-                    mirror(
-                        kube=self._kube,
-                        resource=SCHEDULED_TASKS,
-                        namespace=namespace,
-                        on_upsert=self._task_changed,
-                        on_delete=self._task_deleted,
-                    ),
-                    name=f"watch scheduledtasks in {namespace or 'all namespaces'}",
-                )
-            )
+                name = f"watch {resource.plural} in {namespace or 'all namespaces'}"
+                self._watchers.append(asyncio.create_task(watching, name=name))
 
     async def stop(self) -> None:
         if self._replies is not None:
