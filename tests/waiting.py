@@ -12,12 +12,15 @@ T = TypeVar("T")
 
 
 async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 15.0) -> T:
-    """Poll until `probe` stops failing an assertion (or finding nothing); re-raise the last failure."""
+    """Poll until `probe` stops failing an assertion or finding nothing (no object, no field yet).
+
+    Re-raises the last failure when `within` seconds pass.
+    """
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
             return await probe()
-        except (AssertionError, NotFound):
+        except (AssertionError, NotFound, LookupError):
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.02)
