@@ -207,10 +207,16 @@ async def test_request_without_a_responder_times_out_and_a_late_reply_is_ignored
 
 async def test_two_requests_cannot_wait_on_one_correlation_id(bus: Bus) -> None:
     queue, replies = fresh_queue(), fresh_queue()
+    published = asyncio.Event()
+
+    async def take_without_replying(delivery: Delivery) -> None:
+        published.set()
+
+    await bus.consume(queue=queue, handler=take_without_replying)
     first = asyncio.create_task(
         bus.request(queue=queue, body=Ping(n=1), reply_queue=replies, correlation_id="same", timeout_seconds=WAIT)
     )
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(published.wait(), WAIT)  # a request waits for its reply before it is published
     with pytest.raises(BusError, match="already waiting"):
         await bus.request(queue=queue, body=Ping(n=2), reply_queue=replies, correlation_id="same", timeout_seconds=WAIT)
     first.cancel()

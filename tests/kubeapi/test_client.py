@@ -152,14 +152,17 @@ async def test_watch_raises_gone_for_an_expired_resource_version(kube_api, kube_
 async def test_watch_streams_live_events(kube_client: KubeClient):
     seen: list[str] = []
 
+    since = (await kube_client.list(CONFIGMAPS, namespace="default")).resource_version
+
     async def consume() -> None:
-        async for event in kube_client.watch(CONFIGMAPS, namespace="default", timeout_seconds=5):
+        async for event in kube_client.watch(
+            CONFIGMAPS, namespace="default", resource_version=since, timeout_seconds=5
+        ):
             seen.append(f'{event.type}:{event.object["metadata"]["name"]}')
             if event.type == "DELETED":
                 return
 
-    task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    task = asyncio.create_task(consume())  # it sees every change after `since`, however late it starts
     await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "live"}})
     await kube_client.patch(CONFIGMAPS, namespace="default", name="live", body={"data": {"a": "b"}})
     await kube_client.delete(CONFIGMAPS, namespace="default", name="live")

@@ -1,6 +1,5 @@
 """kopf really works against the emulator: discovery, watches, merge patches, finalizers, events."""
 
-import asyncio
 import threading
 
 import kopf
@@ -8,6 +7,7 @@ import pytest
 
 from rockbot.kube import EVENTS, KubeClient, NotFound, Resource
 from tests.fixtures.kubeapi import apply_crd, run_kopf
+from tests.waiting import eventually
 
 WIDGETS = Resource(group="kopf.example.com", version="v1", plural="widgets", kind="Widget")
 WIDGET_CRD = {
@@ -35,12 +35,8 @@ WIDGET_CRD = {
 }
 
 
-async def wait_for(predicate, *, within: float = 10.0) -> None:
-    async with asyncio.timeout(within):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.02)
+async def called(calls: list[tuple[str, int | None]], call: tuple[str, int | None]) -> None:
+    assert call in calls
 
 
 @pytest.fixture
@@ -75,38 +71,35 @@ async def test_kopf_handles_create_update_and_delete_with_its_finalizer(kube_api
     await apply_crd(kube_client, WIDGET_CRD)
     async with run_kopf(registry=registry, namespaces=["default"]):
         await kube_client.create(WIDGETS, namespace="default", body={"metadata": {"name": "w"}, "spec": {"size": 1}})
-        await wait_for(lambda: ("create", 1) in calls)
+        await eventually(lambda: called(calls, ("create", 1)))
 
         # kopf adds its finalizer (a JSON patch with a `test` op) and records the result in the status.
-        async with asyncio.timeout(10):
-            while True:
-                widget = await kube_client.get(WIDGETS, namespace="default", name="w")
-                if widget["metadata"].get("finalizers") and (widget.get("status") or {}).get("created"):
-                    break
-                await asyncio.sleep(0.02)
-        assert widget["status"]["created"] == {"seen": 1}
+        async def finalized_and_recorded() -> None:
+            widget = await kube_client.get(WIDGETS, namespace="default", name="w")
+            assert widget["metadata"]["finalizers"]
+            assert widget["status"]["created"] == {"seen": 1}
+
+        await eventually(finalized_and_recorded)
 
         await kube_client.patch(WIDGETS, namespace="default", name="w", body={"spec": {"size": 2}})
-        await wait_for(lambda: ("update", 2) in calls)
+        await eventually(lambda: called(calls, ("update", 2)))
 
         await kube_client.delete(WIDGETS, namespace="default", name="w")
-        await wait_for(lambda: ("delete", 2) in calls)
-        async with asyncio.timeout(10):
-            while True:
-                try:
-                    await kube_client.get(WIDGETS, namespace="default", name="w")
-                except NotFound:
-                    break
-                await asyncio.sleep(0.02)
+        await eventually(lambda: called(calls, ("delete", 2)))
+
+        async def gone() -> None:
+            with pytest.raises(NotFound):
+                await kube_client.get(WIDGETS, namespace="default", name="w")
+
+        await eventually(gone)
 
         # kopf posted the handler's event about the object.
-        async with asyncio.timeout(10):
-            while True:
-                events = await kube_client.list(EVENTS, namespace="default",
-                                                field_selector="involvedObject.name=w")
-                if events.items:
-                    break
-                await asyncio.sleep(0.05)
+        async def posted():
+            events = await kube_client.list(EVENTS, namespace="default", field_selector="involvedObject.name=w")
+            assert events.items
+            return events
+
+        events = await eventually(posted)
     assert [(e["reason"], e["message"]) for e in events.items] == [("Created", "the widget was seen")]
     with lock:
         kinds = [kind for kind, _ in calls]

@@ -14,6 +14,7 @@ import pytest
 from rockbot.scripts_manager.backends import SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends.local import LocalBackend
 from tests.scripts_manager.conftest import MakeSettings
+from tests.waiting import eventually
 
 
 def job(
@@ -109,11 +110,12 @@ async def test_timeout_kills_the_script_and_all_its_children(sandbox: LocalBacke
     assert result.timed_out is True
     assert result.exit_code is None
     assert result.stdout == "started\n"
-    await asyncio.sleep(0.2)
-    leftovers = [
-        pid for pid in os.listdir("/proc") if pid.isdigit() and marker.encode() in _cmdline(pid)
-    ]
-    assert leftovers == []
+
+    async def none_left() -> None:
+        leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and marker.encode() in _cmdline(pid)]
+        assert leftovers == []
+
+    await eventually(none_left)  # killed processes leave /proc once reaped
 
 
 def _cmdline(pid: str) -> bytes:
