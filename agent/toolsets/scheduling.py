@@ -19,7 +19,7 @@ from rockbot.agent.defining import tool
 from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.bus import BusError, BusUnavailable, RequestTimeout
-from rockbot.bus.topology import OPERATOR_SCHEDULING
+from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scheduling import (
     TASK_NAME,
@@ -29,7 +29,6 @@ from rockbot.contracts.scheduling import (
     SchedulingReply,
     SchedulingRequest,
     TaskSummary,
-    scheduling_replies,
 )
 
 REQUEST_TIMEOUT_SECONDS = 20.0

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from rockbot.bus import BadMessage, Bus, Delivery, Subscription
-from rockbot.bus.topology import OPERATOR_SCHEDULING
+from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_reply_prefix
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scheduling import (
     CancelTask,
@@ -27,7 +27,6 @@ from rockbot.contracts.scheduling import (
     SchedulingReply,
     SchedulingRequest,
     TaskSummary,
-    scheduling_reply_prefix,
 )
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, Invalid, KubeClient, NotFound
 from rockbot.operator.scheduling.clock import Clock

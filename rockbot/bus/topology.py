@@ -11,10 +11,11 @@ touches it first, so declarations never conflict.
 | `agent.<namespace>.<name>.inbox`               | `InboxRequest` (user turns, tasks, calls)   | that agent         |
 | `agent.<namespace>.<name>.replies.<instance>`  | `InboxReply` to that process's agent calls  | one agent process  |
 | `operator.scheduling`                          | scheduling requests from agents             | operator           |
+| `agent.<namespace>.<name>.scheduling-replies.<instance>` | `SchedulingReply` to that process  | one agent process  |
 
 Reply queues belong to one process (`instance`, random per process): replicas sharing one would
 take each other's replies. They expire after an hour unused, so processes that are gone leave
-nothing behind. (The scheduling reply queues are named in `rockbot.contracts.scheduling`.)
+nothing behind.
 """
 
 from __future__ import annotations
@@ -71,5 +72,19 @@ def agent_replies(*, namespace: str, name: str, instance: str) -> Queue:
     inbox = agent_inbox(namespace=namespace, name=name)
     return Queue(
         name=f"{inbox.name.removesuffix('.inbox')}.replies.{_segment(field='instance', value=instance)}",
+        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
+    )
+
+
+def scheduling_reply_prefix(*, namespace: str, name: str) -> str:
+    """What every scheduling reply queue of this agent's processes starts with (the operator checks it)."""
+    inbox = agent_inbox(namespace=namespace, name=name)
+    return f"{inbox.name.removesuffix('.inbox')}.scheduling-replies."
+
+
+def scheduling_replies(*, namespace: str, name: str, instance: str) -> Queue:
+    """Where the operator answers one agent process's scheduling requests."""
+    return Queue(
+        name=scheduling_reply_prefix(namespace=namespace, name=name) + _segment(field="instance", value=instance),
         arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
     )

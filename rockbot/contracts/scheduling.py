@@ -2,7 +2,8 @@
 
 The agent has no Kubernetes rights: it asks the operator to create, update, list or delete the
 ScheduledTasks it owns. Each request names the agent (`namespace/name`) and is answered on that
-agent's own scheduling reply queue; the operator checks both before touching anything.
+agent's own scheduling reply queue (see `rockbot.bus.topology`); the operator checks both before
+touching anything.
 """
 
 from __future__ import annotations
@@ -12,31 +13,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rockbot.bus.topology import Queue, agent_inbox
 from rockbot.contracts.errors import ErrorInfo
 
 SCHEMA_VERSION = 1
-_REPLY_QUEUE_EXPIRES_MS = 24 * 3600 * 1000
 
 #: A task name as the agent gives it (a DNS label short enough to be prefixed with the agent's name).
 TASK_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
-
-
-def scheduling_reply_prefix(*, namespace: str, name: str) -> str:
-    """What every scheduling reply queue of this agent's processes is named with."""
-    return agent_inbox(namespace=namespace, name=name).name.removesuffix("inbox") + "scheduling-replies."
-
-
-def scheduling_replies(*, namespace: str, name: str, instance: str) -> Queue:
-    """Where the operator answers one agent process's scheduling requests.
-
-    One queue per process (`instance`): replicas sharing a queue would take each other's replies.
-    Unused, it expires after a day.
-    """
-    if not instance.isalnum():
-        raise ValueError(f"instance={instance!r} must be letters and digits")
-    return Queue(name=scheduling_reply_prefix(namespace=namespace, name=name) + instance.lower(),
-                 arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS})
 
 
 class _Contract(BaseModel):

@@ -11,9 +11,9 @@ from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import MemoryBus
-from rockbot.bus.topology import OPERATOR_SCHEDULING
+from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
-from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingRequest, scheduling_replies
+from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingRequest
 from rockbot.kube import SCHEDULED_TASKS, NotFound
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.clock import ManualClock
