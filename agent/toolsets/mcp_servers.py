@@ -11,6 +11,11 @@ A server that is down at start does not stop the agent: its named tools are regi
 config and answer `Unavailable` (retryable) until a call finds the server back; a connection
 that breaks is reopened on the next call. Three management tools let the model look around:
 `mcp_list_servers`, `mcp_get_tool_schema(server, tool)` and `mcp_invoke_tool(server, tool, arguments)`.
+
+The management tools reach no further than the Agent's Tool resources do: a server tool is
+reachable only if a Tool names it (or names `tool: "*"` on that server), and not if the agent's
+blacklist names it, by its server name or by a local name it is (or would be) registered under.
+Otherwise `mcp_invoke_tool` would be a back door around both the declared tools and the blacklist.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class McpConnection:
         self.name = name
         self.backend = backend
         self.tools: dict[str, Any] = {}  # name -> mcp Tool (name, description, inputSchema)
+        self.declared: dict[str, set[str]] = {}  # server tool -> local names the Tool resources give it
+        self.declares_all = False  # a Tool names `tool: "*"` on this server
         self._session: ClientSession | None = None
         self._holder: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
@@ -138,6 +145,38 @@ class McpConnection:
             raise ToolFailure(f"MCP tool {self.name}/{tool_name} reported an error: {text}")
         return text
 
+    def local_names(self, tool_name: str) -> set[str]:
+        """The local names a server tool has (or would have) for this agent; empty if no Tool declares it."""
+        names = set(self.declared.get(tool_name, ()))
+        if self.declares_all:
+            names |= {tool_name, f"{self.name}_{tool_name}"}
+        return names
+
+    def refusal(self, tool_name: str, *, registry: ToolRegistry) -> ToolFailure | None:
+        """Why the management tools may not reach `tool_name` on this server, or None if they may."""
+        names = self.local_names(tool_name)
+        if not names:
+            return ToolFailure(
+                f"tool {tool_name!r} on MCP server {self.name!r} is not one of this agent's tools; "
+                f"reachable here: {', '.join(self.reachable(registry=registry)) or 'none'}",
+                code=ErrorCode.TOOL_NOT_FOUND,
+            )
+        blocked = self._blacklisted(tool_name, registry=registry)
+        if blocked:
+            return ToolFailure(
+                f"tool {tool_name!r} on MCP server {self.name!r} is disabled for this agent (blacklisted as "
+                f"{', '.join(map(repr, blocked))}); do not call it again",
+                code=ErrorCode.BLACKLISTED,
+            )
+        return None
+
+    def reachable(self, *, registry: ToolRegistry) -> list[str]:
+        """The server's tools the management tools may reach."""
+        return [t for t in self.tools if self.local_names(t) and not self._blacklisted(t, registry=registry)]
+
+    def _blacklisted(self, tool_name: str, *, registry: ToolRegistry) -> list[str]:
+        return sorted(n for n in self.local_names(tool_name) | {tool_name} if registry.is_blacklisted(n))
+
     async def close(self) -> None:
         self._closing.set()
         holder, self._holder = self._holder, None
@@ -175,8 +214,16 @@ async def install_mcp_tools(*, registry: ToolRegistry, kit: ToolKit, tools: Iter
         server: McpConnection(name=server, backend=entries[0].backend)  # type: ignore[arg-type]
         for server, entries in by_server.items()
     }
-    for connection in connections.values():
+    for server, entries in by_server.items():
+        connection = connections[server]
         kit.closers.append(connection.close)
+        for resolved in entries:
+            backend = resolved.backend
+            assert isinstance(backend, McpBackend)
+            if backend.tool == "*":
+                connection.declares_all = True
+            else:
+                connection.declared.setdefault(backend.tool, set()).add(resolved.name)
     await asyncio.gather(*(_register_server(registry, connections[s], by_server[s]) for s in by_server))
     _register_management(registry, connections)
     kit.guides.add(GUIDE)
@@ -239,7 +286,7 @@ def _register_management(registry: ToolRegistry, connections: dict[str, McpConne
         for name, connection in connections.items():
             try:
                 await connection.session()
-                tools = ", ".join(connection.tools) or "no tools"
+                tools = ", ".join(connection.reachable(registry=registry)) or "no tools"
                 lines.append(f"- {name} ({connection.backend.transport}): {tools}")
             except ToolFailure as failure:
                 lines.append(f"- {name} ({connection.backend.transport}): unavailable ({failure})")
@@ -253,10 +300,13 @@ def _register_management(registry: ToolRegistry, connections: dict[str, McpConne
         """Show the description and JSON Schema of the arguments of a tool on an MCP server."""
         connection = connection_for(server)
         await connection.session()
+        if (refused := connection.refusal(tool_name, registry=registry)) is not None:
+            raise refused
         listed = connection.tools.get(tool_name)
         if listed is None:
             raise ToolFailure(
-                f"MCP server {connection.name!r} has no tool {tool_name!r}; it has: {', '.join(connection.tools)}",
+                f"MCP server {connection.name!r} has no tool {tool_name!r}; it has: "
+                f"{', '.join(connection.reachable(registry=registry))}",
                 code=ErrorCode.INVALID_ARGUMENTS,
             )
         return json.dumps({"name": listed.name, "description": listed.description, "parameters": listed.input_schema})
@@ -267,8 +317,11 @@ def _register_management(registry: ToolRegistry, connections: dict[str, McpConne
         tool_name: Annotated[str, Field(alias="tool", description="The tool's name on that server.")],
         arguments: Annotated[dict[str, Any], Field(description="The tool's arguments as a JSON object.")] = {},  # noqa: B006
     ) -> str:
-        """Call a tool on an MCP server with a JSON object of arguments."""
-        return await connection_for(server).call(tool_name, arguments)
+        """Call a tool on an MCP server with a JSON object of arguments (only tools this agent declares)."""
+        connection = connection_for(server)
+        if (refused := connection.refusal(tool_name, registry=registry)) is not None:
+            raise refused
+        return await connection.call(tool_name, arguments)
 
     for management in (mcp_list_servers, mcp_get_tool_schema, mcp_invoke_tool):
         registry.register(management)

@@ -84,20 +84,52 @@ async def test_every_tool_of_a_streamable_http_server_is_registered_and_callable
     assert invalid.error.code == "InvalidArguments"
 
 
-async def test_management_tools_list_describe_and_invoke(http_server, scripted_llm):
+async def test_management_tools_list_describe_and_invoke_the_declared_tools(http_server, scripted_llm):
     config = agent_config(llm_url=scripted_llm.url, tools=[
         mcp_tool("rock_hardness", {"server": "rocks", "url": http_server, "tool": "hardness"})])
     async with AgentRuntime.from_config(config, env={}) as agent:
         servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
-        schema = await agent.registry.invoke("mcp_get_tool_schema", {"server": "ROCKS", "tool": "add"}, context=CONTEXT)
+        schema = await agent.registry.invoke(
+            "mcp_get_tool_schema", {"server": "ROCKS", "tool": "hardness"}, context=CONTEXT)
         called = await agent.registry.invoke(
-            "mcp_invoke_tool", {"server": "rocks", "tool": "add", "arguments": {"a": 1, "b": 2}}, context=CONTEXT)
+            "mcp_invoke_tool", {"server": "rocks", "tool": "hardness", "arguments": {"mineral": "talc"}},
+            context=CONTEXT)
         unknown = await agent.registry.invoke("mcp_invoke_tool", {"server": "granite", "tool": "add"}, context=CONTEXT)
         named = await agent.registry.invoke("rock_hardness", {"mineral": "quartz"}, context=CONTEXT)
-    assert servers.content == "- rocks (streamable-http): add, hardness"
-    assert json.loads(schema.content)["parameters"]["properties"]["a"]["type"] == "integer"
-    assert called.content == "3" and named.content == "quartz: 7"
+    assert servers.content == "- rocks (streamable-http): hardness"
+    assert json.loads(schema.content)["parameters"]["properties"]["mineral"]["type"] == "string"
+    assert called.content == "talc: 1" and named.content == "quartz: 7"
     assert unknown.error.code == "InvalidArguments" and "connected servers: rocks" in unknown.error.message
+
+
+async def test_management_tools_cannot_reach_undeclared_or_blacklisted_server_tools(http_server, scripted_llm):
+    """Only `hardness` is declared: `add` on the same server stays out of reach, through every door."""
+    config = agent_config(llm_url=scripted_llm.url, tool_blacklist=["add"], tools=[
+        mcp_tool("rock_hardness", {"server": "rocks", "url": http_server, "tool": "hardness"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        invoked = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "add", "arguments": {"a": 1, "b": 2}}, context=CONTEXT)
+        schema = await agent.registry.invoke("mcp_get_tool_schema", {"server": "rocks", "tool": "add"},
+                                             context=CONTEXT)
+    assert invoked.error.code == schema.error.code == "ToolNotFound"
+    assert "'add' on MCP server 'rocks' is not one of this agent's tools; reachable here: hardness" in (
+        invoked.error.message)
+
+
+async def test_management_tools_honour_the_blacklist_on_a_whole_server(http_server, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tool_blacklist=["add"], tools=[
+        mcp_tool("rocks", {"server": "rocks", "url": http_server, "tool": "*"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
+        invoked = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "add", "arguments": {"a": 1, "b": 2}}, context=CONTEXT)
+        direct = await agent.registry.invoke("add", {"a": 1, "b": 2}, context=CONTEXT)
+        allowed = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "hardness", "arguments": {"mineral": "diamond"}},
+            context=CONTEXT)
+    assert servers.content == "- rocks (streamable-http): hardness"
+    assert invoked.error.code == direct.error.code == "Blacklisted"
+    assert allowed.content == "diamond: 10"
 
 
 async def test_a_named_tool_over_sse_takes_the_servers_schema(sse_server, scripted_llm):
