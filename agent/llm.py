@@ -7,8 +7,12 @@ requests return the same `Completion`.
 
 429 and 5xx answers (and connection failures) are retried with exponential backoff and jitter,
 honouring `Retry-After` up to a cap; a retry only ever happens before any of the answer was
-passed on, so the caller never sees text twice. A 401/403 and an unknown model fail at once with
-an error that says what to fix, because retrying cannot help.
+passed on, so the caller never sees text twice: a stream that breaks after a text delta went out
+fails with `LlmStreamBroken` instead. A 401/403 and an unknown model fail at once with an error
+that says what to fix, because retrying cannot help.
+
+`timeout_seconds` bounds the connection and each wait for more bytes (`sock_read`), not the whole
+answer: a long stream that keeps sending is never cut, a silent endpoint is.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ class LlmAuthError(LlmError):
 
 class LlmModelNotFound(LlmError):
     """The endpoint does not know the configured model name."""
+
+
+class LlmStreamBroken(LlmError):
+    """The stream broke after part of the answer reached the caller; retrying would repeat that part."""
 
 
 class ToolCall(BaseModel):
@@ -100,7 +108,10 @@ class LlmClient:
         self._api_key = api_key
         self._api_key_env = api_key_env
         self._temperature = temperature
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=min(timeout_seconds, 10.0))
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=min(timeout_seconds, 30.0), sock_connect=min(timeout_seconds, 10.0),
+            sock_read=timeout_seconds,
+        )
         self._max_attempts = max(1, max_attempts)
         self._backoff = backoff_seconds
         self._max_backoff = max_backoff_seconds
@@ -127,11 +138,25 @@ class LlmClient:
             body["temperature"] = self._temperature
         if stream:
             body["stream_options"] = {"include_usage": True}
+        passed_on = False
+
+        async def relay(text: str) -> None:
+            nonlocal passed_on
+            passed_on = True
+            if on_text is not None:
+                await on_text(text)
+
         for attempt in range(1, self._max_attempts + 1):
             try:
-                completion = await self._attempt(body, stream=stream, on_text=on_text)
+                completion = await self._attempt(body, stream=stream, on_text=relay)
             except LlmError as error:
                 self._observe(f"{error.status or 'error'}", None)
+                if passed_on:
+                    raise LlmStreamBroken(
+                        f"{error} (after part of the answer was already streamed, so it is not retried: "
+                        "a retry would repeat that text; ask again)",
+                        status=error.status,
+                    ) from error
                 if not error.retryable or attempt == self._max_attempts:
                     if error.retryable:
                         raise LlmError(
