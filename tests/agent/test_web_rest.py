@@ -154,13 +154,12 @@ async def test_web_browse_names_the_refused_address_and_the_setting_to_allow_it(
         "web_browse.allowed_networks in the agent config (e.g. 127.0.0.1/32)")
 
 
-async def test_web_browse_refuses_the_cloud_metadata_endpoint_from_the_literal_ip(scripted_llm):
-    """Decided from the address before a socket exists: nothing is ever sent to 169.254.169.254."""
-    outcome = await run_tool(browsing_config(scripted_llm.url), "web_browse",
-                             {"url": "http://169.254.169.254/latest/meta-data/"})
-    assert outcome.error.code == "Rejected"
-    assert "169.254.169.254, a link-local address" in outcome.error.message
-    assert "169.254.169.254/32" in outcome.error.message
+async def test_web_browse_refuses_loopback_when_the_allowed_networks_exclude_it(site, scripted_llm):
+    """Opening private ranges opens only them: loopback stays refused, and the server sees nothing."""
+    config = browsing_config(scripted_llm.url, allowed_networks=["10.0.0.0/8", "192.168.0.0/16", "fd00::/8"])
+    outcome = await run_tool(config, "web_browse", {"url": f"{site.url}/page"})
+    assert outcome.error.code == "Rejected" and "leads to 127.0.0.1, a loopback address" in outcome.error.message
+    assert site.paths == []
 
 
 async def test_web_browse_checks_every_redirect_hop(site, scripted_llm):
@@ -177,12 +176,10 @@ async def test_web_browse_checks_every_redirect_hop(site, scripted_llm):
         config = browsing_config(scripted_llm.url)
         direct = await run_tool(config, "web_browse", {"url": f"{other_url}/internal"})
         via_redirect = await run_tool(config, "web_browse", {"url": f"{site.url}/redirect?to={other_url}/internal"})
-        to_metadata = await run_tool(config, "web_browse",
-                                     {"url": f"{site.url}/redirect?to=http://169.254.169.254/latest/meta-data/"})
-    assert direct.error.code == via_redirect.error.code == to_metadata.error.code == "Rejected"
+    assert direct.error.code == via_redirect.error.code == "Rejected"
     assert "leads to 127.0.0.2, a loopback address" in via_redirect.error.message
-    assert "leads to 169.254.169.254, a link-local address" in to_metadata.error.message
-    assert other_paths == [] and len(site.paths) == 2
+    assert "127.0.0.2/32" in via_redirect.error.message
+    assert other_paths == [] and len(site.paths) == 1
 
 
 async def test_web_browse_with_every_network_allowed_reaches_loopback(site, scripted_llm):
@@ -215,6 +212,20 @@ def test_allowed_networks_open_only_themselves():
     policy.check("10.20.3.4")
     with pytest.raises(AddressRefused):
         policy.check("10.21.0.1")
+
+
+@pytest.mark.parametrize("address", ["169.254.169.254", "fd00:ec2::254", "::ffff:169.254.169.254"])
+def test_the_cloud_metadata_endpoint_is_refused_even_with_private_ranges_and_loopback_open(address):
+    """Decided from the address alone (tests never send anything there)."""
+    policy = EgressPolicy(allowed_networks=[ipaddress.ip_network(n) for n in (
+        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "::1/128")])
+    with pytest.raises(AddressRefused) as refused:
+        policy.check(address)
+    assert refused.value.reason in ("a link-local address", "a private address")
+
+
+def test_the_metadata_endpoint_is_reachable_only_when_its_own_network_is_listed():
+    EgressPolicy(allowed_networks=[ipaddress.ip_network("169.254.169.254/32")]).check("169.254.169.254")
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "ftp://example.org/x", "javascript:alert(1)", "/relative"])
