@@ -35,7 +35,13 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import Field
 
 from rockbot.agent.defining import tool
-from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.registry import (
+    InvalidToolDefinition,
+    ToolAlreadyExists,
+    ToolContext,
+    ToolFailure,
+    ToolRegistry,
+)
 from rockbot.agent.toolsets.kit import Guide, ToolKit
 from rockbot.contracts.agent_config import McpBackend, ResolvedTool
 from rockbot.contracts.errors import ErrorCode
@@ -103,7 +109,15 @@ class McpConnection:
                     code=ErrorCode.UNAVAILABLE,
                     retryable=True,
                 ) from exc
-            listing = await self._session.list_tools()
+            try:
+                listing = await self._session.list_tools()
+            except Exception as exc:
+                await self.close()
+                raise ToolFailure(
+                    f"MCP server {self.name!r} is connected but cannot list its tools: {type(exc).__name__}: {exc}",
+                    code=ErrorCode.UNAVAILABLE,
+                    retryable=True,
+                ) from exc
             self.tools = {t.name: t for t in listing.tools}
             return self._session
 
@@ -224,8 +238,8 @@ async def install_mcp_tools(*, registry: ToolRegistry, kit: ToolKit, tools: Iter
                 connection.declares_all = True
             else:
                 connection.declared.setdefault(backend.tool, set()).add(resolved.name)
+    _register_management(registry, connections)  # first, so a server tool of the same name is the one renamed
     await asyncio.gather(*(_register_server(registry, connections[s], by_server[s]) for s in by_server))
-    _register_management(registry, connections)
     kit.guides.add(GUIDE)
 
 
@@ -240,15 +254,7 @@ async def _register_server(registry: ToolRegistry, connection: McpConnection, en
         assert isinstance(backend, McpBackend)
         if backend.tool == "*":
             for name, mcp_tool in connection.tools.items():
-                local = name if name not in registry else f"{connection.name}_{name}"
-                registry.add(
-                    name=local,
-                    description=mcp_tool.description or f"{name} on MCP server {connection.name}",
-                    parameters=mcp_tool.input_schema or {"type": "object"},
-                    executor=_caller(connection, name),
-                    source=source,
-                    timeout=resolved.timeout_seconds,
-                )
+                _register_listed(registry, connection, name=name, mcp_tool=mcp_tool, resolved=resolved)
             continue
         listed = connection.tools.get(backend.tool)
         registry.add(
@@ -260,6 +266,25 @@ async def _register_server(registry: ToolRegistry, connection: McpConnection, en
             source=source,
             timeout=resolved.timeout_seconds,
         )
+
+
+def _register_listed(
+    registry: ToolRegistry, connection: McpConnection, *, name: str, mcp_tool: Any, resolved: ResolvedTool
+) -> None:
+    """Register one tool a whole server brings; one the model could not call is skipped, not fatal."""
+    local = name if name not in registry else f"{connection.name}_{name}"
+    try:
+        registry.add(
+            name=local,
+            description=mcp_tool.description or f"{name} on MCP server {connection.name}",
+            parameters=mcp_tool.input_schema or {"type": "object"},
+            executor=_caller(connection, name),
+            source=f"mcp:{connection.name}",
+            timeout=resolved.timeout_seconds,
+        )
+    except (ToolAlreadyExists, InvalidToolDefinition) as exc:
+        log.warning("MCP server %r: not offering its tool %r to the model (mcp_invoke_tool can still call it): %s",
+                    connection.name, name, exc)
 
 
 def _caller(connection: McpConnection, tool_name: str):

@@ -3,6 +3,7 @@
     python tests/agent/mcp_server.py stdio
     python tests/agent/mcp_server.py streamable-http PORT
     python tests/agent/mcp_server.py sse PORT
+    python tests/agent/mcp_server.py stdio-unlistable   # answers every tools/list with an error
 """
 
 import sys
@@ -28,9 +29,22 @@ def hardness(mineral: str) -> str:
     return f"{mineral}: {scale[mineral]}"
 
 
+@server.tool(name="rock.density")
+def density(mineral: str) -> str:
+    """A valid MCP tool name that is not a valid OpenAI function name (the dot)."""
+    return f"{mineral}: 2.7"
+
+
+class Unlistable(MCPServer):
+    async def list_tools(self):
+        raise RuntimeError("the tool catalogue is being rebuilt")
+
+
 if __name__ == "__main__":
     transport = sys.argv[1]
-    if transport == "stdio":
+    if transport == "stdio-unlistable":
+        Unlistable("broken").run("stdio")
+    elif transport == "stdio":
         server.run("stdio")
     else:
         server.run(transport, host="127.0.0.1", port=int(sys.argv[2]))

@@ -13,7 +13,13 @@ import pytest
 
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.contracts.agent_config import FunctionDefinition, McpBackend, ResolvedTool, ToolDefinition
+from rockbot.contracts.agent_config import (
+    FunctionDefinition,
+    McpBackend,
+    ResolvedTool,
+    RestBackend,
+    ToolDefinition,
+)
 from tests.agent.configs import agent_config
 
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
@@ -68,7 +74,8 @@ def mcp_tool(name: str, backend: dict, *, description: str = "", parameters=None
     )
 
 
-async def test_every_tool_of_a_streamable_http_server_is_registered_and_callable(http_server, scripted_llm):
+async def test_every_tool_of_a_streamable_http_server_is_registered_and_callable(http_server, scripted_llm, caplog):
+    """`rock.density` is a fine MCP name but not an OpenAI one: skipped with a warning, the rest still work."""
     config = agent_config(llm_url=scripted_llm.url, tools=[
         mcp_tool("rocks", {"server": "rocks", "url": http_server, "tool": "*"})])
     async with AgentRuntime.from_config(config, env={}) as agent:
@@ -76,7 +83,13 @@ async def test_every_tool_of_a_streamable_http_server_is_registered_and_callable
         added = await agent.registry.invoke("add", '{"a": 2, "b": 40}', context=CONTEXT)
         failed = await agent.registry.invoke("hardness", {"mineral": "cheese"}, context=CONTEXT)
         invalid = await agent.registry.invoke("add", {"a": "x", "b": 1}, context=CONTEXT)
+        density = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "rock.density", "arguments": {"mineral": "granite"}},
+            context=CONTEXT)
     assert set(listed) == {"add", "hardness", "mcp_list_servers", "mcp_get_tool_schema", "mcp_invoke_tool"}
+    assert density.content == "granite: 2.7"
+    [skipped] = [r.getMessage() for r in caplog.records if "not offering its tool" in r.getMessage()]
+    assert "MCP server 'rocks'" in skipped and "'rock.density'" in skipped and "is not allowed" in skipped
     assert listed["add"].source == "mcp:rocks" and listed["add"].description == "Add two integers."
     assert listed["add"].parameters["required"] == ["a", "b"]
     assert added.content == "42"
@@ -127,7 +140,7 @@ async def test_management_tools_honour_the_blacklist_on_a_whole_server(http_serv
         allowed = await agent.registry.invoke(
             "mcp_invoke_tool", {"server": "rocks", "tool": "hardness", "arguments": {"mineral": "diamond"}},
             context=CONTEXT)
-    assert servers.content == "- rocks (streamable-http): hardness"
+    assert servers.content == "- rocks (streamable-http): hardness, rock.density"
     assert invoked.error.code == direct.error.code == "Blacklisted"
     assert allowed.content == "diamond: 10"
 
@@ -151,6 +164,34 @@ async def test_a_stdio_server_is_started_and_called(scripted_llm):
         outcome = await agent.registry.invoke("hardness", {"mineral": "diamond"}, context=CONTEXT)
         source = agent.registry.get("hardness").source
     assert outcome.content == "diamond: 10" and source == "mcp:local-rocks"
+
+
+async def test_a_server_tool_whose_name_is_taken_twice_is_skipped_not_fatal(http_server, scripted_llm, caplog):
+    taken = [
+        ResolvedTool(definition=ToolDefinition(function=FunctionDefinition(name=name, description="mine")),
+                     source=f"tool:{name}", backend=RestBackend(url="http://127.0.0.1:9/x"))
+        for name in ("add", "rocks_add")
+    ]
+    config = agent_config(llm_url=scripted_llm.url, tools=[
+        *taken, mcp_tool("rocks", {"server": "rocks", "url": http_server, "tool": "*"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        sources = {t.name: t.source for t in agent.registry.list()}
+        hardness = await agent.registry.invoke("hardness", {"mineral": "talc"}, context=CONTEXT)
+    assert sources["add"] == "tool:add" and sources["rocks_add"] == "tool:rocks_add"
+    assert hardness.content == "talc: 1"
+    [skipped] = [r.getMessage() for r in caplog.records if "'add'" in r.getMessage()]
+    assert "not offering its tool 'add'" in skipped and "already exists" in skipped
+
+
+async def test_a_server_that_cannot_list_its_tools_is_reported_and_the_agent_starts(scripted_llm, caplog):
+    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+        "broken", {"server": "broken", "transport": "stdio", "command": [sys.executable, SERVER, "stdio-unlistable"],
+                   "tool": "*"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        assert agent.ready
+        servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
+    assert "cannot list its tools" in servers.content and "the tool catalogue is being rebuilt" in servers.content
+    assert any("'broken' is connected but cannot list its tools" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_server_that_is_down_does_not_stop_the_agent(scripted_llm):
