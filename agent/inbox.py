@@ -6,7 +6,8 @@ the bus acks after this handler returns, i.e. after the reply is published. A ca
 loop back to this agent or go too deep is refused before any work (see `delegation`), and every
 failure, including an unreadable message, is answered as an error, never silently dropped. A
 request id is worked on once: a redelivered or duplicated copy joins the run in flight or gets the
-remembered reply, so the model is not asked (and tools not called) twice.
+remembered reply, so the model is not asked (and tools not called) twice. A retryable error reply
+(the model endpoint was down) is not remembered, so a later copy of the request runs again.
 """
 
 from __future__ import annotations
@@ -42,12 +43,30 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
                 error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc)),
             ))
             return
-        reply = await once.run(key=request.request_id, work=lambda: _handle(runtime, request, agent_id=agent_id))
+        try:
+            reply = await once.run(key=request.request_id, work=lambda: _remembered(runtime, request, agent_id))
+        except _Retryable as retryable:
+            reply = retryable.reply
         await _answer(bus, delivery, reply)
 
     return await bus.consume(
         queue=agent_inbox(namespace=config.namespace, name=config.name), handler=handle, prefetch=prefetch
     )
+
+
+class _Retryable(Exception):
+    """Carries a retryable error reply out of `RunOnce`, which remembers results but not failures."""
+
+    def __init__(self, reply: InboxReply):
+        super().__init__(reply.error.message if reply.error else "retryable")
+        self.reply = reply
+
+
+async def _remembered(runtime: AgentRuntime, request: InboxRequest, agent_id: str) -> InboxReply:
+    reply = await _handle(runtime, request, agent_id=agent_id)
+    if reply.error is not None and reply.error.retryable:
+        raise _Retryable(reply)
+    return reply
 
 
 async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str) -> InboxReply:
@@ -68,6 +87,9 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         return failed(ErrorCode.UNAVAILABLE, str(exc))
     except LlmError as exc:
         return failed(ErrorCode.UNAVAILABLE, str(exc), retryable=exc.retryable)
+    except Exception as exc:  # the edge: the caller gets an answer, not a wait until its timeout
+        log.exception("request %s failed", request.request_id)
+        return failed(ErrorCode.EXECUTION_FAILED, f"the agent failed on this request: {type(exc).__name__}: {exc}")
     return InboxReply(
         request_id=request.request_id,
         session_id=request.session_id,

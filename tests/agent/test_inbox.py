@@ -183,6 +183,45 @@ async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_
     assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
 
 
+class FaultyRuntime(AgentRuntime):
+    """An agent with a bug: its turn fails with an error that is not the model endpoint's."""
+
+    async def chat(self, session_id, text, **kwargs):
+        raise RuntimeError(f"the conversation store broke on {text!r}")
+
+
+async def test_an_unexpected_failure_is_replied_as_execution_failed_not_left_to_time_out(scripted_llm, bus):
+    runtime = FaultyRuntime.from_config(agent_config(llm_url=scripted_llm.url, name="faulty"), bus=bus, env={})
+    await runtime.start()
+    subscription = await serve_inbox(runtime=runtime, bus=bus)
+    try:
+        reply = await ask(bus, name="faulty", request=InboxRequest(
+            kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name))
+    finally:
+        await subscription.close()
+        await runtime.close()
+    assert (reply.request_id, reply.error.code, reply.error.retryable) == ("r1", "ExecutionFailed", False)
+    assert "RuntimeError: the conversation store broke on 'hi'" in reply.error.message
+
+
+async def test_a_retryable_failure_is_not_remembered_so_a_copy_runs_again(scripted_llm, bus):
+    scripted_llm.play(Turn(status=503, error="overloaded"), Turn(text="Back again."))
+    runtime = AgentRuntime.from_config(
+        agent_config(llm_url=scripted_llm.url, name="flaky"), bus=bus, env={API_KEY_ENV: "k"}, llm_max_attempts=1)
+    await runtime.start()
+    subscription = await serve_inbox(runtime=runtime, bus=bus)
+    request = InboxRequest(kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name)
+    try:
+        first = await ask(bus, name="flaky", request=request)
+        second = await ask(bus, name="flaky", request=request)
+        third = await ask(bus, name="flaky", request=request)
+    finally:
+        await subscription.close()
+        await runtime.close()
+    assert (first.error.code, first.error.retryable) == ("Unavailable", True) and "HTTP 503" in first.error.message
+    assert second.answer == third.answer == "Back again." and len(scripted_llm.requests) == 2
+
+
 def test_reply_queues_are_per_process():
     queue = agent_replies(namespace="team-a", name="lead", instance="ab12")
     assert queue.name == "agent.team-a.lead.replies.ab12" and queue.arguments == {"x-expires": 3_600_000}
