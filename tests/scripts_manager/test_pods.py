@@ -53,13 +53,23 @@ class FakeKubelet:
         self._pods: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        listed = await self.kube.list(PODS, namespace=NS)
-        async for event in self.kube.watch(PODS, namespace=NS, resource_version=listed.resource_version):
-            if event.type == "ADDED":
-                self.seen.append(event.object)
-                task = asyncio.create_task(self._start(event.object))
-                self._pods.add(task)
-                task.add_done_callback(self._pods.discard)
+        """List, then watch from the list's version, like an informer: a pod created before the
+        list is in it, one created after is an event, and a watch that ends is listed again."""
+        while True:
+            listed = await self.kube.list(PODS, namespace=NS)
+            for pod in listed.items:
+                self._admit(pod)
+            async for event in self.kube.watch(PODS, namespace=NS, resource_version=listed.resource_version):
+                if event.type == "ADDED":
+                    self._admit(event.object)
+
+    def _admit(self, pod: dict[str, Any]) -> None:
+        if any(known["metadata"]["uid"] == pod["metadata"]["uid"] for known in self.seen):
+            return
+        self.seen.append(pod)
+        task = asyncio.create_task(self._start(pod))
+        self._pods.add(task)
+        task.add_done_callback(self._pods.discard)
 
     async def _start(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
