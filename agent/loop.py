@@ -6,8 +6,10 @@ calls are on, at most `max_parallel` at once; else one after another, in the mod
 each call gets exactly one `role: tool` message with its `tool_call_id`, in the order the calls
 were made, so any provider accepts the next request. Unknown and blacklisted tools are answered
 with an error without running anything (the registry decides). A result longer than
-`max_result_chars` is split into working memory when the model has `get_from_working_memory`,
-and cut with a notice otherwise. The loop ends with the first
+`max_result_chars` is split into working memory and the model gets an index of keys; the reader
+`get_from_working_memory` is installed then if the `memory` set did not already offer it, so any
+tool's large result can be read back. Only if the reader is blacklisted is the result cut with a
+notice. The loop ends with the first
 answer without tool calls, or after `max_iterations` rounds with a final message saying so.
 """
 
@@ -22,6 +24,7 @@ from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmClient, ToolCall
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+from rockbot.agent.toolsets.memory import reader
 
 Message = dict[str, Any]
 READER = "get_from_working_memory"
@@ -103,12 +106,14 @@ class ToolLoop:
         )
 
     def _fitted(self, outcome: ToolOutcome, *, session_id: str) -> str:
-        """A long result goes to working memory (index returned) if the model can read it back, else is cut."""
+        """A long result goes to working memory (index returned, reader installed), else is cut if it cannot."""
         content = outcome.for_model()
         limit = self.settings.max_result_chars
         if len(content) <= limit:
             return content
-        if READER in self.registry and not self.registry.is_blacklisted(READER):
+        if not self.registry.is_blacklisted(READER):
+            if READER not in self.registry:
+                self.registry.register(reader(self.memory))
             return self.memory.offload(session_id=session_id, tool_name=outcome.name, content=content, threshold=limit)
         return f"{content[:limit]}\n[result truncated: {len(content) - limit} characters omitted]"
 

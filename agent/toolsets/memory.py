@@ -1,4 +1,10 @@
-"""The `memory` set: read back the chunks of large tool results kept in working memory."""
+"""The `memory` set: read back the chunks of large tool results kept in working memory.
+
+Enabling the set offers `get_from_working_memory` (and its guide) from the start. Without it the
+loop still installs the reader (`reader`) the first time a result is chunked, because any tool can
+return a large result and an index of keys the model cannot read would be useless; only a
+blacklisted reader means results are cut instead.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ from typing import Annotated
 from pydantic import Field
 
 from rockbot.agent.defining import tool
-from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.memory import WorkingMemory
+from rockbot.agent.registry import Tool, ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.errors import ErrorCode
 
@@ -23,8 +30,8 @@ GUIDE = Guide(
 )
 
 
-async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
-    memory = kit.memory
+def reader(memory: WorkingMemory) -> Tool:
+    """The `get_from_working_memory` tool over `memory`."""
 
     @tool(name="get_from_working_memory", description=catalogue_description("get_from_working_memory"))
     async def get_from_working_memory(
@@ -41,5 +48,9 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
             )
         return value
 
-    registry.register(get_from_working_memory)
+    return get_from_working_memory
+
+
+async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
+    registry.register(reader(kit.memory))
     kit.guides.add(GUIDE)

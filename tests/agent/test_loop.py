@@ -204,17 +204,39 @@ def tool_messages_from(body):
     return [m for m in body["messages"] if m["role"] == "tool"]
 
 
-async def test_a_large_result_is_cut_when_working_memory_is_not_enabled(scripted_llm):
+async def test_a_large_result_brings_the_reader_when_the_memory_set_is_not_enabled(scripted_llm):
+    @tool
+    async def fetch_report() -> str:
+        """Fetch the big report."""
+        return "x" * 5000
+
+    def read_chunk(body):
+        key = re.search(r"`(tool:fetch_report:[0-9a-f]+:chunk0)`", tool_messages_from(body)[-1]["content"]).group(1)
+        return Turn(tool_calls=[ScriptedCall(name="get_from_working_memory", arguments={"key": key})])
+
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="fetch_report")]), read_chunk, Turn(text="ok"))
+    async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000}) as agent:
+        await agent.chat("s", "go")
+    first, second, third = scripted_llm.requests
+    assert first.tool_names == ["fetch_report"]
+    assert second.tool_names == ["fetch_report", "get_from_working_memory"]
+    assert "get_from_working_memory(key)" in tool_messages(second)[-1]["content"]
+    assert tool_messages(third)[-1]["content"] == "x" * 500
+
+
+async def test_a_large_result_is_cut_when_the_reader_is_blacklisted(scripted_llm):
     @tool
     async def fetch_report() -> str:
         """Fetch the big report."""
         return "x" * 5000
 
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="fetch_report")]), Turn(text="ok"))
-    async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000}) as agent:
+    async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000},
+                           tool_blacklist=["get_from_working_memory"]) as agent:
         await agent.chat("s", "go")
     content = tool_messages(scripted_llm.requests[1])[-1]["content"]
     assert content == "x" * 1000 + "\n[result truncated: 4000 characters omitted]"
+    assert scripted_llm.requests[1].tool_names == ["fetch_report"]
 
 
 async def test_max_iterations_ends_with_a_clear_message(scripted_llm):
