@@ -14,7 +14,7 @@ MODELS = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask}
 
 def test_every_example_resource_is_valid():
     kinds = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
             MODELS[document["kind"]].model_validate(document)
             kinds.append(document["kind"])

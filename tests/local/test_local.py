@@ -40,10 +40,10 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
         ),
         Turn(text="The sum is 42."),
     )
-    # analyst.yaml alone: the MCP example points at a cluster Service this test must not try to reach.
+    # The README's command: the whole folder (the in-cluster MCP example sits in a sub-folder it skips).
     result = await rockbot_local(
         "-f",
-        str(EXAMPLES / "analyst.yaml"),
+        str(EXAMPLES),
         "--prompt",
         "Add 1, 2 and 39.",
         env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
