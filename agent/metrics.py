@@ -2,7 +2,8 @@
 
 Names are part of the product's contract (dashboards use them): tool calls are counted and timed
 by tool and status (`ok` or the error code); model requests are counted by status and tokens by
-kind (`prompt`, `completion`).
+kind (`prompt`, `completion`). A tool name the model invented is labelled `<unknown>`: the
+model can write any string, and each one would otherwise become a new time series.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 
 from rockbot.agent.llm import Usage
 from rockbot.agent.registry import ToolOutcome
+
+UNKNOWN_TOOL = "<unknown>"
 
 
 class AgentMetrics:
@@ -37,8 +40,9 @@ class AgentMetrics:
         )
 
     def observe_tool(self, outcome: ToolOutcome) -> None:
-        self.tool_duration.labels(tool=outcome.name, status=outcome.status).observe(outcome.duration_seconds)
-        self.tool_invocations.labels(tool=outcome.name, status=outcome.status).inc()
+        tool = outcome.name if outcome.known else UNKNOWN_TOOL
+        self.tool_duration.labels(tool=tool, status=outcome.status).observe(outcome.duration_seconds)
+        self.tool_invocations.labels(tool=tool, status=outcome.status).inc()
 
     def llm_observer(self, model: str):
         def observe(status: str, usage: Usage | None) -> None:

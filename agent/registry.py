@@ -94,7 +94,8 @@ class ToolOutcome(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tool_call_id: str
-    name: str
+    name: str  # as the model wrote it, which may be any string
+    known: bool = True  # False when no tool of that name exists (the name is the model's invention)
     content: str = ""
     error: ErrorInfo | None = None
     duration_seconds: float = 0.0
@@ -222,7 +223,8 @@ class ToolRegistry:
             content = await self._run(name, arguments, context)
             outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, content=content)
         except ToolFailure as failure:
-            outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=failure.info)
+            outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=failure.info,
+                                  known=name in self._tools or name in self._blacklist)
         outcome = outcome.model_copy(update={"duration_seconds": time.perf_counter() - started})
         for observer in self._observers:
             observer(outcome)
