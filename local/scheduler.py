@@ -10,17 +10,17 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import secrets
 import uuid
 from collections.abc import Callable
 
 from rockbot.bus import Bus
-from rockbot.bus.topology import Queue, agent_inbox
+from rockbot.bus.topology import agent_inbox, local_scheduler_replies
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.local.manifests import NAMESPACE
 from rockbot.operator.scheduling.cron import CronSchedule
 from rockbot.resources import ScheduledTask
 
-REPLIES = Queue(name="local.scheduler.replies", arguments={"x-expires": 3_600_000})
 logger = logging.getLogger(__name__)
 Report = Callable[[str, InboxReply | None, str | None], None]
 
@@ -33,6 +33,8 @@ class LocalScheduler:
         self._tasks = tasks
         self._report = report
         self._loops: list[asyncio.Task[None]] = []
+        #: Per process: two `rockbot local` runs on one broker must not take each other's replies.
+        self._replies = local_scheduler_replies(instance=secrets.token_hex(4))
 
     def start(self) -> None:
         for task in self._tasks:
@@ -74,13 +76,13 @@ class LocalScheduler:
             request_id=f"{name}-{instant:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}",
             session_id=f"task-{name}",
             content=task.spec.prompt,
-            reply_to=REPLIES.name,
+            reply_to=self._replies.name,
         )
         try:
             delivery = await self._bus.request(
                 queue=agent_inbox(namespace=NAMESPACE, name=task.spec.agent_ref.name),
                 body=request,
-                reply_queue=REPLIES,
+                reply_queue=self._replies,
                 correlation_id=request.request_id,
                 timeout_seconds=task.spec.run_timeout_seconds,
             )

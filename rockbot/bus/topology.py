@@ -12,6 +12,7 @@ touches it first, so declarations never conflict.
 | `agent.<namespace>.<name>.replies.<instance>`  | `InboxReply` to that process's agent calls  | one agent process  |
 | `operator.scheduling`                          | scheduling requests from agents             | operator           |
 | `agent.<namespace>.<name>.scheduling-replies.<instance>` | `SchedulingReply` to that process  | one agent process  |
+| `local.scheduler.replies.<instance>`           | `InboxReply` to `rockbot local`'s tasks     | one local process  |
 
 Reply queues belong to one process (`instance`, random per process): replicas sharing one would
 take each other's replies. They expire after an hour unused, so processes that are gone leave
@@ -86,5 +87,13 @@ def scheduling_replies(*, namespace: str, name: str, instance: str) -> Queue:
     """Where the operator answers one agent process's scheduling requests."""
     return Queue(
         name=scheduling_reply_prefix(namespace=namespace, name=name) + _segment(field="instance", value=instance),
+        arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
+    )
+
+
+def local_scheduler_replies(*, instance: str) -> Queue:
+    """Where agents answer the ScheduledTasks that one `rockbot local` process fires."""
+    return Queue(
+        name=f"local.scheduler.replies.{_segment(field='instance', value=instance)}",
         arguments={"x-expires": _REPLY_QUEUE_EXPIRES_MS},
     )
