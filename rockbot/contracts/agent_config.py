@@ -105,8 +105,8 @@ class ModelConfig(Contract):
     name: str
     api_key: SecretEnv | None = None
     temperature: float | None = None
-    max_result_chars: int = 16_000
-    request_timeout_seconds: float = 120.0
+    max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = 16_000  # the Agent CRD's bounds
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
 
 
 class ScriptLimits(Contract):
@@ -144,7 +144,7 @@ class AgentConfig(Contract):
     builtin_tools: list[BuiltinToolSet] = Field(default_factory=list)
     tool_blacklist: list[str] = Field(default_factory=list)
     parallel_tool_calls: bool = True
-    max_iterations: int = 10
+    max_iterations: Annotated[int, Field(ge=1, le=100)] = 10  # the Agent CRD's bounds
     script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
