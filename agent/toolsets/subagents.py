@@ -9,13 +9,18 @@ by side: spawn them in one round of parallel tool calls.
 
 The whiteboard is a small key-value store per conversation (session): the parent and its helpers
 read and write it to hand over results. Bounds: `MAX_HELPERS_RUNNING` per session,
-`MAX_WHITEBOARD_KEYS` keys and `MAX_WHITEBOARD_VALUE` characters per value.
+`MAX_WHITEBOARD_KEYS` keys and `MAX_WHITEBOARD_VALUE` characters per value. An agent lives long
+and serves many sessions, so what is finished is forgotten, oldest first: at most
+`MAX_HELPERS_KEPT` finished helpers and `MAX_WHITEBOARDS` whiteboards (the least recently used
+goes; one whose session still has a helper running is kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
@@ -28,6 +33,8 @@ from rockbot.contracts.errors import ErrorCode
 MAX_HELPERS_RUNNING = 4
 MAX_WHITEBOARD_KEYS = 256
 MAX_WHITEBOARD_VALUE = 64_000
+MAX_HELPERS_KEPT = 256
+MAX_WHITEBOARDS = 256
 SPAWN_TOOLS = frozenset({"spawn_subagent", "list_subagents", "cancel_subagent"})
 
 GUIDE = Guide(
@@ -58,32 +65,84 @@ class Helper(BaseModel):
     task: asyncio.Task[None] | None = Field(default=None, exclude=True)
 
 
+class Roster:
+    """The helpers of every session, forgetting the oldest finished ones beyond `max_kept`."""
+
+    def __init__(self, *, max_kept: int = MAX_HELPERS_KEPT) -> None:
+        self._helpers: dict[str, Helper] = {}
+        self._max_kept = max_kept
+
+    def add(self, helper: Helper) -> None:
+        self._helpers[helper.id] = helper
+        self.forget_finished()
+
+    def get(self, helper_id: str) -> Helper | None:
+        return self._helpers.get(helper_id)
+
+    def of_session(self, session_id: str) -> list[Helper]:
+        return [h for h in self._helpers.values() if h.session_id == session_id]
+
+    def all(self) -> list[Helper]:
+        return list(self._helpers.values())
+
+    def running_sessions(self) -> set[str]:
+        return {h.session_id for h in self._helpers.values() if h.state == "running"}
+
+    def forget_finished(self) -> None:
+        finished = [h.id for h in self._helpers.values() if h.state != "running"]
+        for helper_id in finished[: max(0, len(finished) - self._max_kept)]:
+            del self._helpers[helper_id]
+
+
 class Whiteboards:
-    def __init__(self) -> None:
-        self._boards: dict[str, dict[str, str]] = {}
+    """One key-value board per session, at most `max_boards`, least recently used evicted first."""
+
+    def __init__(self, *, max_boards: int = MAX_WHITEBOARDS, busy: Callable[[], set[str]] = set) -> None:
+        self._boards: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._max_boards = max_boards
+        self._busy = busy  # sessions whose boards must stay (a helper will write its answer there)
 
     def write(self, *, session_id: str, key: str, value: str) -> None:
         board = self._boards.setdefault(session_id, {})
+        self._boards.move_to_end(session_id)
         if key not in board and len(board) >= MAX_WHITEBOARD_KEYS:
             raise ToolFailure(
                 f"the whiteboard is full ({MAX_WHITEBOARD_KEYS} keys); overwrite an existing key instead",
                 code=ErrorCode.REJECTED,
             )
         board[key] = value[:MAX_WHITEBOARD_VALUE]
+        self._evict()
 
     def read(self, *, session_id: str, key: str) -> str | None:
-        return self._boards.get(session_id, {}).get(key)
+        return self._touched(session_id).get(key)
 
     def keys(self, *, session_id: str) -> list[str]:
-        return list(self._boards.get(session_id, {}))
+        return list(self._touched(session_id))
+
+    def sessions(self) -> list[str]:
+        return list(self._boards)
+
+    def _touched(self, session_id: str) -> dict[str, str]:
+        if session_id not in self._boards:
+            return {}
+        self._boards.move_to_end(session_id)
+        return self._boards[session_id]
+
+    def _evict(self) -> None:
+        excess = len(self._boards) - self._max_boards
+        if excess <= 0:
+            return
+        busy = self._busy()
+        for session_id in [s for s in self._boards if s not in busy][:excess]:
+            del self._boards[session_id]
 
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     if kit.run_helper is None:
         raise ValueError("the subagents tool set needs the runtime's helper runner")
     run_helper = kit.run_helper
-    boards = Whiteboards()
-    helpers: dict[str, Helper] = {}
+    helpers = Roster()
+    boards = Whiteboards(busy=helpers.running_sessions)
     numbers = itertools.count(1)
 
     @tool(name="spawn_subagent", description=catalogue_description("spawn_subagent"), timeout=660)
@@ -97,7 +156,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
             float, Field(ge=0, le=600, description="Wait this long for the answer (0: return at once).")
         ] = 0,
     ) -> str:
-        running = [h for h in helpers.values() if h.session_id == context.session_id and h.state == "running"]
+        running = [h for h in helpers.of_session(context.session_id) if h.state == "running"]
         if len(running) >= MAX_HELPERS_RUNNING:
             raise ToolFailure(
                 f"{len(running)} helpers are already running (the limit is {MAX_HELPERS_RUNNING}); wait for one "
@@ -113,7 +172,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                 f"unknown tools for the helper: {', '.join(unknown)}", code=ErrorCode.INVALID_ARGUMENTS
             )
         helper = Helper(id=f"h{next(numbers)}", session_id=context.session_id, instruction=instruction)
-        helpers[helper.id] = helper
+        helpers.add(helper)
 
         async def work() -> None:
             try:
@@ -131,6 +190,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         def settled(task: asyncio.Task[None]) -> None:
             if task.cancelled():  # also when cancelled before it ever ran
                 helper.state = "cancelled"
+            helpers.forget_finished()
 
         helper.task = asyncio.create_task(work(), name=f"helper {helper.id}")
         helper.task.add_done_callback(settled)
@@ -145,7 +205,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
 
     @tool(name="list_subagents", description=catalogue_description("list_subagents"))
     async def list_subagents(context: ToolContext) -> str:
-        mine = [h for h in helpers.values() if h.session_id == context.session_id]
+        mine = helpers.of_session(context.session_id)
         if not mine:
             return "You have started no helpers."
         rows = [f"| {h.id} | {h.state} | {h.instruction[:60]} | {h.answer[:120]} |" for h in mine]
@@ -185,7 +245,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         return value
 
     async def cancel_all() -> None:
-        tasks = [h.task for h in helpers.values() if h.task is not None and not h.task.done()]
+        tasks = [h.task for h in helpers.all() if h.task is not None and not h.task.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -6,6 +6,7 @@ import pytest
 
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.agent.toolsets.subagents import Helper, Roster, Whiteboards
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedCall, Turn
@@ -199,3 +200,26 @@ async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_
     assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout" and tool.timeout == 10 + 150 + 10
     assert sandbox.requests[0]["input_data"] == '{"text": "hello"}'
     assert sandbox.requests[0]["script"].startswith("import json,sys")
+
+
+def test_finished_helpers_are_forgotten_oldest_first_running_ones_never():
+    roster = Roster(max_kept=2)
+    for n in range(1, 5):
+        roster.add(Helper(id=f"h{n}", session_id="s", instruction="x", state="done"))
+    roster.add(Helper(id="h5", session_id="t", instruction="x"))  # running
+    roster.add(Helper(id="h6", session_id="t", instruction="x", state="failed"))
+    assert [h.id for h in roster.all()] == ["h4", "h5", "h6"]
+    assert roster.get("h1") is None and roster.running_sessions() == {"t"}
+
+
+def test_idle_whiteboards_are_evicted_least_recently_used_first_busy_ones_kept():
+    busy = {"s1"}
+    boards = Whiteboards(max_boards=2, busy=lambda: busy)
+    boards.write(session_id="s1", key="k", value="v1")  # its session still has a helper running
+    boards.write(session_id="s2", key="k", value="v2")
+    boards.write(session_id="s3", key="k", value="v3")
+    assert boards.sessions() == ["s1", "s3"]
+    boards.read(session_id="s1", key="k")  # a read counts as use
+    busy.clear()
+    boards.write(session_id="s4", key="k", value="v4")
+    assert boards.sessions() == ["s1", "s4"] and boards.read(session_id="s3", key="k") is None
