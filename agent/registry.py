@@ -173,10 +173,6 @@ class ToolRegistry:
         self._openai_cache = None
         return tool
 
-    def observe(self, observer: InvocationObserver) -> None:
-        """Call `observer` with every outcome (metrics, logs)."""
-        self._observers.append(observer)
-
     # -- lookup -------------------------------------------------------------------------------
 
     def get(self, name: str) -> Tool | None:
