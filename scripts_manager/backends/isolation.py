@@ -1,16 +1,22 @@
-"""How a local script is cut off from the host: bubblewrap, else `unshare`, else (only if asked) nothing.
+"""How a local script is cut off from the host: bubblewrap, or (only if asked) something weaker.
 
 bubblewrap gives the script new user, network, PID, IPC and UTS namespaces, a read-only view of
 just `/usr` and the interpreter's prefix, a private size-limited `/tmp`, and no capabilities; it
-dies with the manager. `unshare --net --map-root-user --pid` is the fallback where bubblewrap is
-missing: no network and its own PIDs, but the host filesystem stays visible (as the manager's
-user), so prefer bubblewrap. `unsafe-none` runs the script as a plain subprocess and exists only
-for machines where neither works and the user opted in explicitly.
+dies with the manager. It is the only sandbox `auto` will use.
+
+`unshare --net --map-root-user --pid` cuts the network and the PIDs but is *not* a filesystem
+sandbox: the script runs as uid 0 of its namespace (the manager's user outside), sees and can
+write whatever that user can, and shares the host's /tmp. Giving it a mount namespace of its own
+would rebuild bubblewrap by hand, so instead it is never picked silently: `auto` without a working
+bubblewrap refuses, naming ROCKBOT_SCRIPTS_LOCAL_ISOLATION and the fix (install bubblewrap), and
+`unshare` (like `unsafe-none`, which isolates nothing) must be chosen explicitly and is logged as a
+warning every time a backend starts with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,17 +26,23 @@ from pydantic import BaseModel, ConfigDict
 
 from rockbot.scripts_manager.backends import SandboxUnavailable
 
+log = logging.getLogger(__name__)
+
 IsolationKind = Literal["bwrap", "unshare", "unsafe-none"]
 
 #: Where the bubblewrap sandbox sees the job's files and the package set.
 SANDBOX_JOB_DIR = Path("/sandbox")
 SANDBOX_PACKAGES_DIR = Path("/opt/rockbot/packages")
 
-_UNSAFE_HINT = (
-    "install bubblewrap (apt-get install -y bubblewrap) or allow user namespaces for `unshare`; "
-    "only for trusted scripts on a development machine, ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none "
-    "runs them without any isolation"
+_INSTALL_HINT = (
+    "install bubblewrap (apt-get install -y bubblewrap); only for trusted scripts on a development machine, "
+    "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unshare cuts the network but not the filesystem, and "
+    "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none runs them without any isolation"
 )
+_WEAK = {
+    "unshare": "no network, but the script runs as uid 0 of its namespace and can read and write the host's files",
+    "unsafe-none": "the script runs as a plain subprocess with the manager's rights and network",
+}
 
 
 class Interpreter(BaseModel):
@@ -84,24 +96,28 @@ async def detect(
     *, mode: Literal["auto", "bwrap", "unshare", "unsafe-none"], interpreter: Interpreter,
     search_path: str | None = None,
 ) -> Isolation:
-    """The first isolation that actually starts a Python here; refuse clearly when none does."""
+    """The isolation asked for (`auto` means bubblewrap), once it starts a Python here; refuse clearly otherwise."""
     if mode == "unsafe-none":
-        return Isolation(kind="unsafe-none")
-    kinds: list[IsolationKind] = ["bwrap", "unshare"] if mode == "auto" else [mode]
-    problems: list[str] = []
-    for kind in kinds:
+        isolation = Isolation(kind="unsafe-none")
+    else:
+        kind: IsolationKind = "bwrap" if mode == "auto" else mode
         executable = shutil.which(kind, path=search_path)
         if executable is None:
-            problems.append(f"{kind}: not installed")
-            continue
+            raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: not installed"))
         isolation = Isolation(kind=kind, executable=executable)
         problem = await _probe(isolation=isolation, interpreter=interpreter)
-        if problem is None:
-            return isolation
-        problems.append(f"{kind}: {problem}")
-    raise SandboxUnavailable(
-        f"no way to isolate local scripts works here ({'; '.join(problems)}): {_UNSAFE_HINT}"
-    )
+        if problem is not None:
+            raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: {problem}"))
+    if isolation.kind in _WEAK:
+        log.warning(
+            "UNSAFE: ROCKBOT_SCRIPTS_LOCAL_ISOLATION=%s is not a sandbox (%s); use it only for trusted scripts, "
+            "and install bubblewrap for anything else", isolation.kind, _WEAK[isolation.kind],
+        )  # fmt: skip
+    return isolation
+
+
+def _refusal(*, mode: str, problem: str) -> str:
+    return f"ROCKBOT_SCRIPTS_LOCAL_ISOLATION={mode} cannot isolate local scripts here ({problem}): {_INSTALL_HINT}"
 
 
 async def _probe(*, isolation: Isolation, interpreter: Interpreter) -> str | None:

@@ -159,9 +159,33 @@ async def test_without_any_isolation_the_sandbox_refuses_and_says_how_to_fix_it(
     with pytest.raises(SandboxUnavailable) as refused:
         await LocalBackend.create(settings=make_settings(), search_path=str(tmp_path))
     message = str(refused.value)
-    assert "bwrap: not installed" in message and "unshare: not installed" in message
+    assert "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=auto" in message and "bwrap: not installed" in message
     assert "apt-get install -y bubblewrap" in message
     assert "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none" in message
+
+
+async def test_auto_never_falls_back_to_unshare_which_is_no_filesystem_sandbox(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "unshare").symlink_to("/usr/bin/unshare")  # unshare works here; bubblewrap is "missing"
+    with pytest.raises(SandboxUnavailable) as refused:
+        await LocalBackend.create(settings=make_settings(scripts_local_isolation="auto"), search_path=str(tmp_path))
+    message = str(refused.value)
+    assert "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=auto" in message and "bwrap: not installed" in message
+    assert "install bubblewrap" in message
+
+
+async def test_unshare_runs_only_when_chosen_and_warns_that_it_writes_the_host(
+    make_settings: MakeSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "unshare").symlink_to("/usr/bin/unshare")
+    sandbox = await LocalBackend.create(
+        settings=make_settings(scripts_local_isolation="unshare"), search_path=str(tmp_path)
+    )
+    assert sandbox.isolation.kind == "unshare"
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING" and "UNSAFE" in r.getMessage()]
+    assert "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unshare is not a sandbox" in warning.getMessage()
+    assert "install bubblewrap" in warning.getMessage()
 
 
 async def test_unsafe_runner_works_only_when_asked_for(make_settings: MakeSettings, tmp_path: Path) -> None:
