@@ -107,7 +107,8 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
-    log.info("agent %s/%s listening on %s:%d", config.namespace, config.name, args.host, args.port)
+    port = runner.addresses[0][1]  # the bound one: `--port 0` asks the system for a free port
+    log.info("agent %s/%s listening on %s:%d", config.namespace, config.name, args.host, port)
     subscription = None
     try:
         await runtime.start()

@@ -1,13 +1,16 @@
 """A small MCP server for tests, built with the official SDK.
 
     python tests/agent/mcp_server.py stdio
-    python tests/agent/mcp_server.py streamable-http PORT
-    python tests/agent/mcp_server.py sse PORT
+    python tests/agent/mcp_server.py streamable-http   # prints the port it bound on 127.0.0.1 first
+    python tests/agent/mcp_server.py sse
     python tests/agent/mcp_server.py stdio-unlistable   # answers every tools/list with an error
 """
 
+import asyncio
+import socket
 import sys
 
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -47,4 +50,11 @@ if __name__ == "__main__":
     elif transport == "stdio":
         server.run("stdio")
     else:
-        server.run(transport, host="127.0.0.1", port=int(sys.argv[2]))
+        # Bind port 0 here and say which port it got: no free-port guess that another process could take first.
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(64)
+        print(listening.getsockname()[1], flush=True)
+        app = server.streamable_http_app() if transport == "streamable-http" else server.sse_app()
+        config = uvicorn.Config(app, log_level="warning")
+        asyncio.run(uvicorn.Server(config).serve(sockets=[listening]))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 
@@ -43,29 +43,41 @@ def test_a_configured_token_env_that_is_empty_is_an_error(tmp_path):
     assert done.returncode == 2 and f"env var {TOKEN_ENV}, which is empty" in done.stderr
 
 
+async def bound_port(process) -> int:
+    """The port the agent reports it bound (it was started with `--port 0`: no free-port guess to race)."""
+    seen = []
+    while line := (await process.stderr.readline()).decode():
+        seen.append(line)
+        if match := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+            return int(match.group(1))
+    raise AssertionError(f"the agent exited without listening: {''.join(seen)}")
+
+
+async def ready(http: aiohttp.ClientSession, base: str, process) -> None:
+    """Until /readyz says 200 (the caller's wait_for fails the test at its deadline)."""
+    while True:
+        assert process.returncode is None, "the agent process exited before it was ready"
+        try:
+            async with http.get(f"{base}/readyz") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.1)
+
+
 async def test_the_agent_process_serves_chat_and_stops_on_sigterm(tmp_path, scripted_llm):
     scripted_llm.play(Turn(text="Hello from a process."))
     path = tmp_path / "agent.yaml"
     config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV}, builtin_tools=["memory"])
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", str(port),
+    command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", "0",
                                  "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k"})
     process = await asyncio.create_subprocess_exec(*command, env=env, stderr=asyncio.subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
     try:
+        base = f"http://127.0.0.1:{await asyncio.wait_for(bound_port(process), 30)}"
         async with aiohttp.ClientSession() as http:
-            for _ in range(200):
-                try:
-                    async with http.get(f"{base}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                assert process.returncode is None, await process.stderr.read()
-                await asyncio.sleep(0.1)
+            await asyncio.wait_for(ready(http, base, process), 30)
             body = {"messages": [{"role": "user", "content": "hi"}]}
             async with http.post(f"{base}/v1/chat/completions", json=body) as response:
                 assert response.status == 401

@@ -40,6 +40,7 @@ class Gauge:
             self.peak = max(self.peak, self.running)
             if self.running == self.expected:
                 self.all_in.set()
+            await asyncio.sleep(0)  # always yield, so a call run beside this one gets in (even if all_in is set)
             await asyncio.wait_for(self.all_in.wait(), 5)
             self.running -= 1
             return f"value of {key}"

@@ -6,7 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,27 +25,15 @@ SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CONTEXT = ToolContext(session_id="s", tool_call_id="c")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve(transport: str):
-    port = free_port()
-    process = subprocess.Popen([sys.executable, SERVER, transport, str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process, port
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"the MCP test server ({transport}) exited with {process.returncode}") from None
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"the MCP test server ({transport}) did not listen on {port}")
+    """Start the test server; it binds port 0 itself and prints the port, so there is no port to race for."""
+    process = subprocess.Popen([sys.executable, SERVER, transport], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    line = process.stdout.readline().strip()
+    if not line.isdigit():
+        process.kill()
+        raise RuntimeError(f"the MCP test server ({transport}) did not report its port (exit {process.wait(10)})")
+    return process, int(line)
 
 
 @pytest.fixture(scope="module")
@@ -195,13 +182,20 @@ async def test_a_server_that_cannot_list_its_tools_is_reported_and_the_agent_sta
 
 
 async def test_a_server_that_is_down_does_not_stop_the_agent(scripted_llm):
-    url = f"http://127.0.0.1:{free_port()}/mcp"
-    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
-        "weather", {"server": "weather", "url": url, "tool": "forecast"}, description="Forecast.")])
+    with socket.socket() as bound:  # bound, never listening: connections are refused and nobody else gets the port
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}/mcp"
+        config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+            "weather", {"server": "weather", "url": url, "tool": "forecast"}, description="Forecast.")])
+        outcome, servers = await down_server_outcomes(config)
+    assert (outcome.error.code, outcome.error.retryable) == ("Unavailable", True)
+    assert "MCP server 'weather'" in outcome.error.message
+    assert "unavailable" in servers.content
+
+
+async def down_server_outcomes(config):
     async with AgentRuntime.from_config(config, env={}) as agent:
         assert agent.ready
         outcome = await agent.registry.invoke("weather", {}, context=CONTEXT)
         servers = await agent.registry.invoke("mcp_list_servers", {}, context=CONTEXT)
-    assert (outcome.error.code, outcome.error.retryable) == ("Unavailable", True)
-    assert "MCP server 'weather'" in outcome.error.message
-    assert "unavailable" in servers.content
+    return outcome, servers
