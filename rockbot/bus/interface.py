@@ -1,10 +1,15 @@
 """The bus every rockbot process talks through: publish, consume with manual ack, request/reply.
 
 A handler's message is acked only after the handler returns, so anything it publishes (its reply)
-is confirmed first; a handler that raises gets its message requeued once and then dropped (a
-poison message must not loop forever); a consumer that stops mid-handle leaves its messages to be
-redelivered. Request/reply is built here once on top of `publish` and `consume`, so both
-implementations share it.
+is confirmed first. What happens to the message of a handler that raises depends on why:
+- a transient bus error (`BusUnavailable`, or a plain `BusError` such as the broker refusing a
+  publish or the bus closing) requeues it every time, after a short pause: the work may well be
+  done and only its reply failed to go out, so dropping it would lose the request;
+- `BadMessage` drops it at once with an error log: the same bytes will never parse;
+- anything else (a bug, `NoRoute`, `RequestTimeout`) requeues it once and then drops it with an
+  error log, so a poison message cannot loop forever.
+A consumer that stops mid-handle leaves its messages to be redelivered. Request/reply is built
+here once on top of `publish` and `consume`, so both implementations share it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel
 
-from rockbot.bus.errors import BusError, RequestTimeout
+from rockbot.bus.errors import BadMessage, BusError, NoRoute, RequestTimeout
 from rockbot.bus.messages import Delivery
 from rockbot.bus.topology import Queue
 
@@ -27,17 +32,37 @@ Handler = Callable[[Delivery], Awaitable[None]]
 Outcome = Literal["ack", "requeue", "drop"]
 
 _REPLY_PREFETCH = 64
+#: How long a handler that hit a transient bus error holds its slot before its message is requeued.
+TRANSIENT_PAUSE_SECONDS = 0.5
 
 
 async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
     """Run a handler and say what to do with its message (cancellation propagates: no ack)."""
     try:
         await handler(delivery)
+    except BadMessage:
+        log.exception("message %s on %s cannot be read; dropping it", delivery.message_id, delivery.queue)
+        return "drop"
+    except BusError as exc:
+        if isinstance(exc, NoRoute | RequestTimeout):
+            return _after_failure(delivery)
+        log.warning("handler for %s hit a bus error (%s); requeueing message %s",
+                    delivery.queue, exc, delivery.message_id)
+        await asyncio.sleep(TRANSIENT_PAUSE_SECONDS)  # no hot loop while the bus recovers
+        return "requeue"
     except Exception:
-        outcome: Outcome = "drop" if delivery.redelivered else "requeue"
-        log.exception("handler for %s failed; message %s %s", delivery.queue, delivery.message_id, outcome)
-        return outcome
+        return _after_failure(delivery)
     return "ack"
+
+
+def _after_failure(delivery: Delivery) -> Outcome:
+    """Called from an `except` block: one more try, then drop (a poison message must not loop)."""
+    if delivery.redelivered:
+        log.exception("handler for %s failed again; dropping message %s", delivery.queue, delivery.message_id)
+        return "drop"
+    log.warning("handler for %s failed; requeueing message %s once", delivery.queue, delivery.message_id,
+                exc_info=True)
+    return "requeue"
 
 
 class Subscription(ABC):

@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from rockbot.bus import BadMessage, Bus, BusError, Delivery, NoRoute, Queue, RequestTimeout
+from rockbot.bus import BadMessage, Bus, BusError, BusUnavailable, Delivery, NoRoute, Queue, RequestTimeout
 from tests.bus.conftest import BusFactory
 
 WAIT = 10.0  # generous upper bound for things that should happen at once; never a timing assertion
@@ -112,6 +112,41 @@ async def test_failing_handler_gets_its_message_once_more_then_it_is_dropped(bus
     await bus.publish(queue=queue, body=Ping(n=1))
     assert await asyncio.wait_for(seen.get(), WAIT) == (1, False)
     assert await asyncio.wait_for(seen.get(), WAIT) == (1, True)
+    await bus.publish(queue=queue, body=Ping(n=2))
+    assert await asyncio.wait_for(seen.get(), WAIT) == (2, False)
+    assert seen.empty()
+
+
+async def test_a_transient_bus_error_requeues_the_message_even_after_redelivery(bus: Bus) -> None:
+    queue = fresh_queue()
+    seen: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+    handled = asyncio.Event()
+
+    async def reply_fails_twice(delivery: Delivery) -> None:
+        await seen.put((delivery.decode(Ping).n, delivery.redelivered))
+        if seen.qsize() <= 2:  # e.g. the reply could not be published while the broker was away
+            raise BusUnavailable("could not publish the reply")
+        handled.set()
+
+    await bus.consume(queue=queue, handler=reply_fails_twice)
+    await bus.publish(queue=queue, body=Ping(n=1))
+    await asyncio.wait_for(handled.wait(), WAIT)
+    assert [seen.get_nowait() for _ in range(3)] == [(1, False), (1, True), (1, True)]
+
+
+async def test_a_bad_message_is_dropped_at_once(bus: Bus) -> None:
+    queue = fresh_queue()
+    seen: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+
+    async def unreadable_one(delivery: Delivery) -> None:
+        ping = delivery.decode(Ping)
+        await seen.put((ping.n, delivery.redelivered))
+        if ping.n == 1:
+            delivery.decode(Other)  # raises BadMessage
+
+    await bus.consume(queue=queue, handler=unreadable_one)
+    await bus.publish(queue=queue, body=Ping(n=1))
+    assert await asyncio.wait_for(seen.get(), WAIT) == (1, False)
     await bus.publish(queue=queue, body=Ping(n=2))
     assert await asyncio.wait_for(seen.get(), WAIT) == (2, False)
     assert seen.empty()
