@@ -1,21 +1,27 @@
 """The scripts-manager's consumer: take a request from `script.invoke`, run it, reply, then ack.
 
 Every request is answered: a body that is not a valid request gets InvalidArguments naming the
-field, policy refusals get their code, sandbox trouble gets Unavailable/ExecutionFailed. A request
-id is run at most once while it is in flight: a redelivered or duplicated copy waits for the same
-run, and a copy arriving shortly after it finished (the manager died between replying and acking)
-gets the remembered answer instead of running the script again.
+field, policy refusals get their code, sandbox trouble gets Unavailable/ExecutionFailed.
+
+A request is known by its agent and request id together (another agent's same id is another
+request). It is run at most once while it is in flight: a redelivered or duplicated copy waits for
+the same run, and a copy arriving shortly after it finished (the manager died between replying and
+acking) gets the remembered answer instead of running the script again. A request that reuses an
+agent's request id with a different body (script, input, timeout or packages) is answered
+Rejected rather than run: a request id is a tool-call id and is never reused honestly, and running
+it would put two different answers under one correlation id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
 from pydantic import ValidationError
 
 from rockbot.bus import Bus, Delivery, NoRoute, Subscription
-from rockbot.bus.once import RunOnce
+from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
@@ -37,7 +43,7 @@ class ScriptService:
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
-        self._once: RunOnce[Reply] = RunOnce()
+        self._once: RunOnce[Reply] = RunOnce()  # keyed by (agent, request id)
         self._subscription: Subscription | None = None
 
     @property
@@ -72,7 +78,19 @@ class ScriptService:
                 code=ErrorCode.INVALID_ARGUMENTS,
                 message=_describe(exc),
             ))  # fmt: skip
-        return await self._once.run(key=request.request_id, work=lambda: self._run(request))
+        fingerprint = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        try:
+            return await self._once.run(
+                key=(request.agent, request.request_id), fingerprint=fingerprint, work=lambda: self._run(request)
+            )
+        except Conflict:
+            return self._count(_error(
+                request_id=request.request_id, code=ErrorCode.REJECTED,
+                message=(
+                    f"request_id {request.request_id!r} of agent {request.agent!r} was already used for a different "
+                    "script, input, timeout or packages; send each new request with a fresh request_id"
+                ),
+            ))  # fmt: skip
 
     async def _run(self, request: ScriptInvokeRequest) -> Reply:
         try:

@@ -1,10 +1,12 @@
-"""Run the work of one request id once, however often its message arrives.
+"""Run the work of one request once, however often its message arrives.
 
 A broker redelivers a message whose consumer died before acking (possibly after its reply went
-out), and a sender may publish twice. A consumer keeps a `RunOnce` keyed by the request id: a copy
-that arrives while the first is being handled joins that run; a copy that arrives after it gets
-the remembered result. Memory is bounded to the most recent ids; a run that fails or is cancelled
-is not remembered, so a later copy tries again.
+out), and a sender may publish twice. A consumer keeps a `RunOnce` keyed by whatever names one
+request (for example the sender and its request id): a copy that arrives while the first is being
+handled joins that run; a copy that arrives after it gets the remembered result. A `fingerprint`
+of the work tells a true copy from a different request reusing the key: that one gets `Conflict`
+instead of somebody else's answer. Memory is bounded to the most recent keys; a run that fails or
+is cancelled is not remembered, so a later copy tries again.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
@@ -22,24 +24,33 @@ T = TypeVar("T")
 DEFAULT_REMEMBERED = 1024
 
 
+class Conflict(Exception):
+    """A request reuses the key of another one in flight or remembered, with different work."""
+
+
 class RunOnce(Generic[T]):
     def __init__(self, *, remember: int = DEFAULT_REMEMBERED) -> None:
         if remember < 1:
             raise ValueError(f"remember={remember} must be at least 1 (how many finished ids to keep)")
         self._remember = remember
-        self._running: dict[str, asyncio.Future[T]] = {}
-        self._done: OrderedDict[str, T] = OrderedDict()
+        self._running: dict[Hashable, tuple[str, asyncio.Future[T]]] = {}
+        self._done: OrderedDict[Hashable, tuple[str, T]] = OrderedDict()
 
-    async def run(self, *, key: str, work: Callable[[], Awaitable[T]]) -> T:
-        """`work()`'s result for `key`, calling it only if no run for `key` is in flight or remembered."""
-        if key in self._done:
+    async def run(self, *, key: Hashable, work: Callable[[], Awaitable[T]], fingerprint: str = "") -> T:
+        """`work()`'s result for `key`, calling it only if no run for `key` is in flight or remembered.
+
+        `Conflict` if the run in flight or remembered for `key` had another `fingerprint`.
+        """
+        if (done := self._done.get(key)) is not None:
+            _check_same(key=key, had=done[0], has=fingerprint)
             log.info("%s was handled before; answering with the same result", key)
-            return self._done[key]
+            return done[1]
         if (running := self._running.get(key)) is not None:
+            _check_same(key=key, had=running[0], has=fingerprint)
             log.info("%s is being handled; waiting for that run", key)
-            return await asyncio.shield(running)  # a joiner cancelled must not cancel the run
+            return await asyncio.shield(running[1])  # a joiner cancelled must not cancel the run
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._running[key] = future
+        self._running[key] = (fingerprint, future)
         try:
             result = await work()
         except Exception as exc:
@@ -52,7 +63,12 @@ class RunOnce(Generic[T]):
         finally:
             del self._running[key]
         future.set_result(result)
-        self._done[key] = result
+        self._done[key] = (fingerprint, result)
         while len(self._done) > self._remember:
             self._done.popitem(last=False)
         return result
+
+
+def _check_same(*, key: Hashable, had: str, has: str) -> None:
+    if had != has:
+        raise Conflict(f"{key} was already used for a different request")

@@ -119,6 +119,37 @@ async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
     assert _sample(manager, "rockbot_scripts_run_duration_seconds_count", backend="local") == 1
 
 
+async def _ask(bus: MemoryBus, request: ScriptInvokeRequest) -> ScriptInvokeResponse | ScriptInvokeError:
+    reply = await bus.request(
+        queue=SCRIPT_INVOKE, body=request, reply_queue=script_result(namespace="default", agent=request.agent,
+                                                                   instance="ab12"),
+        correlation_id=request.request_id, timeout_seconds=WAIT,
+    )  # fmt: skip
+    return reply.decode(SCRIPT_INVOKE_REPLY)
+
+
+async def test_the_same_request_id_from_another_agent_is_another_request(
+    manager: ScriptsManager, bus: MemoryBus
+) -> None:
+    request_id = f"call-{uuid.uuid4().hex}"
+    alice = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('alice')"))
+    bob = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="bob", script="print('bob')"))
+    assert isinstance(alice, ScriptInvokeResponse) and alice.stdout == "alice\n", alice
+    assert isinstance(bob, ScriptInvokeResponse) and bob.stdout == "bob\n", bob
+
+
+async def test_a_reused_request_id_with_another_script_is_rejected_not_answered_from_memory(
+    manager: ScriptsManager, bus: MemoryBus
+) -> None:
+    request_id = f"call-{uuid.uuid4().hex}"
+    first = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('first')"))
+    assert isinstance(first, ScriptInvokeResponse) and first.stdout == "first\n", first
+    reused = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('second')"))
+    assert isinstance(reused, ScriptInvokeError), reused
+    assert (reused.error.code, reused.error.retryable) == (ErrorCode.REJECTED, False)
+    assert f"request_id {request_id!r} of agent 'alice' was already used" in reused.error.message
+
+
 async def test_health_readiness_and_metrics_over_http(
     manager: ScriptsManager, sandbox: ScriptSandbox
 ) -> None:
