@@ -9,42 +9,25 @@ import pytest
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
 from tests.chart.pod_security import pod_specs, restricted_violations
+from tests.chart.rbac import OPERATOR_SA, SCRIPTS_MANAGER_SA, allowed, expand, grants_of, rule_set
 
 Render = Callable[..., list[Manifest]]
 
-OPERATOR_SA = "rockbot-operator"
-SCRIPTS_MANAGER_SA = "rockbot-scripts-manager"
-
-
-def rule_set(rules: list[dict]) -> set[tuple[str, str, str]]:
-    """RBAC rules flattened to (apiGroup, resource, verb) triples, so equal rights compare equal."""
-    triples = set()
-    for rule in rules:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields: {rule}"
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    assert "*" not in (group, resource, verb), f"wildcard in {rule}"
-                    triples.add((group, resource, verb))
-    return triples
-
-
-def expand(group: str, resources: list[str], verbs: list[str]) -> set[tuple[str, str, str]]:
-    return {(group, resource, verb) for resource in resources for verb in verbs}
-
-
+# Exactly what the operator uses on objects in the namespaces it watches (test_operator_rbac.py checks
+# this list against the requests of a real run); granted per namespace unless it watches all of them.
 OPERATOR_RIGHTS = (
-    expand("rockbot.dev", ["agents", "tools", "scheduledtasks"], ["get", "list", "watch", "patch", "update"])
-    | expand("rockbot.dev", ["scheduledtasks"], ["create", "delete"])
-    | expand("rockbot.dev", ["agents/status", "tools/status", "scheduledtasks/status"], ["get", "patch", "update"])
+    expand("rockbot.dev", ["agents"], ["get", "list", "watch"])
+    | expand("rockbot.dev", ["tools"], ["list", "watch"])
+    | expand("rockbot.dev", ["scheduledtasks"], ["get", "list", "watch", "create", "patch", "delete"])
+    | expand("rockbot.dev", ["agents/status", "tools/status", "scheduledtasks/status"], ["patch"])
     | expand("apps", ["deployments"], ["get", "list", "watch", "create", "patch"])
     | expand("", ["serviceaccounts", "configmaps", "services"], ["get", "list", "watch", "create", "patch"])
     | expand("", ["secrets"], ["get", "create"])
-    | expand("", ["events"], ["create", "patch"])
-    | expand("events.k8s.io", ["events"], ["create", "patch"])
-    | expand("", ["namespaces"], ["get", "list", "watch"])
-    | expand("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
+    | expand("", ["events"], ["create"])
 )
+# Cluster-scoped and read-only: kopf's discovery of CRDs, and of namespaces when it watches a list of them.
+CRD_DISCOVERY = expand("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
+NAMESPACE_DISCOVERY = expand("", ["namespaces"], ["list", "watch"])
 
 SCRIPTS_MANAGER_RIGHTS = (
     expand("", ["pods"], ["create", "get", "list", "watch", "delete", "deletecollection"])
@@ -68,16 +51,38 @@ def test_only_the_operator_and_the_scripts_manager_are_bound_to_any_role(render:
             assert "agent" not in subject["name"]
 
 
-def test_operator_cluster_role_has_exactly_the_rights_it_uses(render: Render) -> None:
-    manifests = render()
-    (role,) = [m for m in manifests if m["kind"] == "ClusterRole"]
-    assert rule_set(role["rules"]) == OPERATOR_RIGHTS
-    (binding,) = [m for m in manifests if m["kind"] == "ClusterRoleBinding"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": NAMESPACE}]
-    # Children are removed by the garbage collector through owner references, never by the operator.
-    assert not {t for t in rule_set(role["rules"]) if t[2] == "delete" and t[1] != "scheduledtasks"}
+@pytest.mark.parametrize("name", ["defaults", "agent-namespaces"])
+def test_an_operator_watching_some_namespaces_has_rights_only_there(render: Render, name: str) -> None:
+    values = COMBINATIONS[name]
+    watched = [NAMESPACE, *values.get("agentNamespaces", [])]
+    grants = grants_of(render(values), account=OPERATOR_SA)
+    cluster_wide = [grant for grant in grants if grant.namespace is None]
+    assert [set(grant.rights) for grant in cluster_wide] == [CRD_DISCOVERY | NAMESPACE_DISCOVERY]
+    assert sorted(grant.namespace for grant in grants if grant.namespace) == sorted(watched)
+    for grant in grants:
+        if grant.namespace:
+            assert grant.binding.startswith("RoleBinding/")
+            assert set(grant.rights) == OPERATOR_RIGHTS, grant.namespace
+    for right in OPERATOR_RIGHTS:
+        assert not allowed(grants, right=right, namespace="kube-system"), right
+        assert not allowed(grants, right=right, namespace=None), right
+
+
+def test_an_operator_watching_all_namespaces_has_its_rights_cluster_wide(render: Render) -> None:
+    grants = grants_of(render({"operator": {"watchAllNamespaces": True}}), account=OPERATOR_SA)
+    assert all(grant.namespace is None for grant in grants)
+    assert [set(grant.rights) for grant in grants] == [CRD_DISCOVERY, OPERATOR_RIGHTS]
+    # kopf lists namespaces only to match a list of them, so watching all needs no namespace rights.
+    assert not {right for grant in grants for right in grant.rights} & NAMESPACE_DISCOVERY
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_the_operator_deletes_nothing_but_scheduled_tasks(render: Render, name: str) -> None:
+    """Children are removed by the garbage collector through owner references, never by the operator."""
+    for grant in grants_of(render(COMBINATIONS[name]), account=OPERATOR_SA):
+        deleting = {right for right in grant.rights if right[2] in ("delete", "deletecollection")}
+        assert deleting <= {("rockbot.dev", "scheduledtasks", "delete")}, grant.binding
+        assert not {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
 
 
 def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render) -> None:

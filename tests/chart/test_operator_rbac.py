@@ -1,0 +1,174 @@
+"""The operator's RBAC from evidence: run the real operator against the API emulator, through every path
+that touches the API (reconcile, repair, Tool fan-out, status, events, the scheduler, the agents'
+scheduling requests), and check that every request it made is allowed by the chart's rendered rules.
+
+The operator's requests are told apart from the test's own by identity, as RBAC does: the operator
+logs in with the kubeconfig's token, the test's client sends none.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from rockbot.bus import AmqpBus
+from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
+from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, SchedulingReply, SchedulingRequest
+from rockbot.kube import (
+    AGENTS,
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    SCHEDULED_TASKS,
+    SECRETS,
+    SERVICEACCOUNTS,
+    SERVICES,
+    TOOLS,
+    KubeClient,
+)
+from rockbot.operator.settings import OperatorSettings
+from tests.chart.conftest import Manifest
+from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
+from tests.fixtures.kubeapi import client_for
+from tests.kubeapi import KubeApiEmulator
+from tests.operator.harness import condition, operator_running
+from tests.operator.samples import agent_body, tool_body
+from tests.scheduling.conftest import FakeAgent
+from tests.waiting import eventually
+
+NS = "default"
+Render = Callable[..., list[Manifest]]
+
+
+@dataclass(frozen=True)
+class Used:
+    """One request the operator made, as RBAC sees it: the right it needs and where."""
+
+    right: Right
+    namespace: str | None
+
+
+def used_right(request: Any) -> Used | None:
+    """The (apiGroup, resource, verb) a request needs, or None for discovery (allowed to everyone)."""
+    parts = [part for part in request.url.path.split("/") if part]
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    if not rest:
+        return None
+    namespace = None
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    resource, name, sub = rest[0], (rest[1:2] or [None])[0], rest[2:3]
+    if sub:
+        resource = f"{resource}/{sub[0]}"
+    method = str(request.method.value).upper()
+    if method == "GET":
+        watching = str(request.params.get("watch", "")).lower() in ("true", "1")
+        verb = "watch" if watching else ("get" if name else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method) or (
+            "delete" if name else "deletecollection")
+    return Used(right=(group, resource, verb), namespace=namespace)
+
+
+def operator_requests(emulator: KubeApiEmulator) -> set[Used]:
+    return {
+        used
+        for request in emulator.requests
+        if request.headers.get("Authorization", "").startswith("Bearer ")
+        and (used := used_right(request)) is not None
+    }
+
+
+def secret(name: str, **data: str) -> dict:
+    encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+async def ask(bus: AmqpBus, agent: str, operation: ScheduleTask | ListTasks | CancelTask) -> SchedulingReply:
+    replies = scheduling_replies(namespace=NS, name=agent, instance="evidence")
+    delivery = await bus.request(
+        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent=f"{NS}/{agent}", operation=operation),
+        reply_queue=replies, correlation_id=secrets.token_hex(8), timeout_seconds=15,
+    )
+    reply = delivery.decode(SchedulingReply)
+    assert reply.error is None, reply.error
+    return reply
+
+
+async def exercise_the_operator(*, kube: KubeClient, amqp_url: str, namespaces: list[str]) -> None:
+    """Every path of the operator that talks to the API, once."""
+    await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
+    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": amqp_url}))
+    await kube.create(TOOLS, namespace=NS, body=tool_body("weather"))
+    await kube.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scheduling"]))
+    settings = OperatorSettings(namespaces=namespaces, amqp_url=amqp_url, resync_seconds=3600)
+    async with await AmqpBus.connect(url=amqp_url) as bus, operator_running(settings):
+        inbox = await FakeAgent(bus=bus, namespace=NS, name="analyst").start()
+        try:
+            deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
+            replicas = deployment["spec"]["replicas"]
+            await kube.patch(DEPLOYMENTS, namespace=NS, name="rockbot-analyst", subresource="status", body={
+                "status": {"observedGeneration": deployment["metadata"]["generation"], "replicas": replicas,
+                           "updatedReplicas": replicas, "readyReplicas": replicas}})
+
+            async def ready() -> None:
+                agent = await kube.get(AGENTS, namespace=NS, name="analyst")
+                assert condition(agent, "Ready")["status"] == "True"
+
+            await eventually(ready)
+            # Drift repair (children deleted or edited by hand) and a Tool change fanning out to its Agent.
+            await kube.delete(CONFIGMAPS, namespace=NS, name="rockbot-analyst-config")
+            await kube.patch(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst",
+                             body={"automountServiceAccountToken": True})
+            await kube.patch(SERVICES, namespace=NS, name="rockbot-analyst",
+                             body={"metadata": {"labels": {"app.kubernetes.io/name": "edited"}}})
+            await kube.patch(TOOLS, namespace=NS, name="weather", body={"spec": {"description": "Forecasts."}})
+
+            async def repaired() -> None:
+                config = await kube.get(CONFIGMAPS, namespace=NS, name="rockbot-analyst-config")
+                assert "Forecasts." in config["data"]["agent.json"]
+                account = await kube.get(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst")
+                assert account["automountServiceAccountToken"] is False
+                service = await kube.get(SERVICES, namespace=NS, name="rockbot-analyst")
+                assert service["metadata"]["labels"]["app.kubernetes.io/name"] == "rockbot-agent"
+
+            await eventually(repaired)
+            # The agent's scheduling tools: create, replace, list, cancel; then a task that fires.
+            await ask(bus, "analyst", ScheduleTask(name="digest", cron="0 18 * * *", prompt="Send the digest."))
+            await ask(bus, "analyst", ScheduleTask(name="digest", cron="0 19 * * *", prompt="Send the digest."))
+            await ask(bus, "analyst", ListTasks())
+            await ask(bus, "analyst", CancelTask(name="digest"))
+            await ask(bus, "analyst", ScheduleTask(name="tick", cron="* * * * * *", prompt="Tick."))
+
+            async def fired() -> None:
+                tasks = (await kube.list(SCHEDULED_TASKS, namespace=NS)).items
+                assert any((task.get("status") or {}).get("history") for task in tasks)
+
+            await eventually(fired, within=20)
+        finally:
+            await inbox.stop()
+
+
+@pytest.mark.parametrize("watch_all", [False, True], ids=["release-namespaces", "all-namespaces"])
+async def test_every_request_the_operator_makes_is_granted_by_the_chart(
+    kube_api: KubeApiEmulator, kubeconfig: Any, amqp_url: str, render: Render, watch_all: bool
+) -> None:
+    async with client_for(kube_api) as kube:
+        await exercise_the_operator(kube=kube, amqp_url=amqp_url, namespaces=[] if watch_all else [NS])
+    used = operator_requests(kube_api)
+    manifests = render({"operator": {"watchAllNamespaces": watch_all}}, namespace=NS)
+    grants = grants_of(manifests, account=OPERATOR_SA, account_namespace=NS)
+    refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
+                     if not allowed(grants, right=u.right, namespace=u.namespace))
+    assert refused == [], "the operator needs rights the chart does not grant"
+    granted = set().union(*(grant.rights for grant in grants))
+    assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the operator never used"
