@@ -13,7 +13,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "existing-bus-secret": {
         "rabbitmq": {"enabled": False},
-        "externalBroker": {"existingSecret": "my-amqp"},
+        "externalBroker": {"existingSecret": "my-amqp", "cidrs": ["10.20.0.0/16"]},
     },
     "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
     "sandbox-options": {

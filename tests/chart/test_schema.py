@@ -27,6 +27,10 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "resources-without-limits": ({"operator": {"resources": {"limits": None}}}, "operator.resources"),
     "package-with-version": ({"scripts": {"allowedPackages": ["numpy==2.0"]}}, "scripts.allowedPackages.0"),
     "no-broker-at-all": ({"rabbitmq": {"enabled": False}}, "set externalBroker.url"),
+    "external-broker-without-egress": (
+        {"rabbitmq": {"enabled": False}, "externalBroker": {"url": "amqp://u:p@broker:5672/"}},
+        "externalBroker.cidrs is empty: agent pods could not reach the broker; set externalBroker.cidrs",
+    ),
     "scripts-namespace-shared-with-agents": (
         {"agentNamespaces": ["rockbot-scripts"]},
         'scripts.namespace "rockbot-scripts" is also a namespace where agents run',

@@ -137,6 +137,9 @@ seccompProfile:
 {{- if and (not .Values.rabbitmq.enabled) (not .Values.externalBroker.url) (not .Values.externalBroker.existingSecret) -}}
 {{- fail "rabbitmq.enabled is false but no broker is given: set externalBroker.url (or externalBroker.existingSecret), or set rabbitmq.enabled=true" -}}
 {{- end -}}
+{{- if and (not .Values.rabbitmq.enabled) .Values.agents.egress.enabled (not .Values.externalBroker.cidrs) -}}
+{{- fail "rabbitmq.enabled is false and agents.egress.enabled is true, but externalBroker.cidrs is empty: agent pods could not reach the broker; set externalBroker.cidrs to the broker's address ranges (and externalBroker.port), or set agents.egress.enabled=false to manage agent egress yourself" -}}
+{{- end -}}
 {{- if has .Values.scripts.namespace (include "rockbot.agentNamespaces" . | fromJsonArray) -}}
 {{- fail (printf "scripts.namespace %q is also a namespace where agents run: script pods need a namespace of their own; pick another scripts.namespace" .Values.scripts.namespace) -}}
 {{- end -}}
