@@ -52,3 +52,11 @@ def test_notes_give_the_openrouter_mcp_url_when_enabled(notes: Callable[[dict], 
     url = f"http://rockbot-openrouter-mcp.{NAMESPACE}.svc:8080/mcp"
     assert url in notes(COMBINATIONS["openrouter-mcp"])
     assert url not in notes({})
+
+
+def test_notes_say_how_to_create_the_openrouter_secret_named_in_values(notes: Callable[[dict], str]) -> None:
+    values = {"openrouterMcp": {"enabled": True, "apiKeySecret": {"name": "or-key", "key": "token"}}}
+    text = notes(values)
+    assert f"kubectl -n {NAMESPACE} create secret generic or-key \\\n" in text
+    assert '--from-literal=token="$OPENROUTER_API_KEY"' in text
+    assert "OPENROUTER_API_KEY" not in notes({})
