@@ -8,8 +8,8 @@ import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
-from tests.chart.pod_security import pod_specs, restricted_violations
 from tests.chart.rbac import OPERATOR_SA, SCRIPTS_MANAGER_SA, allowed, expand, grants_of, rule_set
+from tests.pod_security import pod_specs, restricted_violations
 
 Render = Callable[..., list[Manifest]]
 

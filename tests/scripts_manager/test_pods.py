@@ -30,8 +30,8 @@ from rockbot.scripts_manager.backends.pod_manifests import SANDBOX_LABELS, SANDB
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from tests.kubeapi import KubeApiEmulator
+from tests.pod_security import restricted_violations
 from tests.scripts_manager.conftest import MakeSettings
-from tests.scripts_manager.pod_security import restricted_violations
 from tests.waiting import eventually
 
 NS = "rockbot-scripts"

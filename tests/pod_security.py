@@ -1,7 +1,9 @@
-"""The Pod Security Standards' `restricted` level (which includes `baseline`), checked on a pod spec.
+"""The Pod Security Standards' `restricted` level (which includes `baseline`), checked on a pod.
 
-Mirrors the checks of Kubernetes' pod-security-admission (policy/check_*.go, level "latest"), so a
-chart that passes here is admitted by a namespace labelled `pod-security.kubernetes.io/enforce: restricted`.
+Mirrors the checks of Kubernetes' pod-security-admission (policy/check_*.go, level "latest"), so a pod
+that passes here is admitted by a namespace labelled `pod-security.kubernetes.io/enforce: restricted`.
+The one checker for every pod rockbot makes: the chart's workloads, the operator's agent Deployments
+and the scripts-manager's script pods. Each finding starts with the name of the check it breaks.
 """
 
 from __future__ import annotations
@@ -112,13 +114,14 @@ def _restricted(spec: PodSpec) -> Iterator[str]:
             yield f"seccompProfile_restricted: {where} needs seccompProfile RuntimeDefault or Localhost"
         capabilities = sc.get("capabilities") or {}
         if "ALL" not in (capabilities.get("drop") or []):
-            yield f"capabilities_restricted: {where} must drop ALL capabilities"
+            yield f"capabilities_restricted: {where} securityContext.capabilities.drop must include ALL"
         if set(capabilities.get("add") or []) - {"NET_BIND_SERVICE"}:
             yield f"capabilities_restricted: {where} may add only NET_BIND_SERVICE"
 
 
-def restricted_violations(spec: PodSpec) -> list[str]:
-    """Every way `spec` breaks the `restricted` Pod Security level; empty when it complies."""
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """Every way a Pod manifest, or a bare pod spec, breaks the `restricted` level; empty when it complies."""
+    spec = pod.get("spec", pod)  # a pod spec has no `spec` field of its own
     return [*_baseline(spec), *_restricted(spec)]
 
 
