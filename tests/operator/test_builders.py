@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.operator import builders
 from rockbot.operator.resolving import resolve_agent
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources.common import SecretKeyRef
 from tests.operator.samples import ALL_SECRETS, agent
+from tests.pod_security import restricted_violations
 
 SETTINGS = OperatorSettings(agent_image="registry.example/rockbot:1.0")
 
@@ -74,6 +77,21 @@ def test_pod_has_no_token_and_a_restricted_security_context():
     }
     assert container["resources"]["requests"] and container["resources"]["limits"]
     assert container["image"] == "registry.example/rockbot:1.0"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"builtinTools": ["scripts"]},
+        {"image": "mine:2", "env": [{"name": "LOG_LEVEL", "value": "debug"}], "replicas": 3,
+         "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2", "memory": "1Gi"}}},
+    ],
+    ids=["defaults", "everything-a-user-sets"],
+)
+def test_the_agent_pod_is_admitted_by_pod_security_restricted(spec):
+    """The same checker as the chart's and the script pods': agents run in namespaces enforcing `restricted`."""
+    _, _, _, deployment = build(agent(**spec))
+    assert restricted_violations(deployment["spec"]["template"]) == []
 
 
 def test_secrets_reach_the_pod_only_through_value_from():
