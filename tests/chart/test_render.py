@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,7 +16,12 @@ import yaml
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest
 
-KUBERNETES_VERSION = "1.30"  # the oldest minor the chart is checked against
+# The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion lower bound, e.g. ">=1.27.0-0" ->
+# "1.27"): every manifest is validated against that release's OpenAPI schemas, and against the newest
+# release kubernetes-validate knows, so nothing the chart uses is too new or already removed.
+KUBE_VERSION_CONSTRAINT = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+OLDEST_KUBERNETES = ".".join(re.fullmatch(r">=\s*v?(\d+)\.(\d+)(?:\.\d+)?(?:-0)?", KUBE_VERSION_CONSTRAINT).groups())
+KUBERNETES_VERSIONS = [OLDEST_KUBERNETES, kubernetes_validate.latest_version()]
 
 Render = Callable[..., list[Manifest]]
 
@@ -45,16 +51,23 @@ def test_helm_lint_passes(helm: Helm, tmp_path, name: str) -> None:
     assert "0 chart(s) failed" in out
 
 
+def test_the_oldest_supported_kubernetes_is_one_the_schemas_exist_for() -> None:
+    assert OLDEST_KUBERNETES == "1.27"
+    known = {kubernetes_validate.utils.major_minor(version) for version in kubernetes_validate.utils.all_versions()}
+    assert OLDEST_KUBERNETES in known
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("name", COMBINATIONS)
-def test_every_manifest_matches_the_kubernetes_openapi_schema(render: Render, name: str) -> None:
+def test_every_manifest_matches_the_kubernetes_openapi_schema(render: Render, name: str, version: str) -> None:
     manifests = render(COMBINATIONS[name])
     assert manifests
     for manifest in manifests:
         where = f"{manifest['kind']}/{manifest['metadata']['name']}"
         try:
-            kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+            kubernetes_validate.validate(manifest, version, strict=True)
         except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{where} at {'.'.join(map(str, error.path))}: {error.message}")
+            pytest.fail(f"{where} at {'.'.join(map(str, error.path))} (Kubernetes {version}): {error.message}")
 
 
 @pytest.mark.parametrize("name", COMBINATIONS)
