@@ -5,7 +5,8 @@ ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
 # Build stage: rockbot and every dependency as wheels.
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# PYTHONSAFEPATH: /src/operator/ must not shadow the standard library's `operator` module.
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONSAFEPATH=1
 WORKDIR /src
 # .dockerignore lets in only pyproject.toml, README.md and the package folders.
 COPY . .

@@ -8,6 +8,9 @@
 # Environment: ROCKBOT_E2E_CLUSTER (kind cluster name), ROCKBOT_E2E_KEEP=1 (keep the cluster),
 # PYTHON (the interpreter to use).
 set -euo pipefail
+# Never put the working directory on sys.path: the repository's operator/ folder would shadow the
+# standard library's `operator` module. Repository code is reached through the editable install.
+export PYTHONSAFEPATH=1
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CLUSTER=${ROCKBOT_E2E_CLUSTER:-rockbot-e2e}
@@ -116,6 +119,9 @@ spec:
     baseUrl: http://$LLM_HOST:$LLM_PORT/v1
     name: scripted-model
   builtinTools: [scripts]
+  # Generous: in a pod with no network a DNS lookup can take a minute to fail (search domains x retries).
+  scriptLimits:
+    timeoutSeconds: 300
 EOF
 kubectl -n "$NAMESPACE" wait agents --all --for=condition=Ready --timeout=300s
 kubectl -n "$NAMESPACE" get agents
@@ -128,15 +134,16 @@ for _ in $(seq 30); do
     sleep 1
 done
 TOKEN=$(kubectl -n "$NAMESPACE" get secret "rockbot-$AGENT-http-token" -o jsonpath='{.data.token}' | base64 -d)
-cd "$ROOT"
-AGENT_URL="http://127.0.0.1:$FORWARD_PORT" AGENT_TOKEN="$TOKEN" AGENT="$AGENT" \
+AGENT_URL="http://127.0.0.1:$FORWARD_PORT" AGENT_TOKEN="$TOKEN" AGENT="$AGENT" ROCKBOT_ROOT="$ROOT" \
     LLM_HOST="$LLM_HOST" LLM_PORT="$LLM_PORT" "$PYTHON" - <<'EOF'
 """Plays the model: asks for one probe script, then checks what the sandbox reported back."""
 import asyncio, os, sys
 
 import aiohttp
 
-from tests.fixtures.llm import ScriptedLLM, Turn
+# The scripted LLM lives in tests/: appended after the standard library, so nothing there is shadowed.
+sys.path.append(os.environ["ROCKBOT_ROOT"])
+from tests.fixtures.llm import ScriptedLLM, Turn  # noqa: E402
 
 PROBE = '''
 import json, os, socket, sys
@@ -164,7 +171,7 @@ async def main() -> int:
     ])
     await llm.start(host="0.0.0.0", port=int(os.environ["LLM_PORT"]))
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
             response = await session.post(
                 f"{os.environ['AGENT_URL']}/v1/chat/completions",
                 headers={"Authorization": f"Bearer {os.environ['AGENT_TOKEN']}"},

@@ -47,3 +47,25 @@ def test_dockerignore_lets_in_every_package_folder() -> None:
     folders = set(project["tool"]["setuptools"]["package-dir"].values())
     assert folders <= allowed, f"add to .dockerignore: {sorted('!' + f + '/' for f in folders - allowed)}"
     assert {"pyproject.toml", "README.md"} <= allowed
+    missing = sorted(entry for entry in allowed if not (REPO / entry).exists())
+    assert missing == [], f"the allow-list names files that do not exist: {missing}"
+
+
+def test_python_never_runs_with_the_checkout_on_sys_path() -> None:
+    """The repository's operator/ folder would shadow the standard library's `operator` module."""
+    script = E2E_SCRIPT.read_text()
+    assert script.index("export PYTHONSAFEPATH=1") < script.index('"$PYTHON"')
+    assert 'cd "$ROOT"' not in script
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "e2e-kind.yaml").read_text())
+    assert workflow["env"]["PYTHONSAFEPATH"] == "1"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    build_stage = dockerfile.split("\nFROM ")[1]
+    assert "PYTHONSAFEPATH=1" in build_stage and "WORKDIR /src" in build_stage
+
+
+def test_the_e2e_script_outlasts_a_slow_dns_refusal() -> None:
+    """The probe's DNS lookup can take a minute to fail without network: the limits leave room for it."""
+    script = E2E_SCRIPT.read_text()
+    (timeout,) = map(int, re.findall(r"^\s+timeoutSeconds: (\d+)$", script, flags=re.MULTILINE))
+    (chat,) = map(int, re.findall(r"ClientTimeout\(total=(\d+)\)", script))
+    assert timeout >= 180 and chat > timeout
