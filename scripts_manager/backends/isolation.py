@@ -11,12 +11,19 @@ would rebuild bubblewrap by hand, so instead it is never picked silently: `auto`
 bubblewrap refuses, naming ROCKBOT_SCRIPTS_LOCAL_ISOLATION and the fix (install bubblewrap), and
 `unshare` (like `unsafe-none`, which isolates nothing) must be chosen explicitly and is logged as a
 warning every time a backend starts with it.
+
+A manager running as root starts every sandbox as `nobody` (65534, via util-linux `setpriv`):
+root ignores RLIMIT_NPROC, so without the drop the process limit would not hold, and a script that
+escapes its namespaces still owns nothing on the host. If nobody cannot reach the interpreter
+(say, a pyenv under /root), scripts stay root and a warning says how to fix it.
+`unsafe-none` never drops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 
 IsolationKind = Literal["bwrap", "unshare", "unsafe-none"]
 
+#: Who scripts run as when the manager is root.
+NOBODY = 65534
 #: Where the bubblewrap sandbox sees the job's files and the package set.
 SANDBOX_JOB_DIR = Path("/sandbox")
 SANDBOX_PACKAGES_DIR = Path("/opt/rockbot/packages")
@@ -59,11 +68,24 @@ class Isolation(BaseModel):
 
     kind: IsolationKind
     executable: str | None = None
+    #: `setpriv`, when the manager is root and drops to `nobody` before isolating.
+    setpriv: str | None = None
 
     def command(
         self, *, interpreter: Interpreter, job_dir: Path, packages_dir: Path | None, tmp_bytes: int
     ) -> tuple[list[str], Path, Path | None, Path]:
         """The argv prefix, and where the script sees its job dir, packages and working dir."""
+        argv, inner_job, inner_packages, cwd = self._isolate(
+            interpreter=interpreter, job_dir=job_dir, packages_dir=packages_dir, tmp_bytes=tmp_bytes
+        )
+        if self.setpriv is not None:
+            drop = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+            argv = [*drop, *argv]
+        return argv, inner_job, inner_packages, cwd
+
+    def _isolate(
+        self, *, interpreter: Interpreter, job_dir: Path, packages_dir: Path | None, tmp_bytes: int
+    ) -> tuple[list[str], Path, Path | None, Path]:
         if self.kind == "bwrap":
             argv = [
                 str(self.executable), "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
@@ -104,7 +126,7 @@ async def detect(
         executable = shutil.which(kind, path=search_path)
         if executable is None:
             raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: not installed"))
-        isolation = Isolation(kind=kind, executable=executable)
+        isolation = await _as_nobody_if_root(Isolation(kind=kind, executable=executable), interpreter=interpreter)
         problem = await _probe(isolation=isolation, interpreter=interpreter)
         if problem is not None:
             raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: {problem}"))
@@ -113,6 +135,23 @@ async def detect(
             "UNSAFE: ROCKBOT_SCRIPTS_LOCAL_ISOLATION=%s is not a sandbox (%s); use it only for trusted scripts, "
             "and install bubblewrap for anything else", isolation.kind, _WEAK[isolation.kind],
         )  # fmt: skip
+    return isolation
+
+
+async def _as_nobody_if_root(isolation: Isolation, *, interpreter: Interpreter) -> Isolation:
+    """Run as nobody when root, if nobody can reach the interpreter; otherwise say what is lost."""
+    setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
+    if setpriv is None:
+        return isolation
+    dropped = isolation.model_copy(update={"setpriv": setpriv})
+    problem = await _probe(isolation=dropped, interpreter=interpreter)
+    if problem is None:
+        return dropped
+    log.warning(
+        "scripts run as root because user nobody cannot start %s (%s): the process limit is not enforced; set "
+        "ROCKBOT_SCRIPTS_LOCAL_PYTHON to an interpreter nobody can read, such as /usr/bin/python3",
+        interpreter.executable, problem,
+    )  # fmt: skip
     return isolation
 
 
@@ -142,5 +181,13 @@ async def _probe(*, isolation: Isolation, interpreter: Interpreter) -> str | Non
 
 def _make_probe_dir() -> str:
     path = Path(tempfile.mkdtemp(prefix="rockbot-probe-"))
-    (path / "tmp").mkdir()
+    path.chmod(0o755)
+    make_work_dir(path / "tmp", as_nobody=os.geteuid() == 0)
     return str(path)
+
+
+def make_work_dir(path: Path, *, as_nobody: bool) -> None:
+    """The script's writable working directory outside bubblewrap: owned by whoever the script runs as."""
+    path.mkdir()
+    if as_nobody:
+        os.chown(path, NOBODY, NOBODY)

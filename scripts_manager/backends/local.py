@@ -4,8 +4,20 @@ Limits come from `prlimit` (util-linux) so no Python code runs between fork and 
 space = ROCKBOT_SCRIPTS_MEMORY, CPU seconds = the timeout plus one, processes, file size and open
 files. The environment is replaced, not filtered: nothing of the manager's reaches the script.
 On timeout the whole process group is killed (with bubblewrap the script's PID namespace dies
-with it, so even children that called setsid go). Running out of memory shows up locally as a
-`MemoryError` at the address-space limit, and is reported as `oom_killed`.
+with it, so even children that called setsid go).
+
+Out of memory: at the address-space limit Python raises `MemoryError`. A `sitecustomize` hook
+(read-only, first on the script's PYTHONPATH) turns an *uncaught* one into death by SIGKILL, exit
+137, as the kernel's OOM killer does in a pod, and only that outcome is reported as `oom_killed`:
+text on stderr decides nothing. A script that exits 137 or SIGKILLs itself on purpose is reported
+as out of memory too.
+
+What remains: the memory limit is per process, not per script. The process limit (RLIMIT_NPROC)
+counts every process of the user scripts run as (`nobody` when the manager is root), so it is a
+budget shared by all running scripts: 8 per concurrency slot, which bounds local scripts together
+to about 8 x concurrency x ROCKBOT_SCRIPTS_MEMORY. Only the pod backend has a real per-script
+memory limit (the container's cgroup). A manager that is not root should run under a user of its
+own, since its other processes count against the same budget.
 """
 
 from __future__ import annotations
@@ -23,13 +35,29 @@ from pathlib import Path
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
-from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation, detect
+from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation, detect, make_work_dir
 from rockbot.scripts_manager.packages import PackageCache
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, quantity_bytes
 
 _READ_CHUNK = 64 * 1024
 _AFTER_KILL_SECONDS = 2.0
-_MAX_PROCESSES = 256
+#: Processes per concurrency slot (the shared RLIMIT_NPROC budget; the sandbox itself takes 2 or 3).
+_PROCESSES_PER_SLOT = 8
+#: How a script ends when it dies of an uncaught MemoryError (128 + SIGKILL, like an OOM-killed container).
+OOM_EXIT_CODE = 137
+#: Installed as the script's `sitecustomize`: an uncaught MemoryError ends the process like the OOM killer would.
+_MEMORY_HOOK = """\
+import os, signal, sys
+
+def _oom_on_memory_error(kind, value, traceback, _default=sys.excepthook):
+    _default(kind, value, traceback)
+    if issubclass(kind, MemoryError):
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(137)  # PID 1 of a namespace ignores its own SIGKILL
+
+sys.excepthook = _oom_on_memory_error
+"""
 _MAX_OPEN_FILES = 256
 
 
@@ -83,7 +111,9 @@ class LocalBackend:
             if self._packages is None:
                 raise SandboxFailure("packages were allowed by policy but no package cache is configured")
             packages_dir = await self._packages.ensure(job.packages)
-        job_dir = Path(await asyncio.to_thread(_write_job, job.script, job.input_data))
+        job_dir = Path(await asyncio.to_thread(
+            _write_job, job.script, job.input_data, as_nobody=self.isolation.setpriv is not None
+        ))
         try:
             return await self._execute(job=job, job_dir=job_dir, packages_dir=packages_dir)
         finally:
@@ -97,7 +127,7 @@ class LocalBackend:
             str(self._prlimit),
             f"--as={self._memory_bytes}",
             f"--cpu={math.ceil(job.timeout_seconds) + 1}",
-            f"--nproc={_MAX_PROCESSES}",
+            f"--nproc={_PROCESSES_PER_SLOT * self._settings.scripts_concurrency}",
             f"--fsize={self._tmp_bytes}",
             f"--nofile={_MAX_OPEN_FILES}",
             "--core=0",
@@ -111,8 +141,7 @@ class LocalBackend:
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        if inner_packages is not None:
-            env["PYTHONPATH"] = str(inner_packages)
+        env["PYTHONPATH"] = ":".join(str(d) for d in (inner_job / "hook", inner_packages) if d is not None)
         cap = self._settings.scripts_max_output_bytes
         stdout, stderr = _Capture(cap), _Capture(cap)
         started = time.monotonic()
@@ -144,7 +173,7 @@ class LocalBackend:
             stderr=text_err,
             exit_code=exit_code,
             timed_out=timed_out,
-            oom_killed=exit_code not in (None, 0) and _ended_by_memory_error(text_err),
+            oom_killed=exit_code == OOM_EXIT_CODE,
             output_truncated=stdout.truncated or stderr.truncated,
             duration_seconds=round(duration, 4),
         )
@@ -228,11 +257,13 @@ def _base_python() -> str:
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def _write_job(script: str, input_data: str | None) -> str:
+def _write_job(script: str, input_data: str | None, *, as_nobody: bool) -> str:
     job_dir = Path(tempfile.mkdtemp(prefix="rockbot-script-"))
     (job_dir / "script.py").write_text(script, encoding="utf-8")
     (job_dir / "input").write_text(input_data or "", encoding="utf-8")
-    (job_dir / "tmp").mkdir()
+    (job_dir / "hook").mkdir()
+    (job_dir / "hook" / "sitecustomize.py").write_text(_MEMORY_HOOK, encoding="utf-8")
+    make_work_dir(job_dir / "tmp", as_nobody=as_nobody)
     job_dir.chmod(0o755)
     return str(job_dir)
 
@@ -246,8 +277,3 @@ def _exit_code(returncode: int | None) -> int | None:
     if returncode is None:
         return None
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _ended_by_memory_error(stderr: str) -> bool:
-    lines = stderr.rstrip().splitlines()
-    return bool(lines) and lines[-1].startswith("MemoryError")

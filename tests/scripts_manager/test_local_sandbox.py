@@ -87,15 +87,50 @@ async def test_script_sees_none_of_the_parents_environment(
     import json
 
     seen = set(json.loads(result.stdout)) - {"PWD", "SHLVL", "_"}
-    assert seen == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"}
+    assert seen == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH"}
 
 
 async def test_script_is_stopped_at_its_memory_limit(make_settings: MakeSettings) -> None:
     sandbox = await LocalBackend.create(settings=make_settings(scripts_memory="128Mi"))
     result = await sandbox.run(job("block = bytearray(512 * 1024 * 1024)\nprint('allocated')"))
     assert result.oom_killed is True
-    assert result.exit_code != 0
+    assert result.exit_code == 137
     assert "allocated" not in result.stdout
+    assert result.stderr.rstrip().endswith("MemoryError"), result.stderr
+
+
+async def test_a_script_that_only_prints_memory_error_is_not_reported_out_of_memory(sandbox: LocalBackend) -> None:
+    result = await sandbox.run(job("""
+        import sys
+        print("Traceback (most recent call last):\\nMemoryError", file=sys.stderr)
+        sys.exit(1)
+    """))
+    assert result.stderr.rstrip().endswith("MemoryError"), result
+    assert (result.exit_code, result.oom_killed) == (1, False)
+
+
+async def test_a_script_cannot_fork_past_the_process_budget(make_settings: MakeSettings) -> None:
+    sandbox = await LocalBackend.create(settings=make_settings(  # a budget of 8, as nobody when root
+        scripts_concurrency=1, scripts_local_python="/usr/bin/python3"
+    ))
+    result = await sandbox.run(job("""
+        import os, time
+        children = []
+        for _ in range(40):
+            try:
+                pid = os.fork()
+            except OSError:
+                break
+            if pid == 0:
+                time.sleep(2)
+                os._exit(0)
+            children.append(pid)
+        print(len(children))
+        for pid in children:
+            os.waitpid(pid, 0)
+    """))
+    assert result.exit_code == 0, result
+    assert int(result.stdout) < 8
 
 
 async def test_timeout_kills_the_script_and_all_its_children(sandbox: LocalBackend) -> None:
