@@ -91,6 +91,8 @@ class PodBackend:
             final = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"], job=job)
             return await self._result(job=job, pod=final)
         except ApiError as exc:
+            if _transient(exc):
+                raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
             raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
         except OSError as exc:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
@@ -142,6 +144,8 @@ class PodBackend:
                 namespace=self._namespace, name=pod["metadata"]["name"], container=CONTAINER
             )
         except ApiError as exc:
+            if _transient(exc):
+                raise
             text = ""
             log.warning("could not read the log of %s: %s", pod["metadata"]["name"], exc)
         result = _runner_result(text)
@@ -206,6 +210,11 @@ class PodBackend:
             except (ApiError, OSError) as exc:
                 log.warning("sweeping script pods failed: %s", exc)
             await asyncio.sleep(self._settings.scripts_sweep_interval_seconds)
+
+
+def _transient(exc: ApiError) -> bool:
+    """Throttled (429) or a server error (5xx): the same request may well work a moment later."""
+    return exc.status == 429 or exc.status >= 500
 
 
 def _container_status(pod: K8sObject) -> K8sObject:

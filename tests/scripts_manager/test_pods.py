@@ -25,7 +25,7 @@ from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 from rockbot.kube import CONFIGMAPS, NAMESPACES, PODS, KubeClient, NotFound
 from rockbot.scripts_manager.app import ScriptsManager
-from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import SANDBOX_LABELS, SANDBOX_SELECTOR, build_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
@@ -262,6 +262,27 @@ async def test_an_image_that_cannot_be_pulled_fails_the_run_and_cleans_up(
 ) -> None:
     async with kubelet_playing(image_pull_fails, emulator=kube_api, kube=kube):
         with pytest.raises(SandboxFailure, match="ImagePullBackOff"):
+            await backend.run(job("print(1)"))
+    await nothing_left(kube)
+
+
+@pytest.mark.parametrize("code", [429, 500, 503])
+async def test_a_throttled_or_failing_api_after_the_pod_exists_is_retryable_and_cleans_up(
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator, code: int
+) -> None:
+    kube_api.fail(method="POST", path_suffix="/configmaps", code=code)
+    async with kubelet_playing(never_starts, emulator=kube_api, kube=kube):
+        with pytest.raises(SandboxUnavailable, match="overloaded or failing"):
+            await backend.run(job("print(1)"))
+    await nothing_left(kube)
+
+
+async def test_a_conflict_after_the_pod_exists_is_a_failure_not_a_retry(
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    kube_api.fail(method="POST", path_suffix="/configmaps", code=409)
+    async with kubelet_playing(never_starts, emulator=kube_api, kube=kube):
+        with pytest.raises(SandboxFailure, match="refused a step"):
             await backend.run(job("print(1)"))
     await nothing_left(kube)
 
