@@ -40,6 +40,8 @@ from tests.operator.samples import agent_body, tool_body
 from tests.scheduling.conftest import FakeAgent
 from tests.waiting import eventually
 
+pytestmark = pytest.mark.slow  # the operator's scheduling talks over a real RabbitMQ broker
+
 NS = "default"
 Render = Callable[..., list[Manifest]]
 
