@@ -36,6 +36,13 @@ REQUEST_ANNOTATION = "rockbot.dev/request-id"
 #: Seconds the pod may live past the script's timeout before the kubelet stops it (the runner stops
 #: the script itself at the timeout, and reports what it printed so far).
 DEADLINE_SLACK_SECONDS = 10
+# activeDeadlineSeconds is *not* the script's timeout, though issue 3 suggested it: Kubernetes
+# counts it from the pod's start, before scheduling and the image pull, so a cold pull would eat
+# the script's time and a script would be reported timed out without having run. The runner
+# enforces the timeout on the script itself; the pod's deadline is only the kubelet's backstop
+# (start-up allowance ROCKBOT_SCRIPTS_POD_START_SECONDS + timeout + slack, the same instant as the
+# sweeper's deadline annotation). A pod stopped by it before its container ran is reported as
+# Unavailable (the cluster was slow), never as the script timing out.
 _RUNNER = files("rockbot.scripts_manager").joinpath("runner.py").read_text()
 
 
@@ -44,11 +51,14 @@ def pod_name(job: ScriptJob) -> str:
     return f"rockbot-script-{digest}-{uuid.uuid4().hex[:6]}"
 
 
+def active_deadline_seconds(*, job: ScriptJob, settings: ScriptsManagerSettings) -> int:
+    """The pod's lifetime cap: start-up allowance, the script's timeout and slack (see above)."""
+    return math.ceil(settings.scripts_pod_start_seconds + job.timeout_seconds) + DEADLINE_SLACK_SECONDS
+
+
 def deadline(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime) -> datetime:
-    """When the pod is certainly finished: start-up allowance, timeout and the kubelet's backstop."""
-    return now + timedelta(
-        seconds=settings.scripts_pod_start_seconds + job.timeout_seconds + DEADLINE_SLACK_SECONDS
-    )
+    """When the pod is certainly finished: the kubelet stops it by then."""
+    return now + timedelta(seconds=active_deadline_seconds(job=job, settings=settings))
 
 
 def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, now: datetime) -> K8sObject:
@@ -59,7 +69,7 @@ def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, no
     }
     spec: K8sObject = {
         "restartPolicy": "Never",
-        "activeDeadlineSeconds": math.ceil(job.timeout_seconds) + DEADLINE_SLACK_SECONDS,
+        "activeDeadlineSeconds": active_deadline_seconds(job=job, settings=settings),
         "terminationGracePeriodSeconds": 1,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

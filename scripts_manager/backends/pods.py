@@ -149,6 +149,12 @@ class PodBackend:
             text = ""
             log.warning("could not read the log of %s: %s", pod["metadata"]["name"], exc)
         result = _runner_result(text)
+        if result is None and deadline and not terminated.get("startedAt"):
+            raise SandboxUnavailable(
+                f"the script pod {pod['metadata']['name']} reached its deadline before the script started "
+                f"(scheduling or the image pull took too long; waiting: {_waiting_reason(pod) or 'unknown'}); "
+                "the cluster may be short of capacity, or raise ROCKBOT_SCRIPTS_POD_START_SECONDS"
+            )
         if result is None:
             if not (oom or deadline):
                 raise SandboxFailure(

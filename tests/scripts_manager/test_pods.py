@@ -26,7 +26,12 @@ from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 from rockbot.kube import CONFIGMAPS, NAMESPACES, PODS, KubeClient, NotFound
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
-from rockbot.scripts_manager.backends.pod_manifests import SANDBOX_LABELS, SANDBOX_SELECTOR, build_pod
+from rockbot.scripts_manager.backends.pod_manifests import (
+    DEADLINE_SLACK_SECONDS,
+    SANDBOX_LABELS,
+    SANDBOX_SELECTOR,
+    build_pod,
+)
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from tests.kubeapi import KubeApiEmulator
@@ -130,6 +135,12 @@ async def deadline_exceeded(kubelet: FakeKubelet, pod: dict[str, Any], data: dic
     await kubelet.running(pod)
     kubelet.emulator.set_pod_log(namespace=NS, name=pod["metadata"]["name"], text="")
     await kubelet.terminated(pod, exit_code=137, reason="Error", phase="Failed", pod_reason="DeadlineExceeded")
+
+
+async def deadline_before_start(kubelet: FakeKubelet, pod: dict[str, Any], data: dict[str, str]) -> None:
+    """A cold image pull outlasts the pod's deadline: the container never ran."""
+    await kubelet.set_status(pod, {"phase": "Failed", "reason": "DeadlineExceeded", "containerStatuses": [
+        {"name": "script", "state": {"waiting": {"reason": "ContainerCreating"}}}]})
 
 
 async def image_pull_fails(kubelet: FakeKubelet, pod: dict[str, Any], data: dict[str, str]) -> None:
@@ -255,6 +266,21 @@ async def test_oom_kill_and_deadline_are_reported_as_such(
         result = await backend.run(job("x = bytearray(10**10)"))
     assert {key: getattr(result, key) for key in expected} == expected
     await nothing_left(kube)
+
+
+async def test_a_deadline_reached_before_the_script_started_is_unavailable_not_a_timeout(
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    async with kubelet_playing(deadline_before_start, emulator=kube_api, kube=kube):
+        with pytest.raises(SandboxUnavailable, match="before the script started"):
+            await backend.run(job("print(1)"))
+    await nothing_left(kube)
+
+
+def test_the_pods_deadline_leaves_room_for_start_up_before_the_timeout(make_settings: MakeSettings) -> None:
+    settings = make_settings(scripts_pod_start_seconds=120)
+    pod = build_pod(job=job("print(1)", timeout=42), name="rockbot-script-x", settings=settings, now=datetime.now(UTC))
+    assert pod["spec"]["activeDeadlineSeconds"] == 120 + 42 + DEADLINE_SLACK_SECONDS
 
 
 async def test_an_image_that_cannot_be_pulled_fails_the_run_and_cleans_up(
