@@ -62,4 +62,10 @@ class PackageCache:
                 f"installing {', '.join(packages)} failed: {stderr.decode(errors='replace').strip()[-500:]}"
             )
         await asyncio.to_thread(staging.chmod, 0o755)
-        await asyncio.to_thread(staging.rename, target)
+        try:
+            await asyncio.to_thread(staging.rename, target)
+        except OSError:
+            if not await asyncio.to_thread(target.is_dir):
+                raise
+            # Another manager sharing the cache installed the same set first: theirs is as good.
+            await asyncio.to_thread(shutil.rmtree, staging, True)

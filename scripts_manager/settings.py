@@ -6,10 +6,13 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|K|M|G)?$")
+#: What a ConfigMap may hold (the pod backend carries script and input in one), less room for the
+#: runner, job.json and metadata.
+CONFIG_MAP_BUDGET_BYTES = 1024 * 1024 - 64 * 1024
 _UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
 
 
@@ -79,3 +82,14 @@ class ScriptsManagerSettings(BaseSettings):
     def _byte_quantity(cls, value: str) -> str:
         quantity_bytes(value)
         return value
+
+    @model_validator(mode="after")
+    def _fits_a_config_map(self) -> ScriptsManagerSettings:
+        total = self.scripts_max_script_bytes + self.scripts_max_input_bytes
+        if total > CONFIG_MAP_BUDGET_BYTES:
+            raise ValueError(
+                f"ROCKBOT_SCRIPTS_MAX_SCRIPT_BYTES + ROCKBOT_SCRIPTS_MAX_INPUT_BYTES = {total} bytes, over the "
+                f"{CONFIG_MAP_BUDGET_BYTES} a script pod's ConfigMap can carry (1 MiB less room for the runner): "
+                "lower one of them"
+            )
+        return self

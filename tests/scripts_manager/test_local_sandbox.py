@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import textwrap
 import uuid
 import zipfile
@@ -13,6 +14,7 @@ import pytest
 
 from rockbot.scripts_manager.backends import SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends.local import LocalBackend
+from rockbot.scripts_manager.packages import PackageCache
 from tests.scripts_manager.conftest import MakeSettings
 from tests.waiting import eventually
 
@@ -270,3 +272,16 @@ async def test_packages_are_installed_once_into_the_cache_and_visible_read_only(
         wheel.unlink()  # a second run must come from the cache, not from pip
     second = await sandbox.run(job(script, packages=("rockbot-demo-pkg",)))
     assert second.stdout == "42\nread-only\n", second
+
+
+async def test_two_managers_installing_the_same_set_at_once_both_succeed(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _make_wheel(wheels, name="rockbot_demo_pkg", version="1.0", module="rockbot_demo", source="ANSWER = 42\n")
+    caches = [
+        PackageCache(root=tmp_path / "cache", python=sys.executable, index_url=None, find_links=str(wheels))
+        for _ in range(2)
+    ]  # two managers sharing one cache directory: their locks know nothing of each other
+    first, second = await asyncio.gather(*(cache.ensure(("rockbot-demo-pkg",)) for cache in caches))
+    assert first == second and (first / "rockbot_demo.py").is_file()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no staging left behind
