@@ -5,6 +5,16 @@ resourceVersion it planned from, and only then publishes the trigger to the agen
 second replica or a restarted operator planning the same slot from the same version loses the
 write (409), reads again, sees the slot taken and publishes nothing. Replies arrive on one shared
 queue; a reply for a run that is no longer active (timed out, replaced, answered twice) is ignored.
+
+Exactly once is "recorded, then delivered at least once, run once": a step (plan, write, publish)
+is shielded from cancellation, and whenever a loop starts or recovers from an error (a crash, a
+stop or a lost write answer may have come between the write and the publish) it publishes again
+every run its status holds active, with the same request id. The agent's inbox answers a copy of a
+request id it has seen with the remembered reply, so the model runs once. That memory lives in
+the agent process: an agent that restarts between the two copies runs the prompt again.
+
+Loops are supervised: an error ends a step, never the loop; it is logged (with a traceback when
+it is not a known API, HTTP or bus failure) and the step is tried again after a growing pause.
 """
 
 from __future__ import annotations
@@ -12,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from rockbot.bus import BadMessage, Bus, BusError, Delivery, Queue, Subscription
 from rockbot.bus.topology import agent_inbox
@@ -23,6 +36,7 @@ from rockbot.operator.scheduling.clock import Clock
 from rockbot.operator.scheduling.planning import (
     AgentState,
     Trigger,
+    active_triggers,
     complete_run,
     parse_request_id,
     plan_task,
@@ -35,6 +49,8 @@ log = logging.getLogger(__name__)
 RUN_REPLIES = Queue(name="operator.scheduling.runs")
 WRITE_ATTEMPTS = 5
 ERROR_BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
+#: Failures a step is expected to meet now and then; anything else is logged as a bug, with its traceback.
+TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
 
 Key = tuple[str, str]
 
@@ -44,6 +60,8 @@ class _TaskState:
     body: dict[str, Any]
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     loop: asyncio.Task[None] | None = None
+    #: Whether the next step publishes every active run again (the loop is new or a step failed).
+    recovering: bool = True
 
 
 class Scheduler:
@@ -57,6 +75,7 @@ class Scheduler:
         self._tasks: dict[Key, _TaskState] = {}
         self._agents: dict[Key, AgentState] = {}
         self._watchers: list[asyncio.Task[None]] = []
+        self._steps: set[asyncio.Task[Any]] = set()
         self._replies: Subscription | None = None
 
     async def start(self) -> None:
@@ -81,6 +100,7 @@ class Scheduler:
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*self._steps, return_exceptions=True)  # a write is followed by its publish
         self._watchers.clear()
         self._tasks.clear()
 
@@ -129,25 +149,43 @@ class Scheduler:
 
     async def _run(self, key: Key, state: _TaskState) -> None:
         failures = 0
+        state.recovering = True
         while True:
             state.changed.clear()
             try:
-                wake_at = await self._step(key, state)
+                wake_at = await self._shielded(self._step(key, state))
                 failures = 0
             except NotFound:
                 log.info("ScheduledTask %s/%s is gone; its loop ends", *key)
                 return
-            except (ApiError, BusError, OSError) as exc:
+            except Exception as exc:
+                state.recovering = True
                 delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
                 failures += 1
-                log.warning("ScheduledTask %s/%s: %s; trying again in %s s", *key, exc, delay)
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    log.warning("ScheduledTask %s/%s: %r; trying again in %s s", *key, exc, delay)
+                else:
+                    log.exception("ScheduledTask %s/%s: the loop failed unexpectedly; restarting in %s s", *key, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.changed.wait(), timeout=delay)
                 continue
             await self._wait(state, wake_at)
 
+    async def _shielded(self, step: Coroutine[Any, Any, Any]) -> Any:
+        """Run `step` to its end even if the loop is cancelled meanwhile (`stop()` waits for it)."""
+        task = asyncio.ensure_future(step)
+        self._steps.add(task)
+
+        def forget(done: asyncio.Task[Any]) -> None:
+            self._steps.discard(done)
+            if not done.cancelled():
+                done.exception()  # seen: the loop awaiting it logs it, or the loop was stopped
+
+        task.add_done_callback(forget)
+        return await asyncio.shield(task)
+
     async def _step(self, key: Key, state: _TaskState) -> Any:
-        """Plan once; write; publish. Returns when to plan again."""
+        """Plan once; write; publish (after a failure or at start: every active run). Returns when to plan again."""
         while True:
             body = state.body
             agent_name = ((body.get("spec") or {}).get("agentRef") or {}).get("name", "")
@@ -159,8 +197,10 @@ class Scheduler:
                 except Conflict:
                     state.body = await self._kube.get(SCHEDULED_TASKS, namespace=key[0], name=key[1])
                     continue
-            for trigger in plan.triggers:
+            triggers = active_triggers(body=state.body) if state.recovering else plan.triggers
+            for trigger in triggers:
                 await self._publish(state, trigger)
+            state.recovering = False
             return plan.wake_at
 
     async def _wait(self, state: _TaskState, wake_at: Any) -> None:
@@ -257,3 +297,4 @@ class Scheduler:
             subresource="status",
             body={"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": patch},
         )
+

@@ -142,6 +142,30 @@ def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime
     return Plan(status=_changed(current, status), triggers=triggers, wake_at=_wake_at(status, spec=spec))
 
 
+def active_triggers(*, body: dict[str, Any]) -> list[Trigger]:
+    """A trigger for every run the status holds active: what to publish again after a possible loss.
+
+    Same run ids, so the same request ids: the agent's inbox answers a copy it has seen without
+    running it again.
+    """
+    metadata = body.get("metadata") or {}
+    try:
+        spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return []
+    return [
+        Trigger(
+            namespace=metadata.get("namespace", ""),
+            task=metadata.get("name", ""),
+            agent=spec.agent_ref.name,
+            run_id=active.run_id,
+            scheduled_time=active.scheduled_time,
+            prompt=spec.prompt,
+        )
+        for active in canonical_status(body.get("status")).active
+    ]
+
+
 def complete_run(
     *, body: dict[str, Any], run_id: str, now: datetime.datetime, answer: str | None, error: str | None
 ) -> dict[str, Any] | None:

@@ -2,8 +2,9 @@
 
 Watches end (server timeouts, API restarts) and resourceVersions expire (410 Gone): a stream that
 ends is resumed from the last version seen, an expired one is listed afresh, and objects that
-vanished in between are reported deleted. The scheduler keeps its own mirror rather than riding on
-kopf's, so it runs (and is tested) on any event loop with nothing but a `KubeClient`.
+vanished in between are reported deleted. Any other failure is logged and the mirror lists again.
+The scheduler keeps its own mirror rather than riding on kopf's, so it runs (and is tested) on any
+event loop with nothing but a `KubeClient`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ async def mirror(
             log.info("watch of %s expired; listing again", resource.plural)
         except (ApiError, aiohttp.ClientError, OSError) as exc:
             log.warning("watching %s failed (%s); retrying in %s s", resource.plural, exc, RETRY_SECONDS)
+            await asyncio.sleep(RETRY_SECONDS)
+        except Exception:  # a bug must not end the mirror for good: log it, list afresh
+            log.exception("watching %s failed unexpectedly; listing again in %s s", resource.plural, RETRY_SECONDS)
             await asyncio.sleep(RETRY_SECONDS)
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
+from kubernetes_asyncio import client as k8s_client
 
 from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
 from rockbot.bus.topology import agent_inbox
@@ -16,6 +18,7 @@ from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import client_for
 from tests.kubeapi import KubeApiEmulator
+from tests.scheduling.faulty_link import FaultyLink
 
 T = TypeVar("T")
 START = datetime.datetime(2024, 5, 1, 10, 20, tzinfo=datetime.UTC)
@@ -100,6 +103,21 @@ async def cluster(kube_api: KubeApiEmulator) -> AsyncIterator[Cluster]:
 
 
 @pytest.fixture
+async def faulty_link(kube_api: KubeApiEmulator) -> AsyncIterator[FaultyLink]:
+    """A relay in front of the emulator that drops connections on demand (see `FaultyLink`)."""
+    async with FaultyLink(target_port=urllib.parse.urlsplit(str(kube_api.url)).port or 80).running() as link:
+        yield link
+
+
+@pytest.fixture
+async def faulty_kube(faulty_link: FaultyLink) -> AsyncIterator[KubeClient]:
+    """A client that reaches the emulator through `faulty_link`."""
+    configuration = k8s_client.Configuration(host=faulty_link.url)
+    async with KubeClient(api_client=k8s_client.ApiClient(configuration)) as client:
+        yield client
+
+
+@pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(START)
 
@@ -120,12 +138,12 @@ async def agent(bus: MemoryBus) -> AsyncIterator[FakeAgent]:
 @pytest.fixture
 async def start_scheduler(
     cluster: Cluster, bus: MemoryBus, clock: ManualClock
-) -> AsyncIterator[Callable[[], Awaitable[Scheduler]]]:
+) -> AsyncIterator[Callable[..., Awaitable[Scheduler]]]:
     """Starts schedulers (replicas, or one after another across a 'restart'); all stop at the end."""
     started: list[Scheduler] = []
 
-    async def start() -> Scheduler:
-        scheduler = Scheduler(kube=cluster.kube, bus=bus, clock=clock)
+    async def start(*, kube: KubeClient | None = None) -> Scheduler:
+        scheduler = Scheduler(kube=kube or cluster.kube, bus=bus, clock=clock)
         await scheduler.start()
         started.append(scheduler)
         return scheduler

@@ -8,6 +8,7 @@ import datetime
 from rockbot.kube import SCHEDULED_TASKS
 from rockbot.operator.scheduling.clock import ManualClock
 from tests.scheduling.conftest import Cluster, FakeAgent
+from tests.scheduling.faulty_link import FaultyLink
 from tests.waiting import eventually
 
 UTC = datetime.UTC
@@ -56,7 +57,7 @@ async def test_a_task_fires_into_the_agent_inbox_and_the_reply_completes_it(
     assert conditions == {"Valid": "True", "Suspended": "False", "AgentReady": "True"}
 
 
-async def test_a_restart_never_fires_the_same_slot_twice(
+async def test_a_restart_never_starts_the_same_slot_twice(
     cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
 ) -> None:
     await cluster.agent()
@@ -69,10 +70,53 @@ async def test_a_restart_never_fires_the_same_slot_twice(
     await eventually(lambda: _assert_len(agent.received, 1))
     await first.stop()
     await start_scheduler()
-    clock.advance(1)
-    await scheduled(cluster, next_at="2024-05-01T12:00:00Z")
+    # The new scheduler planned: it found the run active and sent it again under the same request id
+    # (the first copy may never have left a crashed operator); the agent's inbox runs a copy once.
+    await eventually(lambda: _assert_len(agent.received, 2))
+    assert agent.received[0].request_id == agent.received[1].request_id
     for delivery in agent.held:
         await agent.answer(delivery)
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    agent.hold = False
+    clock.set(at("2024-05-01T12:00:00+00:00"))
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded"), ("2024-05-01T12:00:00Z", "Succeeded")])
+    assert len({request.request_id for request in agent.received}) == 2
+
+
+async def test_a_dropped_api_connection_does_not_stop_the_task(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler, faulty_link: FaultyLink, faulty_kube
+) -> None:
+    await cluster.agent()
+    await cluster.task()
+    await start_scheduler(kube=faulty_kube)
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    faulty_link.drop_requests(method="PATCH", path_part="/scheduledtasks/report/status")
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
+    assert faulty_link.dropped == 1
+    assert len(agent.received) == 1
+
+
+async def test_a_run_recorded_but_not_sent_before_a_restart_is_delivered_once(
+    cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler, faulty_link: FaultyLink, faulty_kube
+) -> None:
+    await cluster.agent()
+    await cluster.task()
+    first = await start_scheduler(kube=faulty_kube)
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    # The write that records the run lands, its answer is lost, and the API stays out of reach:
+    # the first operator never learns the run is recorded, so it never publishes it.
+    faulty_link.drop_responses(method="PATCH", path_part="/scheduledtasks/report/status", then_go_down=True)
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+
+    async def recorded() -> None:
+        assert [run["scheduledTime"] for run in (await cluster.status()).get("active", [])] == ["2024-05-01T11:00:00Z"]
+
+    await eventually(recorded)
+    await first.stop()
+    assert agent.received == []
+    faulty_link.heal()
+    await start_scheduler()
     await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
     assert len(agent.received) == 1
 
