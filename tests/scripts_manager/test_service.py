@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,6 +21,7 @@ from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.scripts_manager.conftest import MakeSettings
+from tests.waiting import eventually
 
 WAIT = 30.0
 
@@ -99,24 +105,57 @@ async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> N
 
 
 async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
-    manager: ScriptsManager, bus: MemoryBus
+    bus: MemoryBus, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    replies = script_result(namespace="default", agent="bob", instance="ab12")
-    answers: asyncio.Queue[Delivery] = asyncio.Queue()
-    await bus.consume(queue=replies, handler=answers.put)
-    request = ScriptInvokeRequest(
-        request_id=f"dup-{uuid.uuid4().hex}", agent="bob", timeout_seconds=10,
-        script="import time, random\ntime.sleep(0.5)\nprint(random.random())",
-    )  # fmt: skip
-    for _ in range(2):  # the second copy arrives while the first is running
+    # unshare (explicitly chosen) lets the script see a host fifo: the test holds it there until the
+    # second copy has been seen joining the run, so only joining (not replaying) can answer it.
+    caplog.set_level(logging.INFO, logger="rockbot.bus.once")
+    manager = ScriptsManager(settings=make_settings(scripts_local_isolation="unshare"), bus=bus)
+    await manager.start()
+    gate = await asyncio.to_thread(_make_gate)
+    try:
+        replies = script_result(namespace="default", agent="bob", instance="ab12")
+        answers: asyncio.Queue[Delivery] = asyncio.Queue()
+        await bus.consume(queue=replies, handler=answers.put)
+        request = ScriptInvokeRequest(
+            request_id=f"dup-{uuid.uuid4().hex}", agent="bob", timeout_seconds=20,
+            script=f"print(open({str(gate)!r}).read())",
+        )  # fmt: skip
         await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
-    first, second = [await asyncio.wait_for(answers.get(), WAIT) for _ in range(2)]
-    assert first.decode(SCRIPT_INVOKE_REPLY) == second.decode(SCRIPT_INVOKE_REPLY)
-    # A third copy after the answer (a redelivery) gets the remembered answer, not a new run.
-    await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
-    third = await asyncio.wait_for(answers.get(), WAIT)
-    assert third.decode(SCRIPT_INVOKE_REPLY) == first.decode(SCRIPT_INVOKE_REPLY)
-    assert _sample(manager, "rockbot_scripts_run_duration_seconds_count", backend="local") == 1
+
+        async def running() -> None:
+            assert _sample(manager, "rockbot_scripts_in_flight", backend="local") == 1
+
+        await eventually(running)
+        await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
+
+        async def joined() -> None:
+            assert any("is being handled; waiting for that run" in r.getMessage() for r in caplog.records)
+
+        await eventually(joined)
+        token = uuid.uuid4().hex
+        await asyncio.to_thread(gate.write_text, token)  # opens the gate: the script reads and ends
+        first, second = [await asyncio.wait_for(answers.get(), WAIT) for _ in range(2)]
+        assert first.decode(SCRIPT_INVOKE_REPLY) == second.decode(SCRIPT_INVOKE_REPLY)
+        assert first.decode(SCRIPT_INVOKE_REPLY).stdout == f"{token}\n"  # type: ignore[union-attr]
+        # A third copy after the answer (a redelivery) gets the remembered answer, not a new run.
+        await bus.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
+        third = await asyncio.wait_for(answers.get(), WAIT)
+        assert third.decode(SCRIPT_INVOKE_REPLY) == first.decode(SCRIPT_INVOKE_REPLY)
+        assert _sample(manager, "rockbot_scripts_run_duration_seconds_count", backend="local") == 1
+    finally:
+        await manager.stop()
+        await asyncio.to_thread(shutil.rmtree, gate.parent, True)
+
+
+def _make_gate() -> Path:
+    """A fifo any sandbox user can read; reading it blocks the script until the test writes."""
+    directory = Path(tempfile.mkdtemp(prefix="rockbot-gate-"))
+    directory.chmod(0o755)
+    gate = directory / "gate"
+    os.mkfifo(gate)
+    gate.chmod(0o666)
+    return gate
 
 
 async def _ask(bus: MemoryBus, request: ScriptInvokeRequest) -> ScriptInvokeResponse | ScriptInvokeError:
