@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import AsyncIterator
 
@@ -10,9 +11,10 @@ import pytest
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import MemoryBus
-from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
+from rockbot.bus import Delivery, MemoryBus
+from rockbot.bus.topology import OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
+from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingRequest
 from rockbot.kube import SCHEDULED_TASKS, NotFound
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
@@ -162,3 +164,52 @@ async def test_a_request_for_an_unknown_agent_is_refused(bus: MemoryBus, operato
     )
     reply = delivery.decode(SchedulingReply)
     assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
+
+
+async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once(
+    helper: AgentRuntime, cluster: Cluster, bus: MemoryBus, clock: ManualClock, scripted_llm
+) -> None:
+    """The broker redelivers a trigger whose consumer died before acking it; the agent runs it once.
+
+    A copy published again (as a recovering operator does) gets the remembered answer: the inbox
+    de-duplicates by request id, in memory, so only within one agent process.
+    """
+    await cluster.task("nightly", schedule="0 11 * * *", prompt="Write the nightly report.")
+
+    async def planned() -> None:
+        task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="nightly")
+        assert (task.get("status") or {}).get("nextScheduleTime") == "2024-05-01T11:00:00Z"
+
+    await eventually(planned)
+    taken: list[Delivery] = []
+
+    async def die_holding(delivery: Delivery) -> None:
+        taken.append(delivery)
+        await asyncio.Event().wait()  # never acks: the consumer dies first
+
+    dying = await bus.consume(queue=agent_inbox(namespace="default", name="helper"), handler=die_holding)
+    clock.set(datetime.datetime(2024, 5, 1, 11, 0, tzinfo=datetime.UTC))
+    await eventually(lambda: _assert_len(taken, 1))
+    inbox = await serve_inbox(runtime=helper, bus=bus)
+    scripted_llm.play(Turn(text="Nightly report written."))
+    await dying.close()
+
+    async def succeeded() -> None:
+        status = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="nightly")).get("status") or {}
+        assert [(r["outcome"], r["summary"]) for r in status.get("history", [])] == [
+            ("Succeeded", "Nightly report written.")
+        ]
+
+    await eventually(succeeded)
+    copy = taken[0].decode(InboxRequest)
+    answered = await bus.request(
+        queue=agent_inbox(namespace="default", name="helper"), body=copy,
+        reply_queue=Queue(name="test.copies"), correlation_id=copy.request_id, timeout_seconds=5,
+    )
+    await inbox.close()
+    assert answered.decode(InboxReply).answer == "Nightly report written."
+    assert len(scripted_llm.requests) == 1, "the model was asked once for the trigger and its copies"
+
+
+async def _assert_len(items: list, count: int) -> None:
+    assert len(items) == count, f"{len(items)} != {count}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 
 from rockbot.kube import SCHEDULED_TASKS
@@ -140,7 +139,7 @@ async def test_two_replicas_fire_each_slot_once(
     assert len(ids) == len(set(ids)) == 15
 
 
-async def test_a_redelivered_trigger_completes_the_run_once(
+async def test_a_duplicate_reply_completes_the_run_once(
     cluster: Cluster, agent: FakeAgent, clock: ManualClock, start_scheduler
 ) -> None:
     await cluster.agent()
@@ -153,10 +152,13 @@ async def test_a_redelivered_trigger_completes_the_run_once(
     (delivery,) = agent.held
     await agent.answer(delivery, "first answer")
     await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
-    await agent.answer(delivery, "answer to the redelivered copy")
-    await asyncio_sleep_a_moment()
-    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
-    assert status["history"][0]["summary"] == "first answer"
+    await agent.answer(delivery, "a second answer to the same trigger")
+    # Sentinel: the next slot's answer, queued behind the duplicate, has been recorded.
+    clock.set(at("2024-05-01T12:00:00+00:00"))
+    await eventually(lambda: _assert_len(agent.held, 2))
+    await agent.answer(agent.held[1], "next answer")
+    status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded"), ("2024-05-01T12:00:00Z", "Succeeded")])
+    assert [record["summary"] for record in status["history"]] == ["first answer", "next answer"]
 
 
 async def test_missed_slots_during_downtime_fire_once_on_restart(
@@ -228,11 +230,13 @@ async def test_suspend_edit_and_delete_take_effect_at_once(
     await cluster.edit(suspend=False, schedule="*/15 * * * *")
     await scheduled(cluster, next_at="2024-05-01T11:15:00Z")
     assert agent.received == [], "resuming or editing fires no slot from the past"
+    await cluster.task("sentinel", schedule="*/15 * * * *")
+    await scheduled(cluster, "sentinel", next_at="2024-05-01T11:15:00Z")
     await cluster.kube.delete(SCHEDULED_TASKS, namespace="default", name="report")
-    await asyncio_sleep_a_moment()
     clock.set(at("2024-05-01T11:15:00+00:00"))
-    await asyncio_sleep_a_moment()
-    assert agent.received == []
+    # Sentinel: a task due at the same instant has fired and completed.
+    await outcomes(cluster, [("2024-05-01T11:15:00Z", "Succeeded")], name="sentinel")
+    assert [request.request_id.split("/")[2] for request in agent.received] == ["sentinel"]
 
 
 async def test_an_invalid_zone_reports_valid_false(cluster: Cluster, clock: ManualClock, start_scheduler) -> None:
@@ -263,28 +267,34 @@ async def test_a_run_without_reply_times_out(
     status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Failed")])
     assert "within 90 s" in status["history"][0]["message"]
     await agent.answer(agent.held[0])
-    await asyncio_sleep_a_moment()
-    assert (await cluster.status())["history"][0]["outcome"] == "Failed", "a late answer changes nothing"
+    # Sentinel: the next slot's answer, queued behind the late one, has been recorded.
+    clock.set(at("2024-05-01T12:00:00+00:00"))
+    await eventually(lambda: _assert_len(agent.held, 2))
+    await agent.answer(agent.held[1])
+    await outcomes(cluster, [("2024-05-01T11:00:00Z", "Failed"), ("2024-05-01T12:00:00Z", "Succeeded")])
 
 
 async def test_dst_fall_back_fires_the_repeated_slot_once(
     cluster: Cluster, agent: FakeAgent, start_scheduler, clock: ManualClock
 ) -> None:
+    """01:30 happens twice in New York on 2024-11-03 (05:30Z EDT, 06:30Z EST); a daily task fires at the first."""
     clock.set(at("2024-11-02T12:00:00+00:00"))
     await cluster.agent()
-    await cluster.task(schedule="30 1 * * *", timeZone="America/New_York")
+    await cluster.task(schedule="30 1 * * *", timeZone="America/New_York", successfulRunsHistoryLimit=5)
     await start_scheduler()
     await scheduled(cluster, next_at="2024-11-03T05:30:00Z")
-    clock.set(at("2024-11-03T05:30:00+00:00"))
-    await scheduled(cluster, next_at="2024-11-04T06:30:00Z")
-    clock.set(at("2024-11-03T06:30:00+00:00"))
-    await asyncio_sleep_a_moment()
-    assert len(agent.received) == 1
+    instant = at("2024-11-03T05:00:00+00:00")
+    while instant < at("2024-11-04T07:00:00+00:00"):  # through both 01:30s, minute by minute near them
+        instant += datetime.timedelta(minutes=5 if instant.day == 3 and instant.hour < 8 else 60)
+        clock.set(instant)
+        await eventually(lambda instant=instant: _planned_past(cluster, instant))
+    await outcomes(cluster, [("2024-11-03T05:30:00Z", "Succeeded"), ("2024-11-04T06:30:00Z", "Succeeded")])
+    await eventually(lambda: _assert_len(agent.received, 2))
 
 
-async def asyncio_sleep_a_moment() -> None:
-    """Long enough for a wrongly woken loop to publish (there is nothing to wait for when all is right)."""
-    await asyncio.sleep(0.2)
+async def _planned_past(cluster: Cluster, instant: datetime.datetime) -> None:
+    """The scheduler has handled every slot up to `instant`: its cursor is beyond it."""
+    assert at((await cluster.status())["nextScheduleTime"]) > instant
 
 
 async def _assert_len(items: list, count: int) -> None:
