@@ -2,7 +2,9 @@
 
 An agent may only touch tasks it owns: ones it created through this queue, which carry an owner
 reference to the Agent (so they also go when the Agent goes) and the `rockbot.dev/agent` label.
-Listing also shows tasks a person applied for the agent, marked as not its own. Every request is
+Listing also shows tasks a person applied for the agent, marked as not its own. Scheduling a
+name whose run-once task has completed creates it afresh, so it fires again (an unchanged spec
+would otherwise change nothing). Every request is
 checked (the agent exists, the reply goes to that agent's own queue, cron and zone parse) and
 answered, with a coded error saying what to change when it is refused.
 
@@ -157,6 +159,8 @@ class SchedulingRequests:
         except Conflict:
             pass
         existing = await self._owned(agent, name=operation.name)
+        if (existing.get("status") or {}).get("completed"):
+            return await self._recreate(existing, body=body)
         try:
             return await self._kube.patch(
                 SCHEDULED_TASKS,
@@ -169,6 +173,24 @@ class SchedulingRequests:
         except Conflict:
             raise Refused(
                 ErrorCode.UNAVAILABLE, f"task {operation.name!r} changed meanwhile; try again", retryable=True
+            ) from None
+
+    async def _recreate(self, existing: dict[str, Any], *, body: dict[str, Any]) -> dict[str, Any]:
+        """A completed run-once task scheduled again is a new task: a new uid, so new run ids, and it fires."""
+        metadata = existing["metadata"]
+        with contextlib.suppress(NotFound):
+            await self._kube.delete(
+                SCHEDULED_TASKS,
+                namespace=metadata["namespace"],
+                name=metadata["name"],
+                preconditions_uid=metadata["uid"],
+            )
+        try:
+            return await self._kube.create(SCHEDULED_TASKS, namespace=metadata["namespace"], body=body)
+        except Conflict:
+            raise Refused(
+                ErrorCode.UNAVAILABLE, f"the completed task {metadata['name']!r} is still being removed; try again",
+                retryable=True,
             ) from None
 
     async def _cancel(self, agent: dict[str, Any], operation: CancelTask) -> dict[str, Any]:

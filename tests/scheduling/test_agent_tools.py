@@ -108,6 +108,25 @@ async def test_scheduling_a_name_again_updates_the_task(helper: AgentRuntime, cl
     assert (spec["schedule"], spec["prompt"], spec["runOnce"]) == ("*/10 * * * *", "two", True)
 
 
+async def test_scheduling_a_completed_run_once_task_again_fires_it_again(
+    helper: AgentRuntime, cluster: Cluster, clock: ManualClock
+) -> None:
+    made = await call(helper, "schedule_task", name="remind", cron="0 11 * * *", prompt="Remind me.", run_once=True)
+    assert made.ok, made.error
+
+    async def status_is(**expected: object) -> None:
+        task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.remind")
+        status = task.get("status") or {}
+        assert {key: status.get(key) for key in expected} == expected
+
+    await eventually(lambda: status_is(nextScheduleTime="2024-05-01T11:00:00Z"))
+    clock.set(datetime.datetime(2024, 5, 1, 11, 0, tzinfo=datetime.UTC))
+    await eventually(lambda: status_is(completed=True, lastScheduleTime="2024-05-01T11:00:00Z"))
+    again = await call(helper, "schedule_task", name="remind", cron="0 11 * * *", prompt="Remind me.", run_once=True)
+    assert again.ok, again.error
+    await eventually(lambda: status_is(completed=False, nextScheduleTime="2024-05-02T11:00:00Z"))
+
+
 @pytest.mark.parametrize(
     ("arguments", "code", "words"),
     [
