@@ -8,6 +8,12 @@ The cursor is `status.nextScheduleTime`: the next slot not yet handled. A slot a
 due; of several due slots (downtime), only the latest may fire and the others are recorded once
 as Missed, so catching up is never a burst. A spec change (a new generation) re-bases the cursor
 on now, so editing or resuming a task never fires a slot from the past.
+
+A run-once task completes when its run starts, not when its slot passes: if the agent is missing
+or not Ready (or, with Forbid, a run is still active) the slot waits, with nothing recorded, and
+fires as soon as it can; only its starting deadline (startingDeadlineSeconds, or 60 s under the
+Skip missed-run policy) ends the wait, with a Missed record. "Remind me in two hours" is not lost
+because the agent was rolling out at that moment.
 """
 
 from __future__ import annotations
@@ -139,7 +145,7 @@ def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime
         ),
     )
     _trim(status, spec=spec)
-    return Plan(status=_changed(current, status), triggers=triggers, wake_at=_wake_at(status, spec=spec))
+    return Plan(status=_changed(current, status), triggers=triggers, wake_at=_wake_at(status, spec=spec, now=now))
 
 
 def active_triggers(*, body: dict[str, Any]) -> list[Trigger]:
@@ -205,8 +211,7 @@ def _handle_due(
     """Handle every slot from the cursor to now; return the run to start, if any."""
     first = status.next_schedule_time
     assert first is not None
-    latest = schedule.latest_at_or_before(now) or first
-    latest = max(latest, first)
+    latest = first if spec.run_once else max(schedule.latest_at_or_before(now) or first, first)
     status.next_schedule_time = None if spec.run_once else schedule.next_after(latest)
     if spec.run_once:
         status.completed = True
@@ -225,9 +230,7 @@ def _handle_due(
         )
     run = run_id(uid=uid, scheduled_time=latest)
     late = (now - latest).total_seconds()
-    deadline = spec.starting_deadline_seconds
-    if deadline is None and spec.missed_run_policy == "Skip":
-        deadline = SKIP_GRACE_SECONDS
+    deadline = _starting_deadline(spec)
     if deadline is not None and late > deadline:
         _record(
             status,
@@ -238,6 +241,12 @@ def _handle_due(
             message=f"{late:.0f} s late, past the starting deadline of {deadline} s "
             f"(startingDeadlineSeconds, missedRunPolicy {spec.missed_run_policy})",
         )
+        return None
+    if spec.run_once and (not agent.ready or (status.active and spec.concurrency_policy == "Forbid")):
+        # A run-once slot is not lost to a brief outage: it waits (the agent's changes and the end
+        # of the active run wake the loop) until it can start or its starting deadline passes.
+        status.completed = False
+        status.next_schedule_time = latest
         return None
     if not agent.exists:
         _record(
@@ -412,7 +421,9 @@ def _invalid(
     )
     status.conditions = [condition for condition in status.conditions if condition.type != "AgentReady"]
     return Plan(
-        status=_changed(current, status), triggers=[], wake_at=_wake_at(status, spec=spec) if spec is not None else None
+        status=_changed(current, status),
+        triggers=[],
+        wake_at=_wake_at(status, spec=spec, now=now) if spec is not None else None,
     )
 
 
@@ -423,11 +434,23 @@ def _valid_message(spec: ScheduledTaskSpec, status: ScheduledTaskStatus, schedul
     return f"{spec.schedule!r} in {spec.time_zone}; next run at {local.isoformat()}"
 
 
-def _wake_at(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> datetime.datetime | None:
+def _starting_deadline(spec: ScheduledTaskSpec) -> int | None:
+    """How late (s) a slot may still start: startingDeadlineSeconds, or the Skip policy's grace."""
+    if spec.starting_deadline_seconds is None and spec.missed_run_policy == "Skip":
+        return SKIP_GRACE_SECONDS
+    return spec.starting_deadline_seconds
+
+
+def _wake_at(
+    status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: datetime.datetime
+) -> datetime.datetime | None:
     limit = datetime.timedelta(seconds=spec.run_timeout_seconds)
     instants = [active.start_time + limit for active in status.active]
-    if status.next_schedule_time is not None:
-        instants.append(status.next_schedule_time)
+    slot = status.next_schedule_time
+    if slot is not None and slot > now:
+        instants.append(slot)
+    elif slot is not None and (deadline := _starting_deadline(spec)) is not None:
+        instants.append(slot + datetime.timedelta(seconds=deadline) + _TICK)  # a waiting run-once slot gives up
     return min(instants, default=None)
 
 

@@ -183,6 +183,29 @@ def test_run_once_task_fires_one_slot_then_completes() -> None:
     assert task.step("2024-05-02T14:30:00+00:00").triggers == []
 
 
+def test_a_run_once_slot_waits_for_its_agent_instead_of_completing_unrun() -> None:
+    task = Task(runOnce=True, schedule="30 14 * * *")
+    task.step("2024-05-01T10:00:00+00:00")
+    not_ready = AgentState(exists=True, ready=False, message="0/1 replicas ready")
+    plan = task.step("2024-05-01T14:30:00+00:00", agent=not_ready)
+    assert plan.triggers == [] and plan.wake_at is None, "the agent's change wakes it, not a busy loop"
+    assert not task.status.get("completed") and task.outcomes() == []
+    assert task.step("2024-05-01T14:40:00+00:00", agent=AgentState(exists=False)).triggers == []
+    (trigger,) = task.step("2024-05-01T14:45:00+00:00").triggers
+    assert trigger.scheduled_time == at("2024-05-01T14:30:00+00:00")
+    assert task.status["completed"] is True
+
+
+def test_a_waiting_run_once_slot_gives_up_at_its_starting_deadline() -> None:
+    task = Task(runOnce=True, schedule="30 14 * * *", startingDeadlineSeconds=300)
+    task.step("2024-05-01T10:00:00+00:00")
+    plan = task.step("2024-05-01T14:30:00+00:00", agent=AgentState(exists=False))
+    assert plan.wake_at == at("2024-05-01T14:35:00.000001+00:00")
+    assert task.step("2024-05-01T14:35:00.000001+00:00", agent=AgentState(exists=False)).triggers == []
+    assert task.outcomes() == [("2024-05-01T14:30:00Z", "Missed")]
+    assert task.status["completed"] is True
+
+
 def test_history_keeps_the_newest_successes_and_failures_within_limits() -> None:
     task = Task(concurrencyPolicy="Allow", successfulRunsHistoryLimit=2, failedRunsHistoryLimit=1)
     task.step("2024-05-01T00:30:00+00:00")
