@@ -10,6 +10,7 @@ import asyncio
 import datetime
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import Protocol
 
 UTC = datetime.UTC
@@ -26,15 +27,26 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The wall clock; sleeps are re-checked so a clock step or a long suspend cannot fire early."""
+    """The wall clock, re-read at least every `check_every` seconds while sleeping.
+
+    `asyncio.sleep` runs on the monotonic clock, which stands still while the machine is suspended
+    and ignores steps of the wall clock (NTP, a VM restored); re-checking in short chunks bounds how
+    late such a jump can make a slot fire, and never lets it fire early.
+    """
+
+    def __init__(self, *, check_every: float = 30.0, wall: Callable[[], datetime.datetime] | None = None) -> None:
+        if check_every <= 0:
+            raise ValueError(f"check_every={check_every} must be positive (seconds between wall-clock checks)")
+        self._check_every = check_every
+        self._wall = wall or (lambda: datetime.datetime.now(UTC))
 
     def now(self) -> datetime.datetime:
-        return datetime.datetime.now(UTC)
+        return self._wall()
 
     async def sleep_until(self, instant: datetime.datetime) -> None:
         remaining = (instant - self.now()).total_seconds()
         while remaining > 0:
-            await asyncio.sleep(min(remaining, 3600.0))
+            await asyncio.sleep(min(remaining, self._check_every))
             remaining = (instant - self.now()).total_seconds()
 
 

@@ -347,11 +347,18 @@ def _record(
 
 
 def _trim(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> None:
-    """Keep the newest successes and the newest other outcomes, each up to its limit, in order."""
-    succeeded = [record for record in status.history if record.outcome == "Succeeded"]
-    others = [record for record in status.history if record.outcome != "Succeeded"]
-    keep = {id(record) for record in succeeded[max(0, len(succeeded) - spec.successful_runs_history_limit) :]}
-    keep |= {id(record) for record in others[max(0, len(others) - spec.failed_runs_history_limit) :]}
+    """Keep the newest records of each kind, in order: successes up to the successful limit, failures
+    up to the failed limit, and skipped slots (Missed, Replaced) up to the failed limit too, on their
+    own, so a run of skipped slots never pushes out the failure someone needs to read.
+    """
+    limits = {"Succeeded": spec.successful_runs_history_limit, "Failed": spec.failed_runs_history_limit}
+    kinds: dict[str, list[RunRecord]] = {}
+    for record in status.history:
+        kinds.setdefault(record.outcome if record.outcome in limits else "skipped", []).append(record)
+    keep: set[int] = set()
+    for kind, records in kinds.items():
+        limit = limits.get(kind, spec.failed_runs_history_limit)
+        keep |= {id(record) for record in records[max(0, len(records) - limit) :]}
     status.history = [record for record in status.history if id(record) in keep]
 
 

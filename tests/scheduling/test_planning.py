@@ -221,6 +221,16 @@ def test_history_keeps_the_newest_successes_and_failures_within_limits() -> None
     ]
 
 
+def test_missed_slots_never_push_a_failure_out_of_the_history() -> None:
+    task = Task(startingDeadlineSeconds=60)
+    task.step("2024-05-01T00:30:00+00:00")
+    (trigger,) = task.step("2024-05-01T01:00:00+00:00").triggers
+    task.answer(trigger.run_id, "2024-05-01T01:00:09+00:00", answer=None, error="broke")
+    for hour in (2, 3):
+        assert task.step(f"2024-05-01T{hour:02d}:05:00+00:00").triggers == []
+    assert task.outcomes() == [("2024-05-01T01:00:00Z", "Failed"), ("2024-05-01T03:00:00Z", "Missed")]
+
+
 def test_editing_the_schedule_never_fires_a_past_slot() -> None:
     task = Task(schedule="0 12 * * *")
     task.step("2024-05-01T10:00:00+00:00")
