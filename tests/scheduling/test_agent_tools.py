@@ -11,7 +11,7 @@ import pytest
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import Delivery, MemoryBus
+from rockbot.bus import AmqpBus, Delivery, MemoryBus
 from rockbot.bus.topology import OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 from rockbot.contracts.inbox import InboxReply, InboxRequest
@@ -19,6 +19,7 @@ from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingR
 from rockbot.kube import SCHEDULED_TASKS, NotFound
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.clock import ManualClock
+from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import Turn
 from tests.scheduling.conftest import Cluster
@@ -232,3 +233,45 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
 
 async def _assert_len(items: list, count: int) -> None:
     assert len(items) == count, f"{len(items)} != {count}"
+
+
+@pytest.mark.slow
+async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
+    cluster: Cluster, clock: ManualClock, scripted_llm, amqp_url: str
+) -> None:
+    await cluster.agent()
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
+    async with await AmqpBus.connect(url=amqp_url) as bus:
+        requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock)
+        scheduler = Scheduler(kube=cluster.kube, bus=bus, clock=clock)
+        await requests.start()
+        await scheduler.start()
+        try:
+            async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=bus) as runtime:
+                made = await call(runtime, "schedule_task", name="standup", cron="0 9 * * 1-5",
+                                  prompt="Post the stand-up notes.", time_zone="Europe/Berlin")
+                assert made.ok, made.error
+                assert "next run: 2024-05-02 09:00:00 CEST" in made.content
+
+                async def planned() -> None:
+                    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.standup")
+                    assert (task.get("status") or {}).get("nextScheduleTime") == "2024-05-02T07:00:00Z"
+
+                await eventually(planned)
+                inbox = await serve_inbox(runtime=runtime, bus=bus)
+                scripted_llm.play(Turn(text="Notes posted."))
+                clock.set(datetime.datetime(2024, 5, 2, 7, 0, tzinfo=datetime.UTC))
+
+                async def succeeded() -> None:
+                    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.standup")
+                    history = (task.get("status") or {}).get("history", [])
+                    assert [(r["outcome"], r["summary"]) for r in history] == [("Succeeded", "Notes posted.")]
+
+                await eventually(succeeded, within=30)
+                await inbox.close()
+                cancelled = await call(runtime, "cancel_scheduled_task", name="standup")
+                assert cancelled.ok, cancelled.error
+        finally:
+            await scheduler.stop()
+            await requests.stop()
+    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items == []
