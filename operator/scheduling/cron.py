@@ -1,13 +1,18 @@
 """Cron schedules in an IANA time zone, computed on local wall-clock times and mapped to instants.
 
 croniter is given naive local times only: it walks the wall clock, and this module turns each
-wall-clock slot into UTC instants by the zone's rules, so no fixed UTC offset leaks in:
+wall-clock slot into UTC instants by the zone's rules, so no fixed UTC offset leaks in. The rule
+at daylight-saving transitions:
 
-- a slot skipped by a spring-forward transition fires once, at the shifted instant (the wall time
-  read with the offset before the gap, as RFC 5545 does: 02:30 in New York's gap fires at 03:30 EDT);
-- a slot repeated by a fall-back transition fires once, at its first occurrence, unless the
-  schedule fires every hour: such a schedule follows real time and fires in both repeated hours
-  (as Vixie cron treats wildcard-hour jobs).
+- spring forward (a wall time that does not exist): the slot fires once, at the shifted instant
+  (the wall time read with the offset before the gap, as RFC 5545 does: 02:30 in New York's gap
+  fires at 03:30 EDT);
+- fall back (a wall time that happens twice): a schedule whose hour field names particular hours
+  (`30 1 * * *`, `0 9-17 * * *`) fires once, at the first occurrence; a schedule that matches
+  every hour (`*` or all 24 hours in the hour field, `@hourly`, `*/5 * * * *`) follows real time and
+  fires in both repeated hours, as Vixie cron treats wildcard-hour jobs, so "every 10 minutes"
+  never pauses for an hour. So a daily or weekly slot repeated in autumn runs once; an hourly one
+  runs in each of the two hours.
 
 Six fields put the seconds first (`s m h dom mon dow`), as Kubernetes-style tools write them.
 """
