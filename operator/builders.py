@@ -14,6 +14,7 @@ from rockbot.kube.security import restricted_container_context, restricted_pod_c
 from rockbot.operator.resolving import Resolution
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import GROUP, VERSION, Agent
+from rockbot.resources.agent import CHILD_PREFIX, CHILD_SUFFIXES
 
 K8sObject = dict[str, Any]
 
@@ -29,8 +30,27 @@ DEFAULT_RESOURCES: K8sObject = {
 
 
 def child_name(agent: Agent, suffix: str = "") -> str:
-    """Children are `rockbot-<agent>` (+ suffix): recognisable, and a valid DNS-1035 label."""
-    return f"rockbot-{agent.metadata['name']}{suffix}"
+    """Children are `rockbot-<agent>` (+ suffix): recognisable, and a valid DNS-1035 label.
+
+    The Agent CRD bounds the name so that the longest suffix still fits 63 characters.
+    """
+    assert suffix in CHILD_SUFFIXES, f"declare {suffix!r} in CHILD_SUFFIXES so the name bound accounts for it"
+    return f"{CHILD_PREFIX}{agent.metadata['name']}{suffix}"
+
+
+def without_empty(value: Any) -> Any:
+    """Drop empty maps, lists and strings, as the API server does (Go's `omitempty`) when it stores them.
+
+    A desired manifest holding `limits: {}` or `value: ""` would never be contained in the live
+    object, so every reconcile would write. None of our children relies on an empty value meaning
+    something (like `emptyDir: {}`), which is why this can be applied to whole manifests.
+    """
+    if isinstance(value, dict):
+        pruned = {key: without_empty(item) for key, item in value.items()}
+        return {key: item for key, item in pruned.items() if item not in ({}, [], "")}
+    if isinstance(value, list):
+        return [item for item in (without_empty(item) for item in value) if item not in ({}, [], "")]
+    return value
 
 
 def selector_labels(agent: Agent) -> dict[str, str]:
@@ -57,6 +77,10 @@ def owner_reference(agent: Agent) -> K8sObject:
     }
 
 
+def http_token_metadata(agent: Agent) -> K8sObject:
+    return _metadata(agent, child_name(agent, "-http-token"))
+
+
 def _metadata(agent: Agent, name: str) -> K8sObject:
     return {
         "name": name,
@@ -76,44 +100,52 @@ def config_checksum(config_text: str) -> str:
 
 def build_service_account(agent: Agent) -> K8sObject:
     """An identity with no token and, by design, no Role or RoleBinding anywhere."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _metadata(agent, child_name(agent)),
-        "automountServiceAccountToken": False,
-    }
+    return without_empty(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(agent, child_name(agent)),
+            "automountServiceAccountToken": False,
+        }
+    )
 
 
 def build_config_map(agent: Agent, config_text: str) -> K8sObject:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(agent, child_name(agent, "-config")),
-        "data": {CONFIG_KEY: config_text},
-    }
+    return without_empty(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(agent, child_name(agent, "-config")),
+            "data": {CONFIG_KEY: config_text},
+        }
+    )
 
 
 def build_http_token_secret(agent: Agent, token: str) -> K8sObject:
     """The bearer token guarding the agent's HTTP API; generated once, never rewritten."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": _metadata(agent, child_name(agent, "-http-token")),
-        "type": "Opaque",
-        "stringData": {"token": token},
-    }
+    return without_empty(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": http_token_metadata(agent),
+            "type": "Opaque",
+            "stringData": {"token": token},
+        }
+    )
 
 
 def build_service(agent: Agent, settings: OperatorSettings) -> K8sObject:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(agent, child_name(agent)),
-        "spec": {
-            "selector": selector_labels(agent),
-            "ports": [{"name": "http", "port": settings.agent_port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return without_empty(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(agent, child_name(agent)),
+            "spec": {
+                "selector": selector_labels(agent),
+                "ports": [{"name": "http", "port": settings.agent_port, "targetPort": "http", "protocol": "TCP"}],
+            },
+        }
+    )
 
 
 def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSettings, config_text: str) -> K8sObject:
@@ -140,29 +172,31 @@ def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSet
         ],
     }
     pod_labels = labels(agent)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(agent, child_name(agent)),
-        "spec": {
-            "replicas": spec.replicas,
-            "selector": {"matchLabels": selector_labels(agent)},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(config_text)},
-                },
-                "spec": {
-                    "serviceAccountName": child_name(agent),
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": restricted_pod_context(uid=AGENT_UID, fs_group=True),
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": child_name(agent, "-config")}},
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
-                    ],
+    return without_empty(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _metadata(agent, child_name(agent)),
+            "spec": {
+                "replicas": spec.replicas,
+                "selector": {"matchLabels": selector_labels(agent)},
+                "template": {
+                    "metadata": {
+                        "labels": pod_labels,
+                        "annotations": {CHECKSUM_ANNOTATION: config_checksum(config_text)},
+                    },
+                    "spec": {
+                        "serviceAccountName": child_name(agent),
+                        "automountServiceAccountToken": False,
+                        "enableServiceLinks": False,
+                        "securityContext": restricted_pod_context(uid=AGENT_UID, fs_group=True),
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": child_name(agent, "-config")}},
+                            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                        ],
+                    },
                 },
             },
-        },
-    }
+        }
+    )

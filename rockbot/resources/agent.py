@@ -21,6 +21,14 @@ from rockbot.resources.common import (
 
 BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
 
+#: An Agent's children are named `rockbot-<agent><suffix>`, one suffix per child kind.
+CHILD_PREFIX = "rockbot-"
+CHILD_SUFFIXES = ("", "-config", "-http-token")
+#: The longest Agent name whose every child name still fits a DNS label (63 characters): 44.
+MAX_AGENT_NAME = 63 - len(CHILD_PREFIX) - max(len(suffix) for suffix in CHILD_SUFFIXES)
+#: A list the API server keeps free of duplicates, refusing a repeated item by name.
+LIST_SET: dict[str, Any] = {"x-kubernetes-list-type": "set"}
+
 
 class ModelSpec(Schema):
     """An OpenAI-compatible Chat Completions endpoint (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
@@ -44,9 +52,20 @@ class ModelSpec(Schema):
 
 
 class LabelSelectorRequirement(Schema):
+    model_config = cel_rules(
+        (
+            "!(self.operator in ['In', 'NotIn']) || (has(self.values) && self.values.size() > 0)",
+            "values must list at least one label value when operator is In or NotIn",
+        ),
+        (
+            "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || self.values.size() == 0",
+            "values must be empty when operator is Exists or DoesNotExist: remove values",
+        ),
+    )
+
     key: Annotated[str, Field(min_length=1, max_length=317)]
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(default_factory=list)
 
 
 class LabelSelector(Schema):
@@ -96,6 +115,46 @@ class ResourceRequirements(Schema):
     limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
+class KeySelector(Schema):
+    """A key of a Secret or ConfigMap in the Agent's namespace."""
+
+    name: KubeName
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    optional: bool | None = None
+
+
+class ObjectFieldSelector(Schema):
+    field_path: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        description="A field of the pod, e.g. metadata.name or status.podIP."
+    )
+    api_version: Annotated[str, Field(max_length=64)] | None = None
+
+
+class ResourceFieldSelector(Schema):
+    resource: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="A container resource, e.g. limits.memory or requests.cpu."
+    )
+    container_name: Annotated[str, Field(max_length=63)] | None = None
+    divisor: Quantity | None = None
+
+
+class EnvVarSource(Schema):
+    """The Pod's EnvVarSource: exactly one source."""
+
+    model_config = cel_rules(
+        (
+            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)]"
+            ".filter(x, x).size() == 1",
+            "valueFrom must set exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+        ),
+    )
+
+    secret_key_ref: KeySelector | None = None
+    config_map_key_ref: KeySelector | None = None
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+
+
 class EnvVar(Schema):
     """An extra environment variable; `valueFrom` takes the same shape as in a Pod."""
 
@@ -106,7 +165,7 @@ class EnvVar(Schema):
 
     name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)]
     value: str | None = None
-    value_from: dict[str, Any] | None = None
+    value_from: EnvVarSource | None = None
 
 
 class AgentSpec(Schema):
@@ -123,12 +182,14 @@ class AgentSpec(Schema):
     model: ModelSpec
     system_prompt: Annotated[str, Field(max_length=100_000)] = ""
     tools: Annotated[list[KubeName], Field(max_length=128)] = Field(
-        default_factory=list, description="Tool resources in this namespace, by name."
+        default_factory=list, description="Tool resources in this namespace, by name.", json_schema_extra=LIST_SET
     )
     tool_selector: LabelSelector | None = Field(default=None, description="Tool resources selected by label.")
     sub_agents: Annotated[list[SubAgentRef], Field(max_length=32)] = Field(default_factory=list)
     tool_blacklist: Annotated[list[FunctionName], Field(max_length=256)] = Field(
-        default_factory=list, description="Tool names the model is never offered and that are refused if called."
+        default_factory=list,
+        description="Tool names the model is never offered and that are refused if called.",
+        json_schema_extra=LIST_SET,
     )
     builtin_tools: list[BuiltinToolSetName] = Field(
         default_factory=lambda: ["memory"], description="Built-in tool sets to enable."
@@ -174,8 +235,14 @@ class Agent(Resource):
     ]
     object_rules: ClassVar[list[dict[str, str]]] = [
         {
-            "rule": "self.metadata.name.size() <= 50",
-            "message": "Agent names are at most 50 characters (children are named rockbot-<name>-...)",
+            "rule": f"self.metadata.name.size() <= {MAX_AGENT_NAME}",
+            "message": f"metadata.name: Agent names are at most {MAX_AGENT_NAME} characters (children are named "
+            f"{CHILD_PREFIX}<name>{max(CHILD_SUFFIXES, key=len)}, a 63-character DNS label): choose a shorter name",
+        },
+        {
+            "rule": "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+            "message": "metadata.name: Agent names must be DNS labels (lowercase letters, digits and '-', no dots): "
+            "their Service is named after them",
         },
     ]
 
@@ -185,4 +252,14 @@ class Agent(Resource):
     status: AgentStatus | None = None
 
 
-__all__ = ["Agent", "AgentSpec", "AgentStatus", "LabelSelector", "LocalObjectReference", "ResolvedToolStatus"]
+__all__ = [
+    "CHILD_PREFIX",
+    "CHILD_SUFFIXES",
+    "MAX_AGENT_NAME",
+    "Agent",
+    "AgentSpec",
+    "AgentStatus",
+    "LabelSelector",
+    "LocalObjectReference",
+    "ResolvedToolStatus",
+]

@@ -16,11 +16,16 @@ CATEGORY = "rockbot"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 #: The OpenAI function-name rule, which every tool name must satisfy.
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
-#: A Kubernetes resource quantity such as `500m`, `1`, `256Mi`.
-QUANTITY = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+#: A Kubernetes resource quantity such as `500m`, `1`, `256Mi`, `1e3`: the grammar of
+#: `resource.Quantity` (k8s.io/apimachinery), as controller-gen writes it into CRDs.
+QUANTITY = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 KubeName = Annotated[str, Field(pattern=DNS_LABEL, min_length=1, max_length=63)]
-FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME)]
+#: `maxLength` besides the pattern: CEL rules over these strings need a bound for their cost estimate.
+FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME, min_length=1, max_length=64)]
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
 
 

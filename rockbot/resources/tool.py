@@ -110,10 +110,6 @@ class ToolSpec(Schema):
             raise ValueError("a Tool has exactly one backend: set one of rest, mcp, script or agent")
         return self
 
-    @property
-    def backend_kind(self) -> str:
-        return next(kind for kind in ("rest", "mcp", "script", "agent") if getattr(self, kind) is not None)
-
 
 class ToolStatus(Schema):
     observed_generation: int | None = None

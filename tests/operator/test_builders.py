@@ -131,3 +131,59 @@ def test_user_env_and_image_override_are_applied():
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "mine:2"
     assert {"name": "LOG_LEVEL", "value": "debug"} in container["env"]
+
+
+def test_the_longest_agent_name_the_crd_allows_gives_valid_child_names():
+    from rockbot.resources.agent import CHILD_SUFFIXES, MAX_AGENT_NAME
+
+    assert MAX_AGENT_NAME == 44  # 63 - len("rockbot-") - len("-http-token")
+    longest = agent("a" * MAX_AGENT_NAME)
+    for suffix in CHILD_SUFFIXES:
+        name = builders.child_name(longest, suffix)
+        assert len(name) <= 63 and SecretKeyRef(name=name, key="k").name == name  # a checked DNS label
+    with pytest.raises(ValueError):  # one more character and the token Secret's name is not a DNS label
+        SecretKeyRef(name=builders.child_name(agent("a" * (MAX_AGENT_NAME + 1)), "-http-token"), key="token")
+
+
+SPEC_VARIANTS = [
+    {},
+    {"resources": {}},
+    {"resources": {"limits": {"memory": "1Gi"}}},
+    {"resources": {"requests": {"cpu": "250m"}}},
+    {"resources": {"requests": {}, "limits": {}}},
+    {"env": []},
+    {"env": [{"name": "EMPTY", "value": ""}]},
+    {"env": [{"name": "PLAIN", "value": "x"}, {"name": "NONE"}]},
+    {"env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+    {"image": ""},
+    {"systemPrompt": "", "description": "", "tools": [], "toolBlacklist": []},
+    {"model": {"baseUrl": "http://llm.local/v1", "name": "m"}},  # no API key: no key env entry
+    {"builtinTools": []},
+    {"replicas": 0, "subAgents": [], "toolSelector": {}},
+]
+
+
+def _empty_values(value, path="") -> list[str]:
+    if value in ({}, [], ""):
+        return [path]
+    if isinstance(value, dict):
+        return [found for key, item in value.items() for found in _empty_values(item, f"{path}.{key}")]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _empty_values(item, f"{path}[{index}]")]
+    return []
+
+
+@pytest.mark.parametrize("spec", SPEC_VARIANTS, ids=lambda spec: json.dumps(spec)[:60])
+def test_no_child_holds_an_empty_map_list_or_string_a_real_server_would_drop(spec):
+    """The API server omits them (Go omitempty): a desired `limits: {}` would never match, so every reconcile wrote."""
+    base = agent().model_dump(by_alias=True, exclude_none=True)["spec"]
+    the_agent, resolution, text, deployment = build(agent(**{**base, **spec}))
+    children = [
+        deployment,
+        builders.build_service_account(the_agent),
+        builders.build_config_map(the_agent, text),
+        builders.build_service(the_agent, SETTINGS),
+        builders.build_http_token_secret(the_agent, "token"),
+    ]
+    for child in children:
+        assert _empty_values(child) == [], child["kind"]
