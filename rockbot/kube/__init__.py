@@ -6,7 +6,7 @@ the same requests.
 """
 
 from rockbot.kube.client import K8sObject, KubeClient, ObjectList, WatchEvent
-from rockbot.kube.errors import ApiError, Conflict, Gone, Invalid, NotFound
+from rockbot.kube.errors import ApiError, Conflict, Gone, Invalid, KubeConfigError, NotFound, Unavailable
 from rockbot.kube.resources import (
     AGENTS,
     CONFIGMAPS,
@@ -44,8 +44,10 @@ __all__ = [
     "Invalid",
     "K8sObject",
     "KubeClient",
+    "KubeConfigError",
     "NotFound",
     "ObjectList",
     "Resource",
+    "Unavailable",
     "WatchEvent",
 ]

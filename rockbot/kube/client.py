@@ -3,8 +3,15 @@
 kubernetes_asyncio loads the configuration (kubeconfig or the pod's service account) and owns the
 HTTP session with its TLS and token refresh; this client only builds URLs, sends JSON and maps
 `Status` answers to exceptions. No retries here: callers decide what a 409 or a 410 means.
+
+Every request has a deadline, so a hung API server cannot hold a caller (and the lock it holds)
+forever: `request_timeout` (default 30 s, `$ROCKBOT_KUBE_TIMEOUT_SECONDS`) bounds each request
+but a watch, and a timeout or a broken connection raises `Unavailable` (an `ApiError`, status 504
+or 503). A watch may wait for its `timeoutSeconds` plus `request_timeout` between two lines before
+aiohttp's `ServerTimeoutError` (a `ClientError`) ends it, as any broken stream does.
 """
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -13,10 +20,11 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from rockbot.kube.errors import ApiError, error_from_status, error_from_text
+from rockbot.kube.errors import ApiError, KubeConfigError, Unavailable, error_from_status, error_from_text
 from rockbot.kube.resources import PODS, Resource
 
 K8sObject = dict[str, Any]
@@ -25,6 +33,10 @@ K8sObject = dict[str, Any]
 PatchType = Literal["merge", "json"]
 Query = list[tuple[str, str]]
 JsonPatch = list[K8sObject]
+
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 30.0
+TIMEOUT_VARIABLE = "ROCKBOT_KUBE_TIMEOUT_SECONDS"
+_CONNECT_TIMEOUT_SECONDS = 30.0
 
 _PATCH_CONTENT_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",
@@ -51,25 +63,50 @@ class WatchEvent:
 class KubeClient:
     """An async client for the Kubernetes API speaking plain dicts; use `async with` or `close()`."""
 
-    def __init__(self, *, api_client: k8s_client.ApiClient) -> None:
+    def __init__(
+        self, *, api_client: k8s_client.ApiClient, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
+    ) -> None:
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout must be a positive number of seconds, not {request_timeout!r}")
         self._api = api_client
+        self._request_timeout = request_timeout
 
     @classmethod
-    async def from_environment(cls) -> Self:
+    async def from_environment(cls, *, request_timeout: float | None = None) -> Self:
         """Connect as the pod's service account when in a cluster, else with the current kubeconfig context.
 
-        `$KUBECONFIG` is read now (not when kubernetes_asyncio was imported), so tests and tools
-        that point it elsewhere at runtime are honoured.
+        `$KUBECONFIG` and `$ROCKBOT_KUBE_TIMEOUT_SECONDS` are read now (not when kubernetes_asyncio
+        was imported), so tests and tools that point them elsewhere at runtime are honoured.
+        `KubeConfigError` says what is missing or broken and how to fix it.
         """
+        if request_timeout is None:
+            request_timeout = _timeout_from_environment()
         configuration = k8s_client.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except k8s_config.ConfigException as exc:
+                raise KubeConfigError(
+                    f"in-cluster configuration failed ({exc}): mount the pod's service account token, "
+                    "or unset KUBERNETES_SERVICE_HOST to use a kubeconfig"
+                ) from exc
         else:
             config_file = os.environ.get("KUBECONFIG") or "~/.kube/config"
-            await k8s_config.load_kube_config(
-                config_file=config_file, client_configuration=configuration, persist_config=False
-            )
-        return cls(api_client=k8s_client.ApiClient(configuration))
+            if not await asyncio.to_thread(_any_file, config_file):
+                raise KubeConfigError(
+                    f"no kubeconfig file at {config_file}: set KUBECONFIG to your cluster's kubeconfig "
+                    "(or run inside a cluster, with a service account)"
+                )
+            try:
+                await k8s_config.load_kube_config(
+                    config_file=config_file, client_configuration=configuration, persist_config=False
+                )
+            except (k8s_config.ConfigException, yaml.YAMLError, ValueError, OSError) as exc:
+                raise KubeConfigError(
+                    f"the kubeconfig {config_file} is not usable ({' '.join(str(exc).split())}): "
+                    "fix it, or set KUBECONFIG to another"
+                ) from exc
+        return cls(api_client=k8s_client.ApiClient(configuration), request_timeout=request_timeout)
 
     async def __aenter__(self) -> Self:
         return self
@@ -196,7 +233,11 @@ class KubeClient:
             resourceVersion=resource_version,
             timeoutSeconds=str(timeout_seconds) if timeout_seconds is not None else None,
         )
-        response = await self._send("GET", resource.path(namespace=namespace), query=query)
+        read_timeout = None if timeout_seconds is None else timeout_seconds + self._request_timeout
+        response = await self._send(
+            "GET", resource.path(namespace=namespace), query=query,
+            client_timeout=aiohttp.ClientTimeout(sock_connect=_CONNECT_TIMEOUT_SECONDS, sock_read=read_timeout),
+        )  # fmt: skip
         try:
             if response.status >= 400:
                 raise error_from_text(status=response.status, text=await response.text())
@@ -240,15 +281,24 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
     ) -> str:
-        """The answer's body; an error status becomes the matching `ApiError`."""
-        response = await self._send(method, path, query=query, body=body, content_type=content_type)
+        """The answer's body; an error status becomes the matching `ApiError`, no answer in time `Unavailable`."""
+        timeout = aiohttp.ClientTimeout(total=self._request_timeout, sock_connect=_CONNECT_TIMEOUT_SECONDS)
         try:
-            text = await response.text()
-            if response.status >= 400:
-                raise error_from_text(status=response.status, text=text)
-            return text
-        finally:
-            response.release()
+            response = await self._send(method, path, query=query, body=body, content_type=content_type,
+                                        client_timeout=timeout)
+            try:
+                text = await response.text()
+            finally:
+                response.release()
+        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors (some also ClientErrors)
+            raise Unavailable(status=504, reason="Timeout",
+                              message=f"{method} {path}: no answer within {self._request_timeout:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise Unavailable(status=503, reason="ServiceUnavailable",
+                              message=f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if response.status >= 400:
+            raise error_from_text(status=response.status, text=text)
+        return text
 
     async def _send(
         self,
@@ -258,6 +308,7 @@ class KubeClient:
         query: Query | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        client_timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
         # call_api adds the bearer token (refreshing it when needed) and honours TLS, proxy and SNI
         # settings; _preload_content=False hands back the raw response so we read JSON ourselves.
@@ -269,8 +320,27 @@ class KubeClient:
             body=body,
             auth_settings=["BearerToken"],
             _preload_content=False,
-            _request_timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            _request_timeout=client_timeout,
         )
+
+
+def _any_file(paths: str) -> bool:
+    """Whether a `$KUBECONFIG`-style list of paths names at least one file."""
+    return any(os.path.isfile(os.path.expanduser(path)) for path in paths.split(os.pathsep) if path)
+
+
+def _timeout_from_environment() -> float:
+    text = os.environ.get(TIMEOUT_VARIABLE, "")
+    if not text:
+        return DEFAULT_REQUEST_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise KubeConfigError(f"{TIMEOUT_VARIABLE}={text!r} is not a positive number of seconds: set it to "
+                              f"e.g. 30, or unset it for the default ({DEFAULT_REQUEST_TIMEOUT_SECONDS:g})")
+    return seconds
 
 
 def _query(**params: str | None) -> Query:

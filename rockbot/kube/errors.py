@@ -31,6 +31,19 @@ class Invalid(ApiError):
     """422: the object or patch is invalid; `message` names the field and the rule."""
 
 
+class Unavailable(ApiError):
+    """The API server did not answer: unreachable, the connection broke, or no answer within the timeout.
+
+    Raised by every request but a watch (a broken watch stream raises aiohttp's `ClientError`, as
+    callers resume those): `status` is 504 (reason `Timeout`) for a timeout, 503 otherwise, so code
+    treating 5xx answers as transient retries these too.
+    """
+
+
+class KubeConfigError(Exception):
+    """No client can be built: no kubeconfig, a broken one, or a bad timeout; the message says the fix."""
+
+
 _CLASSES: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
 
 

@@ -35,12 +35,16 @@ class Route:
 
 @dataclass(kw_only=True)
 class Fault:
-    """An error the emulator answers instead of serving (see `KubeApiEmulator.fail`)."""
+    """An error the emulator answers instead of serving (`KubeApiEmulator.fail`), or no answer (`.hang`)."""
 
     method: str
     path_suffix: str
     times: int
-    error: StatusError
+    error: StatusError | None  # None: hang
+
+
+class EmulatorMisuse(AssertionError):
+    """A test asked the emulator for something a real API server never does; raised when the emulator stops."""
 
 
 @attrs.define(kw_only=True)
@@ -51,6 +55,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     api: ApiServer = attrs.field(init=False)
     _logs: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict, init=False)
     _faults: list["Fault"] = attrs.field(factory=list, init=False)
+    _misuses: list[str] = attrs.field(factory=list, init=False)
+    _released: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -74,20 +80,33 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     def fail(self, *, method: str, path_suffix: str, code: int = 500, times: int = 1) -> None:
         """Answer the next `times` matching requests with an error, as an overloaded or racing server does.
 
-        Only answers a real server gives (500, 503, 429, a 409 Conflict) make sense here: the request
-        is refused before it changes anything.
+        Only answers a real server gives make sense here (500, 503, 429; the request is refused before
+        it changes anything). A 409 is `AlreadyExists` on a create, `Conflict` on a write with a
+        resourceVersion precondition; on any other write a real server never answers 409, so the
+        emulator answers 500 and raises `EmulatorMisuse` when it stops (failing the test).
         """
         reasons = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
         self._faults.append(Fault(method=method.upper(), path_suffix=path_suffix, times=times,
                                   error=StatusError(code=code, reason=reasons[code], message="injected by the test")))
+
+    def hang(self, *, method: str, path_suffix: str, times: int = 1) -> None:
+        """Answer the next `times` matching requests only at `end_watches()` (with 503), as a stuck server does."""
+        self._faults.append(Fault(method=method.upper(), path_suffix=path_suffix, times=times, error=None))
 
     def compact(self) -> None:
         """Compact the history (as etcd does every few minutes): resuming a watch from before now gets 410."""
         self.api.store.compact()
 
     def end_watches(self) -> None:
-        """End every open watch stream, as a restarting API server does."""
+        """End every open watch stream (and answer hung requests 503), as a restarting API server does."""
         self.api.store.end_watches()
+        self._released.set()
+        self._released = asyncio.Event()
+
+    async def __aexit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        await super().__aexit__(exc_type, exc_value, traceback)
+        if self._misuses and exc_value is None:
+            raise EmulatorMisuse("; ".join(self._misuses))
 
     # ---- serving
 
@@ -117,13 +136,28 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
             for fault in self._faults:
                 if fault.times and raw.method == fault.method and raw.path.endswith(fault.path_suffix):
                     fault.times -= 1
-                    raise fault.error
+                    await self._inject(fault, request)
             route = self._route(raw.path)
             if route is None:
                 return await super()._handle(request)
             return await self._serve(request, raw, route)
         except StatusError as exc:
             return exc.response()
+
+    async def _inject(self, fault: Fault, request: kmock.Request) -> None:
+        if fault.error is None:
+            await self._released.wait()
+            raise StatusError(code=503, reason="ServiceUnavailable", message="the emulator is stopping")
+        if fault.error.code != 409:
+            raise fault.error
+        if fault.method == "POST":
+            raise StatusError(code=409, reason="AlreadyExists", message="injected by the test: the name is taken")
+        if _has_precondition(fault.method, _body(request)):
+            raise fault.error
+        misuse = (f"fail(code=409) matched {fault.method} {fault.path_suffix}, which has no resourceVersion "
+                  "precondition: a real server never answers 409 to it; inject 500, 503 or 429 instead")
+        self._misuses.append(misuse)
+        raise StatusError(code=500, reason="InternalError", message=misuse)
 
     def _route(self, path: str) -> Route | None:
         parts = [part for part in path.split("/") if part]
@@ -262,9 +296,6 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
                         await self._send(response, route, *event)
         except TimeoutError:
             pass
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.api.store.unsubscribe(watcher)
-            raise
         finally:
             self.api.store.unsubscribe(watcher)
         with contextlib.suppress(ConnectionResetError):
@@ -278,6 +309,17 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
 
 def _json(obj: Any, *, status: int = 200) -> aiohttp.web.Response:
     return aiohttp.web.Response(status=status, text=json.dumps(obj), content_type="application/json")
+
+
+def _has_precondition(method: str, body: Any) -> bool:
+    """Whether a write is conditional on a resourceVersion, the only kind a real server answers 409 Conflict."""
+    if method == "PATCH" and isinstance(body, list):  # JSON patch: a test of the resourceVersion
+        return any(op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion" for op in body)
+    if not isinstance(body, dict):
+        return False
+    if method == "DELETE":
+        return bool((body.get("preconditions") or {}).get("resourceVersion"))
+    return bool((body.get("metadata") or {}).get("resourceVersion"))
 
 
 def _body(request: kmock.Request) -> Any:

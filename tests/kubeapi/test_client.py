@@ -1,8 +1,11 @@
 """rockbot.kube.KubeClient against the emulated API server, over HTTP."""
 
 import asyncio
+import socket
 
+import aiohttp
 import pytest
+from kubernetes_asyncio import client as k8s_client
 
 from rockbot.kube import (
     CONFIGMAPS,
@@ -14,10 +17,18 @@ from rockbot.kube import (
     Gone,
     Invalid,
     KubeClient,
+    KubeConfigError,
     NotFound,
     Resource,
+    Unavailable,
     WatchEvent,
 )
+from tests.kubeapi import KubeApiEmulator
+
+
+def client_to(url: str, *, request_timeout: float) -> KubeClient:
+    return KubeClient(api_client=k8s_client.ApiClient(k8s_client.Configuration(host=url)),
+                      request_timeout=request_timeout)
 
 
 def test_resource_paths_for_core_grouped_and_subresources():
@@ -180,3 +191,47 @@ async def test_read_log_returns_what_the_kubelet_has(kube_api, kube_client: Kube
     assert await kube_client.read_log(namespace="default", name="logs", container="main") == "hello\nworld\n"
     with pytest.raises(NotFound):
         await kube_client.read_log(namespace="default", name="absent")
+
+
+async def test_a_hung_request_times_out_as_unavailable_and_the_next_one_works(kube_api: KubeApiEmulator):
+    kube_api.hang(method="GET", path_suffix="/configmaps/stuck")
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.5) as kube:
+        with pytest.raises(Unavailable) as hung:
+            await kube.get(CONFIGMAPS, namespace="default", name="stuck")
+        assert (hung.value.status, hung.value.reason) == (504, "Timeout")
+        assert isinstance(hung.value, ApiError)  # callers' `except ApiError` retry paths see it
+        with pytest.raises(NotFound):
+            await kube.get(CONFIGMAPS, namespace="default", name="stuck")
+
+
+async def test_a_hung_watch_ends_with_a_client_error_after_its_timeout_seconds(kube_api: KubeApiEmulator):
+    kube_api.hang(method="GET", path_suffix="/namespaces/default/configmaps")
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.5) as kube:
+        with pytest.raises(aiohttp.ClientError) as hung:  # as a broken stream: callers resume watches
+            async for _ in kube.watch(CONFIGMAPS, namespace="default", timeout_seconds=1):
+                pass
+        assert isinstance(hung.value, TimeoutError)
+
+
+async def test_an_unreachable_server_is_unavailable():
+    with socket.socket() as listener:  # a port nobody listens on once closed
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+    async with client_to(f"http://127.0.0.1:{port}", request_timeout=5) as kube:
+        with pytest.raises(Unavailable) as refused:
+            await kube.list(CONFIGMAPS, namespace="default")
+    assert refused.value.status == 503
+
+
+async def test_configuration_errors_name_the_file_or_variable_and_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    with pytest.raises(KubeConfigError, match=f"no kubeconfig file at {tmp_path / 'absent'}: set KUBECONFIG"):
+        await KubeClient.from_environment()
+    (tmp_path / "broken").write_text("clusters: [")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "broken"))
+    with pytest.raises(KubeConfigError, match=r"is not usable .*: fix it, or set KUBECONFIG"):
+        await KubeClient.from_environment()
+    monkeypatch.setenv("ROCKBOT_KUBE_TIMEOUT_SECONDS", "soon")
+    with pytest.raises(KubeConfigError, match="ROCKBOT_KUBE_TIMEOUT_SECONDS='soon' is not a positive number"):
+        await KubeClient.from_environment()
