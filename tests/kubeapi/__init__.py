@@ -4,7 +4,8 @@ What it does as the real server does:
 - objects get `uid`, a global monotonically increasing `resourceVersion`, `creationTimestamp`,
   and `generation` (custom resources and the built-ins that have one; bumped only when something
   outside metadata, and status where it is a subresource, changes); `generateName`; create answers
-  201; 409 `AlreadyExists`; 404 for a missing namespace; 403 in a terminating one; names validated;
+  201; 409 `AlreadyExists`; 404 for a missing namespace; 403 in a terminating one; names validated
+  (RFC 1123 subdomains; namespaces RFC 1123 labels; Services DNS-1035 labels);
 - list and watch with label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and field
   selectors (`metadata.name`, `metadata.namespace`, a few per kind such as pods' `status.phase`),
   `limit`/`continue`, `kind: XList` with the list's resourceVersion;
@@ -32,15 +33,23 @@ What it does as the real server does:
 - the garbage collector and namespace/CRD cleanups run a moment after the request that triggers
   them, as controllers do: callers must wait (watch or poll) for dependents to go.
 
-Simplifications, all stricter than a real server (code passing here is not relying on them):
+Where it is stricter than a real server (code passing here does not rely on these):
 - only merge and JSON patches: strategic-merge and server-side apply answer 415;
 - no `dryRun`, no `deletecollection`, no log `follow`, no `sendInitialEvents`, no managedFields,
   no Table output, no protobuf; no BOOKMARK events (a client must not need them);
-- one storage for all versions of a CRD, without conversion; transition rules (`oldSelf`) under
-  array items are refused at CRD creation rather than half-evaluated; CEL rules run only when
-  the schema checks pass, and without cost limits or the Kubernetes CEL library extensions;
-- only the built-in validation listed in builtins.py: a real server refuses more malformed
-  built-in objects than the emulator does (do not rely on the emulator to catch those);
+- transition rules (`oldSelf`) under array items are refused at CRD creation rather than
+  half-evaluated;
+- `fail(code=409)` on a write without a resourceVersion precondition is refused (`EmulatorMisuse`),
+  since a real server never answers that; `hang()` holds a request until `end_watches()`.
+
+Where it is laxer (a real server refuses or rewrites more: check these on a cluster, never rely
+on the emulator to catch them):
+- CEL rules run only when the schema checks pass, with no cost limits (a real server refuses a
+  CRD whose rules may cost too much) and without the Kubernetes CEL library extensions;
+- one storage for all versions of a CRD, without conversion;
+- built-in objects get only the validation listed in builtins.py, and only some defaults: no
+  resource quantity canonicalisation (`"1000m"` stays as written, a server answers `"1"`), no
+  dropping of empty fields, no requests defaulted from limits;
 - no RBAC, admission webhooks, quotas, or pods that run: nothing changes a Pod's status but a
   client (tests play the kubelet), and Deployments get a status only from the optional
   `DeploymentController` (controllers.py), which plays kube-controller-manager over HTTP.

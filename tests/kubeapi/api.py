@@ -38,7 +38,9 @@ CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 FOREGROUND = "foregroundDeletion"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_LABEL_KINDS = {("", "namespaces"), ("", "services")}
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL_KINDS = {("", "namespaces")}
+_DNS_1035_KINDS = {("", "services")}
 _IMMUTABLE_META = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation")
 
 
@@ -487,16 +489,22 @@ class ApiServer:
                               f"expected API version ({rtype.api_version(version)}) / kind ({rtype.kind})")
 
     def _check_name(self, rtype: ResourceType, name: str) -> None:
-        if rtype.key in _DNS_LABEL_KINDS:
-            ok, limit, what = bool(_DNS_LABEL.match(name)), 63, "RFC 1123 label"
+        if rtype.key in _DNS_1035_KINDS:  # a Service name becomes a DNS label that must not start with a digit
+            ok, limit = bool(_DNS_1035_LABEL.match(name)), 63
+            rule = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+                    "alphabetic character, and end with an alphanumeric character")
+        elif rtype.key in _DNS_LABEL_KINDS:
+            ok, limit = bool(_DNS_LABEL.match(name)), 63
+            rule = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and "
+                    "must start and end with an alphanumeric character")
         else:
-            ok, limit, what = bool(_DNS_SUBDOMAIN.match(name)), 253, "RFC 1123 subdomain"
+            ok, limit = bool(_DNS_SUBDOMAIN.match(name)), 253
+            rule = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+                    "'.', and must start and end with an alphanumeric character")
         if not ok or len(name) > limit:
             raise invalid(kind=rtype.kind, group=rtype.group, name=name,
                           causes=[("metadata.name", "FieldValueInvalid",
-                                   f'Invalid value: "{name}": a lowercase {what} must consist of lower case '
-                                   f"alphanumeric characters, '-' or '.', start and end with an alphanumeric "
-                                   f"character, at most {limit} characters")])
+                                   f'Invalid value: "{name}": {rule} (at most {limit} characters)')])
 
     def _render(self, rtype: ResourceType, version: str, obj: Obj) -> Obj:
         return render(rtype, version, obj)

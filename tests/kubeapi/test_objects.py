@@ -200,3 +200,11 @@ async def test_writes_since_counts_write_requests(kube_api):
     await call(kube_api, "POST", CM, {"metadata": {"name": "w"}})
     await call(kube_api, "PATCH", f"{CM}/w", {"data": {"a": "b"}}, content_type=MERGE)
     assert [r.method.value for r in kube_api.writes_since(mark)] == ["POST", "PATCH"]
+
+
+async def test_service_names_are_dns_1035_labels(kube_api):
+    service = {"metadata": {"name": "1st"}, "spec": {"ports": [{"port": 80}]}}
+    status, body = await call(kube_api, "POST", "/api/v1/namespaces/default/services", service)
+    assert status == 422 and "DNS-1035 label" in body["message"] and "start with an alphabetic" in body["message"]
+    status, _ = await call(kube_api, "POST", CM, {"metadata": {"name": "1st"}})  # other names may start with one
+    assert status == 201
