@@ -11,6 +11,8 @@ from rockbot import __version__
 
 
 class OperatorSettings(BaseSettings):
+    """Every field is `ROCKBOT_<FIELD>` in the environment and `--<field>` on `rockbot operator` (which wins)."""
+
     model_config = SettingsConfigDict(env_prefix="ROCKBOT_", extra="ignore")
 
     namespaces: Annotated[list[str], NoDecode] = Field(
@@ -20,11 +22,13 @@ class OperatorSettings(BaseSettings):
     bus_secret_name: str = Field(
         default="rockbot-bus", description="Secret, in each agent's namespace, holding the AMQP URL for agent pods."
     )
-    bus_secret_key: str = "amqp-url"
+    bus_secret_key: str = Field(default="amqp-url", description="Key of the AMQP URL in that Secret.")
     amqp_url: str | None = Field(default=None, description="The operator's own broker connection (scheduling).")
-    scripts_namespace: str = "rockbot-scripts"
-    agent_port: int = 8080
-    log_format: Literal["json", "text"] = "json"
+    scripts_namespace: str = Field(
+        default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
+    )
+    agent_port: int = Field(default=8080, ge=1, le=65535, description="HTTP port of agent pods and their Service.")
+    log_format: Literal["json", "text"] = Field(default="json", description="Log format.")
     resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
 
     @field_validator("namespaces", mode="before")
