@@ -59,9 +59,12 @@ async def test_foreground_deletion_removes_dependents_first(kube_api):
 
 async def test_orphan_deletion_strips_the_references(kube_api):
     _, owner = await call(kube_api, "POST", CM, {"metadata": {"name": "owner"}})
+    _, witness = await call(kube_api, "POST", CM, {"metadata": {"name": "witness"}})
     await call(kube_api, "POST", CM, {"metadata": {"name": "child", "ownerReferences": owned_by(owner)}})
+    await call(kube_api, "POST", CM, {"metadata": {"name": "collected", "ownerReferences": owned_by(witness)}})
     await call(kube_api, "DELETE", f"{CM}/owner", {"propagationPolicy": "Orphan"})
-    await asyncio.sleep(0.05)  # give the garbage collector its turn: it must leave the child alone
+    await call(kube_api, "DELETE", f"{CM}/witness")
+    await eventually_gone(kube_api, f"{CM}/collected")  # the collector has run since the orphaning delete
     status, child = await call(kube_api, "GET", f"{CM}/child")
     assert status == 200 and "ownerReferences" not in child["metadata"]
 
