@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from rockbot.kube import errors
@@ -18,34 +19,45 @@ class ForeignOwner(Exception):
     """A same-named object exists but another controller owns it: we do not take it over."""
 
 
-def _owned_by_other(live: K8sObject, desired: K8sObject) -> bool:
-    ours = {ref["uid"] for ref in desired["metadata"].get("ownerReferences", [])}
+def _owned_by_other(live: K8sObject, metadata: K8sObject) -> bool:
+    ours = {ref["uid"] for ref in metadata.get("ownerReferences", [])}
     return any(
         ref.get("controller") and ref.get("uid") not in ours for ref in live["metadata"].get("ownerReferences", [])
     )
 
 
-async def ensure(kube: KubeClient, resource: Resource, desired: K8sObject, *, create_only: bool = False) -> K8sObject:
-    """Create the object, or merge-patch the fields that differ; a no-op when it already matches.
-
-    `create_only` objects (generated secrets) are created once and never rewritten.
-    """
-    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+async def _fetch_or_create(
+    kube: KubeClient, resource: Resource, *, namespace: str, name: str, build: Callable[[], K8sObject]
+) -> tuple[K8sObject, bool]:
+    """The live object and False, or the object `build()` made and True when it had to be created."""
     try:
-        live = await kube.get(resource, namespace=namespace, name=name)
+        return await kube.get(resource, namespace=namespace, name=name), False
     except errors.NotFound:
-        try:
-            created = await kube.create(resource, namespace=namespace, body=desired)
-            logger.info("created %s %s/%s", resource.kind, namespace, name)
-            return created
-        except errors.Conflict:  # created meanwhile (another reconcile, a person): compare with that one
-            live = await kube.get(resource, namespace=namespace, name=name)
-    if _owned_by_other(live, desired):
+        pass
+    try:
+        created = await kube.create(resource, namespace=namespace, body=build())
+    except errors.Conflict:  # created meanwhile (another reconcile, a person): compare with that one
+        return await kube.get(resource, namespace=namespace, name=name), False
+    logger.info("created %s %s/%s", resource.kind, namespace, name)
+    return created, True
+
+
+def _check_owner(resource: Resource, live: K8sObject, metadata: K8sObject) -> None:
+    if _owned_by_other(live, metadata):
         raise ForeignOwner(
-            f"{resource.kind} {namespace}/{name} exists and is controlled by another owner: "
+            f"{resource.kind} {metadata['namespace']}/{metadata['name']} exists and is controlled by another owner: "
             "delete or rename it so the operator can manage it"
         )
-    if create_only or contains(live, _comparable(desired)):
+
+
+async def ensure(kube: KubeClient, resource: Resource, desired: K8sObject) -> K8sObject:
+    """Create the object, or merge-patch the fields that differ; a no-op when it already matches."""
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    live, created = await _fetch_or_create(kube, resource, namespace=namespace, name=name, build=lambda: desired)
+    if created:
+        return live
+    _check_owner(resource, live, desired["metadata"])
+    if contains(live, desired):
         return live
     patch = {key: value for key, value in desired.items() if key not in {"apiVersion", "kind"}}
     patched = await kube.patch(resource, namespace=namespace, name=name, body=patch)
@@ -53,6 +65,16 @@ async def ensure(kube: KubeClient, resource: Resource, desired: K8sObject, *, cr
     return patched
 
 
-def _comparable(desired: K8sObject) -> K8sObject:
-    """What must match: `stringData` is write-only (the server folds it into `data`)."""
-    return {key: value for key, value in desired.items() if key != "stringData"}
+async def ensure_created(
+    kube: KubeClient, resource: Resource, *, metadata: K8sObject, build: Callable[[], K8sObject]
+) -> K8sObject:
+    """Create the object once and never rewrite it (generated secrets): `build` runs only to create it.
+
+    `metadata` is the object's desired metadata (name, namespace, owner), known without building it.
+    """
+    live, created = await _fetch_or_create(
+        kube, resource, namespace=metadata["namespace"], name=metadata["name"], build=build
+    )
+    if not created:
+        _check_owner(resource, live, metadata)
+    return live

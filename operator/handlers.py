@@ -46,6 +46,9 @@ class Runtime:
         self.resync: asyncio.Task[None] | None = None
         #: (generation, labels) of each Tool as last seen: a status-only change concerns no Agent.
         self.tool_versions: dict[tuple[str, str], tuple[Any, ...]] = {}
+        #: The generation of each Agent as last seen: only a spec change (or its coming and going)
+        #: concerns the Agents that use it as a sub-agent.
+        self.agent_versions: dict[tuple[str, str], Any] = {}
 
 
 def _post_event(body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
@@ -59,14 +62,16 @@ def _snapshot(body: kopf.Body) -> dict[str, Any]:
 async def reconcile_agent(
     runtime: Runtime, *, namespace: str, name: str, indices: kopf.Indices, attempt: int = 0
 ) -> None:
-    """Reconcile one Agent now; on failure, try again later with backoff (and log why)."""
+    """Reconcile one Agent now; on failure (reported on the Agent), try again later with backoff."""
     tools_index: kopf.Index = indices["tools_by_namespace"]
     agents_index: kopf.Index = indices["agents_by_namespace"]
     tools = list(tools_index.get(namespace, []))
     agents = {agent["metadata"]["name"]: agent for agent in agents_index.get(namespace, [])}
     try:
         used_before = runtime.reconciler.uses(namespace, name)
-        await runtime.reconciler.reconcile(namespace=namespace, name=name, tools=tools, agents=agents)
+        exists = await runtime.reconciler.reconcile(namespace=namespace, name=name, tools=tools, agents=agents)
+        if not exists:  # the index may not have seen the deletion yet: it uses nothing any more
+            agents.pop(name, None)
         changed = used_before ^ runtime.reconciler.uses(namespace, name)
         for tool in tools:  # their `usedBy` gained or lost this Agent
             if tool["metadata"]["name"] in changed:
@@ -118,10 +123,24 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         return {namespace: _snapshot(body)}
 
     @kopf.on.event(GROUP, VERSION, "agents", registry=registry)
-    async def agent_event(type: str, namespace: str, name: str, **kwargs: Any) -> None:
-        runtime.indices = _indices(kwargs)
-        if type != "DELETED":
-            await reconcile_agent(runtime, namespace=namespace, name=name, indices=_indices(kwargs))
+    async def agent_event(type: str, namespace: str, name: str, body: kopf.Body, **kwargs: Any) -> None:
+        indices = runtime.indices = _indices(kwargs)
+        # Also when deleted: the reconcile then forgets it and drops it from its Tools' `usedBy`.
+        await reconcile_agent(runtime, namespace=namespace, name=name, indices=indices)
+        version = None if type == "DELETED" else body.metadata.get("generation")
+        if runtime.agent_versions.get((namespace, name)) == version:
+            return  # a status-only change: nothing the Agents referring to it read
+        if version is None:
+            runtime.agent_versions.pop((namespace, name), None)
+        else:
+            runtime.agent_versions[(namespace, name)] = version
+        tools = list(indices["tools_by_namespace"].get(namespace, []))
+        for agent in list(indices["agents_by_namespace"].get(namespace, [])):
+            other = agent["metadata"]["name"]
+            if other != name and _refers_to(
+                agent, target=name, tools=tools, previously=runtime.reconciler.uses(namespace, other)
+            ):
+                await reconcile_agent(runtime, namespace=namespace, name=other, indices=indices)
 
     @kopf.on.startup(registry=registry)
     async def start_resync(**_: Any) -> None:
@@ -164,6 +183,18 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
 
 def _indices(kwargs: dict[str, Any]) -> kopf.Indices:
     return {key: kwargs[key] for key in ("tools_by_namespace", "agents_by_namespace")}  # type: ignore[return-value]
+
+
+def _refers_to(agent: dict[str, Any], *, target: str, tools: list[dict[str, Any]], previously: set[str]) -> bool:
+    """Whether an Agent offers `target` as a tool: as a sub-agent, or through an `agent`-backed Tool."""
+    spec = agent.get("spec") or {}
+    if any(ref.get("name") == target for ref in spec.get("subAgents") or []):
+        return True
+    return any(
+        ((tool.get("spec") or {}).get("agent") or {}).get("name") == target
+        and _may_use(agent, tool_name=tool["metadata"]["name"], previously=previously)
+        for tool in tools
+    )
 
 
 def _may_use(agent: dict[str, Any], *, tool_name: str, previously: set[str]) -> bool:

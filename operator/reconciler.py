@@ -18,7 +18,7 @@ from rockbot.kube import errors
 from rockbot.kube.client import KubeClient
 from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, SERVICES
 from rockbot.operator import builders
-from rockbot.operator.children import ForeignOwner, ensure
+from rockbot.operator.children import ForeignOwner, ensure, ensure_created
 from rockbot.operator.conditions import ConditionUpdate, condition_status, merge_conditions
 from rockbot.operator.resolving import Resolution, resolve_agent, wanted_tools
 from rockbot.operator.settings import OperatorSettings
@@ -29,6 +29,8 @@ K8sObject = dict[str, Any]
 #: Posts a Kubernetes Event on an object: (object, type, reason, message).
 EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None] | None]
 logger = logging.getLogger(__name__)
+#: Longest condition and event message we write (events are cut at 1024 anyway).
+MAX_MESSAGE = 1000
 
 
 class AgentReconciler:
@@ -53,8 +55,11 @@ class AgentReconciler:
         tools: Iterable[K8sObject],
         agents: Mapping[str, K8sObject],
         now: datetime.datetime | None = None,
-    ) -> None:
-        """Bring one Agent's children and status in line with its spec and what it references."""
+    ) -> bool:
+        """Bring one Agent's children and status in line with its spec and what it references.
+
+        Returns whether the Agent still exists (a deleted one is forgotten here).
+        """
         lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         async with lock:
             try:
@@ -62,10 +67,44 @@ class AgentReconciler:
             except errors.NotFound:
                 self._locks.pop((namespace, name), None)
                 self._uses.pop((namespace, name), None)
-                return
-            if body["metadata"].get("deletionTimestamp"):
-                return
-            await self._reconcile(body, tools=list(tools), agents=agents, now=now or _now())
+                return False
+            if not body["metadata"].get("deletionTimestamp"):
+                try:
+                    await self._reconcile(body, tools=list(tools), agents=agents, now=now or _now())
+                except Exception as error:  # said on the Agent before any other reconcile can succeed
+                    await self._report_failure(body, error)
+                    raise
+            return True
+
+    async def _report_failure(self, body: K8sObject, error: Exception) -> None:
+        """Say on the Agent why a reconcile failed: Ready=False (ReconcileFailed) and a Warning event.
+
+        Written only when that is news, so a lasting failure costs no write per retry (and the
+        status write, itself an Agent event, cannot start a loop). A report that fails too (no
+        right to write status, the server still refusing) is only logged: the caller retries.
+        """
+        message = failure_message(error)
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), {})
+        if (ready.get("reason"), ready.get("message")) == ("ReconcileFailed", message):
+            return
+        update = ConditionUpdate(type="Ready", status="False", reason="ReconcileFailed", message=message)
+        [merged] = merge_conditions(conditions, [update], generation=body["metadata"].get("generation"), now=_now())
+        others = [c for c in conditions if c.get("type") != "Ready"]
+        try:
+            await self._kube.patch(
+                AGENTS,
+                namespace=body["metadata"]["namespace"],
+                name=body["metadata"]["name"],
+                body={"status": {"conditions": [merged, *others]}},
+                subresource="status",
+            )
+        except Exception as report_error:
+            logger.warning("could not report the failure on Agent %s: %s", body["metadata"]["name"], report_error)
+            return
+        outcome = self._post_event(body, "Warning", update.reason, message)
+        if outcome is not None:
+            await outcome
 
     async def _reconcile(
         self, body: K8sObject, *, tools: list[K8sObject], agents: Mapping[str, K8sObject], now: datetime.datetime
@@ -90,11 +129,11 @@ class AgentReconciler:
         blocking = list(resolution.blocking_problems)
         deployment: K8sObject | None = None
         try:
-            await ensure(
+            await ensure_created(
                 self._kube,
                 SECRETS,
-                builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
-                create_only=True,
+                metadata=builders.http_token_metadata(agent),
+                build=lambda: builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
             )
             await ensure(self._kube, SERVICEACCOUNTS, builders.build_service_account(agent))
             await ensure(self._kube, CONFIGMAPS, builders.build_config_map(agent, config_text))
@@ -197,6 +236,16 @@ class AgentReconciler:
                 outcome = self._post_event(body, event_type, update.reason, update.message)
                 if outcome is not None:
                     await outcome
+
+
+def failure_message(error: Exception) -> str:
+    """What went wrong, for status and events: the API server's answer, never a request body (no secrets)."""
+    if isinstance(error, errors.ApiError):
+        text = f"the API server answered {error.status} {error.reason}: {error.message}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    text = f"reconcile failed, retrying with backoff: {text}"
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
 
 
 def _referenced_secrets(agent: Agent, tools: list[K8sObject], bus: SecretKeyRef) -> set[str]:

@@ -13,7 +13,6 @@ from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
-from rockbot.resources import GROUP
 
 Flag = asyncio.Event | threading.Event | asyncio.Future[Any]
 
@@ -27,9 +26,9 @@ def build_registry(runtime: handlers.Runtime) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        # No persistence settings: kopf keeps progress and diff-base annotations only for change
+        # handlers (on.create/update/delete/resume) and adds finalizers only for mandatory delete
+        # handlers, timers and daemons. We register none, so kopf never writes to our objects.
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330

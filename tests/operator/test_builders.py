@@ -177,7 +177,7 @@ def _empty_values(value, path="") -> list[str]:
 def test_no_child_holds_an_empty_map_list_or_string_a_real_server_would_drop(spec):
     """The API server omits them (Go omitempty): a desired `limits: {}` would never match, so every reconcile wrote."""
     base = agent().model_dump(by_alias=True, exclude_none=True)["spec"]
-    the_agent, resolution, text, deployment = build(agent(**{**base, **spec}))
+    the_agent, _, text, deployment = build(agent(**{**base, **spec}))
     children = [
         deployment,
         builders.build_service_account(the_agent),

@@ -63,9 +63,8 @@ async def test_selector_requirements_that_fit_their_operator_are_accepted(kube_c
 @pytest.mark.parametrize("quantity", ["1.2.3", "1..", "Mi", "1Mii", "1e"])
 async def test_malformed_quantities_are_refused(kube_client: KubeClient, quantity):
     message = await refusal(kube_client, body(resources={"limits": {"memory": quantity}}))
-    assert f'spec.resources.limits.memory: Invalid value: "{quantity}": spec.resources.limits.memory in body should ' in (
-        message
-    )
+    field = "spec.resources.limits.memory"
+    assert f'{field}: Invalid value: "{quantity}": {field} in body should match' in message
 
 
 async def test_real_quantities_are_accepted(kube_client: KubeClient):

@@ -17,7 +17,6 @@ from rockbot.kube import (
     SERVICEACCOUNTS,
     SERVICES,
     TOOLS,
-    Conflict,
     Invalid,
     KubeClient,
     NotFound,
@@ -127,23 +126,31 @@ async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(k
 
         await eventually(settled)
 
+    def deployment_reads(since: int) -> list:
+        return [
+            r
+            for r in kube_api.requests[since:]
+            if r.method == "GET" and "watch" not in r.params and r.url.path.endswith("/deployments/rockbot-analyst")
+        ]
+
     mark = len(kube_api.requests)
     async with operator_running(SETTINGS):
+
+        async def compared(since: int) -> None:
+            assert deployment_reads(since)  # a reconcile compared the children (the Deployment comes last)
+
+        await eventually(lambda: compared(mark))  # the start-up pass
+        poked = len(kube_api.requests)
         await kube_client.patch(
             AGENTS, namespace=NS, name="analyst", body={"metadata": {"labels": {"poke": "1"}}}
         )  # one more event, one more reconcile
-
-        async def reconciled_twice():
-            reads = [
-                r
-                for r in kube_api.requests[mark:]
-                if r.method == "GET" and "watch" not in r.params and r.url.path.endswith("/deployments/rockbot-analyst")
-            ]
-            assert len(reads) >= 2  # the start-up pass and the poke both compared the children
-
-        await eventually(reconciled_twice)
+        await eventually(lambda: compared(poked + 1))  # after the poke, so by the poke's reconcile
     writes = [f"{r.method.value} {r.url.path}" for r in kube_api.writes_since(mark)]
     assert writes == [f"PATCH /apis/rockbot.dev/v1alpha1/namespaces/{NS}/agents/analyst"]  # the test's own poke
+    agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+    # kopf keeps no state on the object: no finalizer (deletable while the operator is down), no annotations.
+    assert "finalizers" not in agent["metadata"]
+    assert not [key for key in agent["metadata"].get("annotations") or {} if "kopf" in key or "rockbot.dev" in key]
 
 
 async def test_children_deleted_or_edited_by_hand_are_put_back(kube_client: KubeClient, ready_agent):
@@ -269,6 +276,8 @@ async def test_an_object_owned_by_someone_else_is_not_taken_over(kube_client: Ku
 
 
 async def test_deleting_an_agent_garbage_collects_its_children(kube_client: KubeClient, ready_agent):
+    tool = await eventually(lambda: used_by(kube_client, "weather", ["analyst"]))
+    assert tool["status"]["usedBy"] == ["analyst"]
     await kube_client.delete(AGENTS, namespace=NS, name="analyst")
 
     async def gone():
@@ -277,11 +286,22 @@ async def test_deleting_an_agent_garbage_collects_its_children(kube_client: Kube
             (CONFIGMAPS, "rockbot-analyst-config"),
             (SERVICEACCOUNTS, "rockbot-analyst"),
             (SERVICES, "rockbot-analyst"),
+            (SECRETS, "rockbot-analyst-http-token"),
         ]:
-            with pytest.raises(NotFound):
+            try:
                 await kube_client.get(resource, namespace=NS, name=name)
+            except NotFound:
+                continue
+            raise AssertionError(f"{resource.kind} {name} still exists")
 
     await eventually(gone)
+    await eventually(lambda: used_by(kube_client, "weather", []))
+
+
+async def used_by(kube: KubeClient, tool: str, agents: list[str]) -> dict:
+    body = await kube.get(TOOLS, namespace=NS, name=tool)
+    assert (body.get("status") or {}).get("usedBy", []) == agents
+    return body
 
 
 async def test_the_crd_schema_rejects_invalid_resources_with_the_field_named(kube_client: KubeClient):
@@ -304,12 +324,10 @@ async def test_the_crd_schema_rejects_invalid_resources_with_the_field_named(kub
     assert "env names starting with ROCKBOT_ are reserved for the operator" in str(env.value)
 
 
-async def test_a_conflicting_create_is_compared_and_adopted_not_failed(kube_client: KubeClient):
+async def test_an_unowned_child_of_the_same_name_is_adopted(kube_client: KubeClient):
     await create_basics(kube_client)
     unowned = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "rockbot-analyst", "namespace": NS}}
     await kube_client.create(SERVICEACCOUNTS, namespace=NS, body=unowned)
-    with pytest.raises(Conflict):
-        await kube_client.create(SERVICEACCOUNTS, namespace=NS, body=unowned)
     await kube_client.create(AGENTS, namespace=NS, body=agent_body())
     async with operator_running(SETTINGS):
 
@@ -321,12 +339,32 @@ async def test_a_conflicting_create_is_compared_and_adopted_not_failed(kube_clie
         await eventually(adopted)
 
 
-async def test_failed_writes_and_conflicts_are_retried_until_they_succeed(kube_client: KubeClient, kube_api):
+async def test_a_failed_reconcile_is_reported_on_the_agent_and_retried_with_backoff(kube_client: KubeClient, kube_api):
     await create_basics(kube_client)
     await kube_client.create(AGENTS, namespace=NS, body=agent_body())
-    kube_api.fail(method="POST", path_suffix=f"/namespaces/{NS}/deployments", code=500, times=2)
-    kube_api.fail(method="PATCH", path_suffix=f"/namespaces/{NS}/agents/analyst/status", code=409)
+    kube_api.fail(method="POST", path_suffix=f"/namespaces/{NS}/deployments", code=503, times=4)
     async with operator_running(SETTINGS):
+
+        async def reported():
+            ready = condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")
+            assert (ready["status"], ready["reason"]) == ("False", "ReconcileFailed")
+            assert ready["message"] == (
+                "reconcile failed, retrying with backoff: "
+                "the API server answered 503 ServiceUnavailable: injected by the test"
+            )
+
+        await eventually(reported)
+
+        async def warned():
+            message = condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")["message"]
+            events = (await kube_client.list(EVENTS, namespace=NS)).items
+            assert [
+                (e["type"], e["message"])
+                for e in events
+                if e["reason"] == "ReconcileFailed" and e["involvedObject"].get("name") == "analyst"
+            ] == [("Warning", message)]
+
+        await eventually(warned)
         await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
         await mark_deployment_ready(kube_client, "rockbot-analyst")
 
@@ -336,6 +374,31 @@ async def test_failed_writes_and_conflicts_are_retried_until_they_succeed(kube_c
 
         await eventually(ready, within=30)
     creates = [r for r in kube_api.requests if r.method.value == "POST" and r.url.path.endswith("/deployments")]
-    status_patches = [r for r in kube_api.requests if r.url.path.endswith("/agents/analyst/status")]
-    assert len(creates) == 3  # refused twice, then created
-    assert len(status_patches) >= 2  # refused once (409), then written
+    assert len(creates) == 5  # refused four times, then created
+
+
+async def test_a_throttled_status_write_is_retried_after_a_backoff(kube_client: KubeClient, kube_api, caplog):
+    await create_basics(kube_client)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body())
+    status_path = f"/namespaces/{NS}/agents/analyst/status"
+    async with operator_running(SETTINGS):
+
+        async def progressing():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "Ready")["reason"] == "DeploymentProgressing"
+
+        await eventually(progressing)
+        # Refuse the status write and the failure report: no write, so no event brings the Agent back;
+        # only the backoff retry can.
+        kube_api.fail(method="PATCH", path_suffix=status_path, code=429, times=2)
+        mark = len(kube_api.requests)
+        await mark_deployment_ready(kube_client, "rockbot-analyst")
+
+        async def ready():
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "Ready")["status"] == "True"
+
+        await eventually(ready, within=30)
+    patches = [r for r in kube_api.requests[mark:] if r.method.value == "PATCH" and r.url.path.endswith(status_path)]
+    assert len(patches) == 3  # the status and the failure report refused, then the status written by the retry
+    assert any("429 TooManyRequests" in r.getMessage() and "retrying in 1s" in r.getMessage() for r in caplog.records)
