@@ -402,3 +402,33 @@ async def test_a_throttled_status_write_is_retried_after_a_backoff(kube_client: 
     patches = [r for r in kube_api.requests[mark:] if r.method.value == "PATCH" and r.url.path.endswith(status_path)]
     assert len(patches) == 3  # the status and the failure report refused, then the status written by the retry
     assert any("429 TooManyRequests" in r.getMessage() and "retrying in 1s" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_sub_agent_created_or_changed_later_reaches_the_agents_using_it(kube_client: KubeClient):
+    await create_basics(kube_client)
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("ask-helper", agent={"name": "helper"}))
+    boss = agent_body("boss", tools=["ask-helper"], subAgents=[{"name": "helper", "toolName": "helper"}])
+    await kube_client.create(AGENTS, namespace=NS, body=boss)
+    async with operator_running(SETTINGS):  # resync_seconds=3600: only events can bring the news
+
+        async def missing():
+            tools = condition(await kube_client.get(AGENTS, namespace=NS, name="boss"), "ToolsResolved")
+            assert 'sub-agent "helper" not found' in tools["message"]
+
+        await eventually(missing)
+        helper = agent_body("helper", description="Knows the archive.")
+        await kube_client.create(AGENTS, namespace=NS, body=helper)
+
+        async def offered(description: str):
+            agent = await kube_client.get(AGENTS, namespace=NS, name="boss")
+            assert condition(agent, "ToolsResolved")["status"] == "True"
+            definitions = [tool["definition"]["function"] for tool in (await config_of(kube_client, "boss"))["tools"]]
+            tools = {function["name"]: function for function in definitions}
+            assert tools["helper"]["description"] == description
+            assert set(tools) == {"helper", "ask-helper"}
+
+        await eventually(lambda: offered("Knows the archive."))
+        await kube_client.patch(AGENTS, namespace=NS, name="helper", body={"spec": {"description": "Knows all."}})
+        await eventually(lambda: offered("Knows all."))
+        await kube_client.delete(AGENTS, namespace=NS, name="helper")
+        await eventually(missing)
