@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 
+from rockbot.kube.errors import Invalid
 from rockbot.operator.conditions import ConditionUpdate, merge_conditions
 from rockbot.operator.diffing import contains
+from rockbot.operator.reconciler import MAX_MESSAGE, failure_message
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(hours=1)
@@ -66,3 +68,14 @@ def test_transition_time_moves_only_when_the_status_changes():
         "observedGeneration": 2,
     }
     assert flipped[0]["lastTransitionTime"] == "2026-01-01T01:00:00Z"
+
+
+def test_a_failure_message_carries_the_servers_answer_and_is_bounded():
+    refused = Invalid(status=422, reason="Invalid", message='Deployment.apps "rockbot-a" is invalid: spec.replicas')
+    assert failure_message(refused) == (
+        "reconcile failed, retrying with backoff: the API server answered 422 Invalid: "
+        'Deployment.apps "rockbot-a" is invalid: spec.replicas'
+    )
+    long = failure_message(RuntimeError("x" * 5000))
+    assert long.startswith("reconcile failed, retrying with backoff: RuntimeError: xxx")
+    assert len(long) == MAX_MESSAGE and long.endswith("…")
