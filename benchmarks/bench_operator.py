@@ -46,6 +46,28 @@ async def _all_ready(client, count: int) -> None:
         await asyncio.sleep(0.2)
 
 
+async def _every_deployment_read(emulator: KubeApiEmulator, count: int, *, since: int) -> None:
+    """Evidence that the restarted operator compared every Agent: it read each Deployment (compared last)."""
+    wanted = {f"/deployments/rockbot-agent-{index}" for index in range(count)}
+    seen = since
+    while wanted:
+        requests = emulator.requests
+        for request in requests[seen:]:
+            if request.method == "GET" and "watch" not in request.params:
+                wanted.discard("/deployments/" + request.url.path.rsplit("/deployments/", 1)[-1])
+        seen = len(requests)
+        await asyncio.sleep(0.05)
+
+
+async def _quiet(emulator: KubeApiEmulator, *, for_seconds: float = 1.0) -> None:
+    """Wait until no request has arrived for `for_seconds`: the operator has nothing left to do."""
+    while True:
+        before = len(emulator.requests)
+        await asyncio.sleep(for_seconds)
+        if len(emulator.requests) == before:
+            return
+
+
 async def main(count: int, tools_per_agent: int) -> None:
     emulator = KubeApiEmulator()
     async with emulator, kmock.Server(emulator), client_for(emulator) as client:
@@ -84,10 +106,13 @@ async def main(count: int, tools_per_agent: int) -> None:
                     await _all_ready(client, count)
                     elapsed = time.perf_counter() - started
                     requests = len(emulator.requests) - mark
-                    await asyncio.sleep(2)  # let trailing events settle before the resync
+                    await _quiet(emulator)  # trailing events handled before the restart
                 resync_mark = len(emulator.requests)
                 async with operator_running(settings):
-                    await asyncio.sleep(max(5.0, count * 0.05))
+                    restarted = time.perf_counter()
+                    await _every_deployment_read(emulator, count, since=resync_mark)
+                    compared = time.perf_counter() - restarted
+                    await _quiet(emulator)  # a write following the last comparison is counted too
                 resync_writes = emulator.writes_since(resync_mark)
             finally:
                 controller.cancel()
@@ -97,6 +122,7 @@ async def main(count: int, tools_per_agent: int) -> None:
     print(f"agents: {count}, tools per agent: {tools_per_agent}")
     print(f"time until all Ready: {elapsed:.1f} s ({count / elapsed:.1f} agents/s)")
     print(f"API requests per Agent (operator, controller and test together): {requests / count:.1f}")
+    print(f"restart: every Agent compared within {compared:.1f} s ({count / compared:.1f} agents/s)")
     print(f"writes made by a full no-op resync (operator restart): {len(resync_writes)}")
     kinds = collections.Counter(f"{r.method.value} {r.url.path.rsplit('/', 2)[-2]}" for r in resync_writes)
     for kind, number in kinds.most_common():
