@@ -26,7 +26,8 @@ What it does as the real server does:
 - CRDs are registered for discovery (kinds, plurals, short names, categories, scope, status
   subresource) once the CRD controller (a moment after the write) reports them Established;
   custom resources are pruned, defaulted and validated with `openAPIV3Schema` and the
-  `x-kubernetes-validations` CEL rules, with errors worded as the real server words them;
+  `x-kubernetes-validations` CEL rules, `x-kubernetes-list-type: set` duplicates, with errors worded as
+  the real server words them;
 - built-in defaults that matter to code comparing desired and actual state (Deployment strategy,
   pod template defaults, Service clusterIP/ports, Secret `stringData` folded into `data`...);
 - `pods/{name}/log` answers what `set_pod_log()` set, as the kubelet would;

@@ -235,6 +235,8 @@ def _to_jsonschema(schema: Any) -> Any:
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if schema.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
+    if schema.get("x-kubernetes-list-type") == "set":
+        out["uniqueItems"] = True
     return out
 
 
@@ -278,6 +280,14 @@ def _describe(error: jsonschema.ValidationError) -> list[Cause]:
     }
     if kind in messages:
         return [(path, "FieldValueInvalid", f"Invalid value: {shown}: {path or 'body'} in body {messages[kind]}")]
+    if kind == "uniqueItems":  # an `x-kubernetes-list-type: set` with a repeated item
+        seen: list[Any] = []
+        causes: list[Cause] = []
+        for index, item in enumerate(value):
+            if item in seen:
+                causes.append((f"{path}[{index}]", "FieldValueDuplicate", f"Duplicate value: {_show(item)}"))
+            seen.append(item)
+        return causes
     if kind == "maxLength":
         return [(path, "FieldValueTooLong", f"Too long: may not be more than {expected} bytes")]
     if kind == "maxItems":

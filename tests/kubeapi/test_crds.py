@@ -146,3 +146,11 @@ async def test_deployment_controller_reports_replicas_ready(kube_api, deployment
             await asyncio.sleep(0.01)
     assert status["readyReplicas"] == 2
     assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "True"
+
+
+async def test_a_set_list_refuses_a_repeated_item_like_the_real_server(kube_api):
+    status, body = await call(kube_api, "POST", AGENTS, agent("a", tools=["weather", "news", "weather"]))
+    assert status == 422
+    assert body["message"] == 'Agent.rockbot.dev "a" is invalid: spec.tools[2]: Duplicate value: "weather"'
+    assert body["details"]["causes"] == [{"reason": "FieldValueDuplicate", "message": 'Duplicate value: "weather"',
+                                          "field": "spec.tools[2]"}]
