@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import urllib.parse
 
 from rockbot.bus import MemoryBus
 from rockbot.contracts.inbox import InboxReply
@@ -117,3 +118,40 @@ async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_
     assert (task, problem) == ("morning-rates", None)
     assert reply is not None and reply.answer == "Rates look calm."
     assert scripted_llm.requests[0].messages[-1]["content"].startswith("Compare today's EUR rates")
+
+
+async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the_tool_runs(
+    scripted_llm, amqp_url, rabbitmq
+):
+    scripted_llm.play(
+        Turn(
+            tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": SUM, "input_data": [4, 5, 6]})]
+        ),
+        Turn(text="The sum is 15."),
+    )
+    result = await rockbot_local(
+        "-f",
+        str(EXAMPLES),
+        "--amqp-url",
+        amqp_url,
+        "--prompt",
+        "Add 4, 5 and 6.",
+        env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "The sum is 15.\n"
+    tool_result = scripted_llm.requests[1].messages[-1]["content"]
+    assert tool_result.startswith("exit code 0 after ") and "--- stdout ---\n15\n" in tool_result
+    lines = result.stderr.splitlines()
+    started = lines.index("  … running execute_python_script")
+    finished = next(i for i, line in enumerate(lines) if line.startswith("  ✓ execute_python_script ("))
+    assert started < finished < lines.index("[tools called: execute_python_script]")
+    assert lines[finished].endswith(" s) ok")
+    # The request and its answer crossed the broker: its queues exist in the test's vhost, drained.
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path[1:])
+    listed = await asyncio.to_thread(
+        rabbitmq.ctl, "list_queues", "-q", "--no-table-headers", "-p", vhost, "name", "messages"
+    )
+    queues = dict(line.split("\t") for line in listed.splitlines() if line.strip())
+    assert queues["script.invoke"] == "0"
+    assert any(name.startswith("script.result.local.analyst.") for name in queues), queues
