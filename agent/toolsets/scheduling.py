@@ -4,6 +4,11 @@ The agent has no Kubernetes rights; `schedule_task`, `list_scheduled_tasks` and
 `cancel_scheduled_task` send a `SchedulingRequest` to `operator.scheduling` and read the
 operator's `SchedulingReply` on this process's own reply queue. The listing states the current
 time, so the model can turn "in two hours" into a cron expression.
+
+Every request is signed with this agent's token (`ROCKBOT_HTTP_TOKEN`, from the Secret the operator
+generates for the Agent), so the operator knows it comes from this agent and not from another one
+sharing the bus (see `rockbot.contracts.scheduling` for what that does and does not protect). Without
+the token the tools refuse, saying so.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.bus import BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
+from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scheduling import (
     TASK_NAME,
@@ -51,15 +57,27 @@ GUIDE = Guide(
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     replies = scheduling_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
+    token_env = kit.config.http_token.env if kit.config.http_token else HTTP_TOKEN_ENV
 
     async def ask(operation: ScheduleTask | ListTasks | CancelTask) -> SchedulingReply:
         if kit.bus is None:
             raise ToolFailure("this agent has no bus connection to the operator", code=ErrorCode.UNAVAILABLE)
-        request = SchedulingRequest(agent=kit.agent_id, operation=operation)
+        token = kit.secret(token_env)
+        if token is None:
+            raise ToolFailure(
+                f"the scheduling tools need this agent's token, which the operator provides in env {token_env} "
+                f"(from the Secret rockbot-{kit.config.name}-http-token); it is not set in this process",
+                code=ErrorCode.REJECTED,
+            )
+        correlation_id = f"{kit.config.name}.{secrets.token_hex(8)}"
+        request = SchedulingRequest.signed(
+            token=token, agent=kit.agent_id, operation=operation, correlation_id=correlation_id,
+            reply_to=replies.name, issued_at=datetime.datetime.now(datetime.UTC),
+        )
         try:
             delivery = await kit.bus.request(
                 queue=OPERATOR_SCHEDULING, body=request, reply_queue=replies,
-                correlation_id=f"{kit.config.name}.{secrets.token_hex(8)}", timeout_seconds=REQUEST_TIMEOUT_SECONDS,
+                correlation_id=correlation_id, timeout_seconds=REQUEST_TIMEOUT_SECONDS,
             )
         except RequestTimeout:
             raise ToolFailure(f"the operator did not answer within {REQUEST_TIMEOUT_SECONDS:g} s",

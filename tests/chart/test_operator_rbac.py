@@ -9,6 +9,7 @@ logs in with the kubeconfig's token, the test's client sends none.
 from __future__ import annotations
 
 import base64
+import datetime
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,11 +96,20 @@ def secret(name: str, **data: str) -> dict:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
 
 
-async def ask(bus: AmqpBus, agent: str, operation: ScheduleTask | ListTasks | CancelTask) -> SchedulingReply:
+async def ask(
+    bus: AmqpBus, kube: KubeClient, agent: str, operation: ScheduleTask | ListTasks | CancelTask
+) -> SchedulingReply:
+    """As the agent's tools ask, signed with the token the operator generated for it."""
     replies = scheduling_replies(namespace=NS, name=agent, instance="evidence")
+    token_secret = await kube.get(SECRETS, namespace=NS, name=f"rockbot-{agent}-http-token")
+    correlation_id = secrets.token_hex(8)
+    request = SchedulingRequest.signed(
+        token=base64.b64decode(token_secret["data"]["token"]).decode(), agent=f"{NS}/{agent}", operation=operation,
+        correlation_id=correlation_id, reply_to=replies.name, issued_at=datetime.datetime.now(datetime.UTC),
+    )
     delivery = await bus.request(
-        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent=f"{NS}/{agent}", operation=operation),
-        reply_queue=replies, correlation_id=secrets.token_hex(8), timeout_seconds=15,
+        queue=OPERATOR_SCHEDULING, body=request, reply_queue=replies, correlation_id=correlation_id,
+        timeout_seconds=15,
     )
     reply = delivery.decode(SchedulingReply)
     assert reply.error is None, reply.error
@@ -145,11 +155,11 @@ async def exercise_the_operator(*, kube: KubeClient, amqp_url: str, namespaces: 
 
             await eventually(repaired)
             # The agent's scheduling tools: create, replace, list, cancel; then a task that fires.
-            await ask(bus, "analyst", ScheduleTask(name="digest", cron="0 18 * * *", prompt="Send the digest."))
-            await ask(bus, "analyst", ScheduleTask(name="digest", cron="0 19 * * *", prompt="Send the digest."))
-            await ask(bus, "analyst", ListTasks())
-            await ask(bus, "analyst", CancelTask(name="digest"))
-            await ask(bus, "analyst", ScheduleTask(name="tick", cron="* * * * * *", prompt="Tick."))
+            await ask(bus, kube, "analyst", ScheduleTask(name="digest", cron="0 18 * * *", prompt="Send the digest."))
+            await ask(bus, kube, "analyst", ScheduleTask(name="digest", cron="0 19 * * *", prompt="Send the digest."))
+            await ask(bus, kube, "analyst", ListTasks())
+            await ask(bus, kube, "analyst", CancelTask(name="digest"))
+            await ask(bus, kube, "analyst", ScheduleTask(name="tick", cron="* * * * * *", prompt="Tick."))
 
             async def fired() -> None:
                 tasks = (await kube.list(SCHEDULED_TASKS, namespace=NS)).items

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
+import secrets
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -13,7 +15,8 @@ from kubernetes_asyncio import client as k8s_client
 from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
-from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient
+from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, KubeClient
+from rockbot.operator.scheduling.agent_requests import TOKEN_KEY, token_secret_name
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import client_for
@@ -59,11 +62,12 @@ class FakeAgent:
 
 
 class Cluster:
-    """The API emulator as seen by a test: create agents and tasks, read tasks back."""
+    """The API emulator as seen by a test: create agents (with their token Secrets) and tasks, read tasks back."""
 
     def __init__(self, *, kube: KubeClient, emulator: KubeApiEmulator) -> None:
         self.kube = kube
         self.emulator = emulator
+        self.tokens: dict[str, str] = {}  # agent name -> its token, as the reconciler would generate it
 
     async def agent(self, name: str = "helper", *, ready: bool = True, namespace: str = "default") -> dict[str, Any]:
         body = await self.kube.create(AGENTS, namespace=namespace, body={
@@ -72,7 +76,18 @@ class Cluster:
             "spec": {"model": {"baseUrl": "https://llm.example/v1", "name": "m",
                                "apiKeySecretRef": {"name": "llm", "key": "apiKey"}}},
         })
+        await self.kube.create(SECRETS, namespace=namespace, body={
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": token_secret_name(agent=name)},
+            "stringData": {TOKEN_KEY: secrets.token_urlsafe(32)},
+        })
+        await self.read_token(name, namespace=namespace)
         return await self.set_agent_ready(name, ready=ready, namespace=namespace) if ready else body
+
+    async def read_token(self, name: str, *, namespace: str = "default") -> str:
+        """The agent's token as the API stores it now (after the Secret was replaced, too)."""
+        secret = await self.kube.get(SECRETS, namespace=namespace, name=token_secret_name(agent=name))
+        self.tokens[name] = base64.b64decode(secret["data"][TOKEN_KEY]).decode()
+        return self.tokens[name]
 
     async def set_agent_ready(self, name: str, *, ready: bool, namespace: str = "default") -> dict[str, Any]:
         condition = {"type": "Ready", "status": "True" if ready else "False",
@@ -120,6 +135,12 @@ async def faulty_kube(faulty_link: FaultyLink) -> AsyncIterator[KubeClient]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock(START)
+
+
+@pytest.fixture
+def wall_clock() -> ManualClock:
+    """The operator's wall clock, which judges a request's `issued_at`: now, until a test moves it."""
+    return ManualClock(datetime.datetime.now(datetime.UTC))
 
 
 @pytest.fixture

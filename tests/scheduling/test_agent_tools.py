@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
+import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from pydantic import BaseModel, RootModel
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import AmqpBus, Delivery, MemoryBus
 from rockbot.bus.topology import OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
+from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 from rockbot.contracts.inbox import InboxReply, InboxRequest
-from rockbot.contracts.scheduling import ListTasks, SchedulingReply, SchedulingRequest
-from rockbot.kube import SCHEDULED_TASKS, NotFound
-from rockbot.operator.scheduling.agent_requests import SchedulingRequests
+from rockbot.contracts.scheduling import CancelTask, ListTasks, Operation, SchedulingReply, SchedulingRequest
+from rockbot.kube import SCHEDULED_TASKS, SECRETS, NotFound
+from rockbot.operator.scheduling.agent_requests import TOKEN_KEY, SchedulingRequests, token_secret_name
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
@@ -28,11 +33,28 @@ from tests.waiting import eventually
 CONTEXT = ToolContext(session_id="chat-1", tool_call_id="call_1")
 
 
+class RecordingBus:
+    """The bus as an agent process holds it, noting every request the agent sends (to replay them)."""
+
+    def __init__(self, bus: MemoryBus) -> None:
+        self._bus = bus
+        self.sent: list[dict[str, Any]] = []
+
+    async def request(self, **request: Any) -> Delivery:
+        self.sent.append(request)
+        return await self._bus.request(**request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bus, name)
+
+
 @pytest.fixture
-async def operator_side(cluster: Cluster, bus: MemoryBus, clock: ManualClock, start_scheduler) -> AsyncIterator[None]:
+async def operator_side(
+    cluster: Cluster, bus: MemoryBus, clock: ManualClock, wall_clock: ManualClock, start_scheduler
+) -> AsyncIterator[None]:
     await cluster.agent()
     await cluster.agent("other")
-    requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock)
+    requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock, wall_clock=wall_clock)
     await requests.start()
     await start_scheduler()
     yield
@@ -40,10 +62,35 @@ async def operator_side(cluster: Cluster, bus: MemoryBus, clock: ManualClock, st
 
 
 @pytest.fixture
-async def helper(scripted_llm, bus: MemoryBus, operator_side: None) -> AsyncIterator[AgentRuntime]:
-    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
-    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=bus) as runtime:
+def helper_bus(bus: MemoryBus) -> RecordingBus:
+    return RecordingBus(bus)
+
+
+@pytest.fixture
+async def helper(
+    scripted_llm, helper_bus: RecordingBus, cluster: Cluster, operator_side: None
+) -> AsyncIterator[AgentRuntime]:
+    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["helper"]) as runtime:
         yield runtime
+
+
+def _runtime(scripted_llm, *, bus: Any, token: str | None) -> AgentRuntime:
+    """The agent runtime of `default/helper`, holding `token` as its pod would (None: not wired)."""
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
+    env = {API_KEY_ENV: "k"} | ({HTTP_TOKEN_ENV: token} if token is not None else {})
+    return AgentRuntime.from_config(config, env=env, bus=bus)
+
+
+async def send(bus: MemoryBus, request: BaseModel, *, reply_to: Queue, correlation_id: str) -> SchedulingReply:
+    delivery = await bus.request(queue=OPERATOR_SCHEDULING, body=request, reply_queue=reply_to,
+                                 correlation_id=correlation_id, timeout_seconds=5)
+    return delivery.decode(SchedulingReply)
+
+
+def signed(*, token: str, agent: str, operation: Operation, reply_to: Queue, correlation_id: str,
+           issued_at: datetime.datetime | None = None) -> SchedulingRequest:
+    return SchedulingRequest.signed(token=token, agent=agent, operation=operation, correlation_id=correlation_id,
+                                    reply_to=reply_to.name, issued_at=issued_at or datetime.datetime.now(datetime.UTC))
 
 
 async def call(runtime: AgentRuntime, tool: str, /, **arguments):
@@ -165,25 +212,167 @@ async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime,
     assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.sneaky"))["spec"]["prompt"] == "p"
 
 
-async def test_a_request_answered_elsewhere_than_its_own_queue_is_refused(bus: MemoryBus, operator_side: None) -> None:
+async def test_a_request_answered_elsewhere_than_its_own_queue_is_refused(
+    bus: MemoryBus, cluster: Cluster, operator_side: None
+) -> None:
     reply_queue = scheduling_replies(namespace="default", name="other", instance="abc1")
-    delivery = await bus.request(
-        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/helper", operation=ListTasks()),
-        reply_queue=reply_queue, correlation_id="c1", timeout_seconds=5,
-    )
-    reply = delivery.decode(SchedulingReply)
+    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(),
+                     reply_to=reply_queue, correlation_id="c1")
+    reply = await send(bus, request, reply_to=reply_queue, correlation_id="c1")
     assert reply.error is not None and reply.error.code == "Rejected"
     assert "its own scheduling queue" in reply.error.message
 
 
 async def test_a_request_for_an_unknown_agent_is_refused(bus: MemoryBus, operator_side: None) -> None:
     reply_queue = scheduling_replies(namespace="default", name="ghost", instance="abc1")
-    delivery = await bus.request(
-        queue=OPERATOR_SCHEDULING, body=SchedulingRequest(agent="default/ghost", operation=ListTasks()),
-        reply_queue=reply_queue, correlation_id="c2", timeout_seconds=5,
-    )
-    reply = delivery.decode(SchedulingReply)
+    request = signed(token="guessed", agent="default/ghost", operation=ListTasks(), reply_to=reply_queue,
+                     correlation_id="c2")
+    reply = await send(bus, request, reply_to=reply_queue, correlation_id="c2")
     assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
+
+
+async def test_another_agent_claiming_to_be_this_one_is_refused_and_changes_nothing(
+    helper: AgentRuntime, scripted_llm, bus: MemoryBus, cluster: Cluster
+) -> None:
+    made = await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="Send the digest.")
+    assert made.ok, made.error
+    # `other` is compromised: it holds its own token and the shared bus credentials, and claims to be helper.
+    forged_queue = scheduling_replies(namespace="default", name="helper", instance="forged")
+    forged = signed(token=cluster.tokens["other"], agent="default/helper", operation=CancelTask(name="digest"),
+                    reply_to=forged_queue, correlation_id="forged-1")
+    reply = await send(bus, forged, reply_to=forged_queue, correlation_id="forged-1")
+    assert reply.error is not None and reply.error.code == "Rejected" and not reply.error.retryable
+    assert reply.error.message.startswith("the request is not signed with agent default/helper's token")
+    # The same, as an agent process of helper's name that holds the wrong key: no task is created either.
+    async with _runtime(scripted_llm, bus=bus, token=cluster.tokens["other"]) as impostor:
+        refused = await call(impostor, "schedule_task", name="sneaky", cron="0 9 * * *", prompt="p")
+    assert refused.error is not None and refused.error.code == "Rejected"
+    names = [task["metadata"]["name"] for task in (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items]
+    assert names == ["helper.digest"]
+    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+    assert task["spec"]["prompt"] == "Send the digest."
+
+
+async def test_a_request_replayed_after_the_window_is_refused_and_changes_nothing(
+    helper: AgentRuntime, helper_bus: RecordingBus, bus: MemoryBus, cluster: Cluster, wall_clock: ManualClock
+) -> None:
+    assert (await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="p")).ok
+    assert (await call(helper, "cancel_scheduled_task", name="digest")).ok
+    captured = helper_bus.sent[-1]
+    assert isinstance(captured["body"], SchedulingRequest) and captured["body"].operation == CancelTask(name="digest")
+    assert (await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="p")).ok
+    wall_clock.advance(330)
+    reply = (await bus.request(**captured)).decode(SchedulingReply)
+    assert reply.error is not None and reply.error.code == "Rejected" and not reply.error.retryable
+    assert "off the operator's clock (at most 300 s)" in reply.error.message
+    assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest"))["spec"]["prompt"] == "p"
+
+
+async def test_a_request_dated_ahead_of_the_window_is_refused(
+    bus: MemoryBus, cluster: Cluster, wall_clock: ManualClock, operator_side: None
+) -> None:
+    queue = scheduling_replies(namespace="default", name="helper", instance="ahead")
+    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
+                     correlation_id="ahead-1", issued_at=wall_clock.now() + datetime.timedelta(minutes=6))
+    reply = await send(bus, request, reply_to=queue, correlation_id="ahead-1")
+    assert reply.error is not None and "is 360 s off the operator's clock" in reply.error.message
+
+
+async def test_the_signature_covers_the_correlation_id_and_the_operation(
+    bus: MemoryBus, cluster: Cluster, operator_side: None
+) -> None:
+    queue = scheduling_replies(namespace="default", name="helper", instance="moved")
+    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
+                     correlation_id="original")
+    moved = await send(bus, request, reply_to=queue, correlation_id="another")
+    assert moved.error is not None and "not signed with agent default/helper's token" in moved.error.message
+    swapped = request.model_copy(update={"operation": CancelTask(name="digest")})
+    reply = await send(bus, swapped, reply_to=queue, correlation_id="original")
+    assert reply.error is not None and "not signed with agent default/helper's token" in reply.error.message
+    assert (await send(bus, request, reply_to=queue, correlation_id="original")).error is None
+
+
+async def test_a_replaced_token_secret_counts_at_once(
+    helper: AgentRuntime, scripted_llm, bus: MemoryBus, cluster: Cluster
+) -> None:
+    assert (await call(helper, "list_scheduled_tasks")).ok
+    name = token_secret_name(agent="helper")
+    await cluster.kube.delete(SECRETS, namespace="default", name=name)
+    missing = await call(helper, "list_scheduled_tasks")
+    assert missing.error is not None and missing.error.code == "Rejected"
+    assert missing.error.message.startswith(
+        "agent default/helper has no token to check its request against (Secret 'rockbot-helper-http-token'")
+    await cluster.kube.create(SECRETS, namespace="default", body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+        "stringData": {TOKEN_KEY: secrets.token_urlsafe(32)}})
+    stale = await call(helper, "list_scheduled_tasks")
+    assert stale.error is not None and "not signed with agent default/helper's token" in stale.error.message
+    async with _runtime(scripted_llm, bus=bus, token=await cluster.read_token("helper")) as restarted:
+        assert (await call(restarted, "list_scheduled_tasks")).ok
+
+
+async def test_an_agent_without_its_token_is_told_what_the_tools_need(
+    scripted_llm, helper_bus: RecordingBus, operator_side: None
+) -> None:
+    async with _runtime(scripted_llm, bus=helper_bus, token=None) as runtime:
+        outcome = await call(runtime, "list_scheduled_tasks")
+    assert outcome.error is not None and outcome.error.code == "Rejected"
+    assert outcome.error.message == (
+        "the scheduling tools need this agent's token, which the operator provides in env ROCKBOT_HTTP_TOKEN "
+        "(from the Secret rockbot-helper-http-token); it is not set in this process")
+    assert helper_bus.sent == [], "nothing unsigned was sent"
+
+
+class RawBody(RootModel[dict[str, Any]]):
+    """Any JSON object as a message body."""
+
+
+class UnsignedRequest(BaseModel):
+    """A request as agents sent it before requests were signed (schema version 1)."""
+
+    schema_version: int = 1
+    agent: str
+    operation: dict[str, str]
+
+
+async def test_an_unsigned_request_of_the_old_schema_is_refused_clearly(
+    bus: MemoryBus, cluster: Cluster, operator_side: None
+) -> None:
+    queue = scheduling_replies(namespace="default", name="helper", instance="old")
+    reply = await send(bus, UnsignedRequest(agent="default/helper", operation={"action": "list"}),
+                       reply_to=queue, correlation_id="old-1")
+    assert reply.error is not None and reply.error.code == "Rejected"
+    assert reply.error.message == (
+        "schema_version: this operator reads scheduling requests of version 2 (signed with the agent's token), "
+        "not 1: run the agent image of the operator's release")
+
+
+async def test_neither_the_token_nor_a_signature_reaches_logs_or_replies(
+    helper: AgentRuntime, helper_bus: RecordingBus, scripted_llm, bus: MemoryBus, cluster: Cluster,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    replies: list[bytes] = []
+    outcomes = [
+        await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="p"),
+        await call(helper, "list_scheduled_tasks"),
+        await call(helper, "cancel_scheduled_task", name="nothing-here"),
+    ]
+    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["other"]) as impostor:
+        outcomes.append(await call(impostor, "list_scheduled_tasks"))
+    queue = scheduling_replies(namespace="default", name="helper", instance="bad")
+    malformed = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
+                       correlation_id="bad-1").model_dump() | {"signature": "not hex"}
+    for body in [*(sent["body"] for sent in helper_bus.sent), RawBody(malformed)]:
+        replies.append((await bus.request(queue=OPERATOR_SCHEDULING, body=body, reply_queue=queue,
+                                          correlation_id=secrets.token_hex(4), timeout_seconds=5)).body)
+    signatures = [sent["body"].signature for sent in helper_bus.sent]
+    assert len(signatures) == 4 and [o.ok for o in outcomes] == [True, True, False, False]
+    assert b'"error"' in replies[-1] and b"not hex" not in replies[-1]
+    seen = caplog.text + "".join(str(o.content) + str(o.error) for o in outcomes) + b"".join(replies).decode()
+    assert "refused scheduling request" in caplog.text, "the refusals were logged"
+    for secret in [cluster.tokens["helper"], cluster.tokens["other"], *signatures]:
+        assert secret not in seen
 
 
 async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once(
@@ -247,7 +436,8 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
         await requests.start()
         await scheduler.start()
         try:
-            async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=bus) as runtime:
+            env = {API_KEY_ENV: "k", HTTP_TOKEN_ENV: cluster.tokens["helper"]}
+            async with AgentRuntime.from_config(config, env=env, bus=bus) as runtime:
                 made = await call(runtime, "schedule_task", name="standup", cron="0 9 * * 1-5",
                                   prompt="Post the stand-up notes.", time_zone="Europe/Berlin")
                 assert made.ok, made.error
