@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import sys
+import urllib.parse
+import uuid
 from pathlib import Path
 
 import aiohttp
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import AmqpBus
-from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.fixtures.rabbitmq import RabbitBroker
 from tests.scripts_manager.conftest import MakeSettings
+from tests.scripts_manager.test_service import _make_gate
 from tests.waiting import eventually
 
 
@@ -57,6 +62,76 @@ async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
         await manager.stop()
     assert isinstance(result, ScriptInvokeResponse), result
     assert (result.request_id, result.stdout, result.exit_code) == ("through-restart", "started\ndone\n", 0)
+
+
+async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answers_it_once(
+    rabbitmq: RabbitBroker, amqp_url: str, make_settings: MakeSettings
+) -> None:
+    # The script waits on a host fifo (unshare isolation lets it see one), so the first manager is
+    # certainly mid-run, un-acked, when it stops; the second one's run is let through by the test.
+    settings = make_settings(amqp_url=amqp_url, scripts_local_isolation="unshare")
+    first, second = ScriptsManager(settings=settings), ScriptsManager(settings=settings)
+    gate = await asyncio.to_thread(_make_gate)
+    replies = script_result(namespace="default", agent="alice", instance=uuid.uuid4().hex[:8])
+    request = ScriptInvokeRequest(
+        request_id=f"mid-run-{uuid.uuid4().hex}", agent="alice", timeout_seconds=20,
+        script=f"print(open({str(gate)!r}).read())",
+    )  # fmt: skip
+    answers: list[Delivery] = []
+
+    async def collect(delivery: Delivery) -> None:
+        answers.append(delivery)
+
+    await first.start()
+    try:
+        async with await AmqpBus.connect(url=amqp_url) as agent:
+            await agent.consume(queue=replies, handler=collect)
+            await agent.publish(
+                queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name
+            )
+
+            async def running(manager: ScriptsManager) -> None:
+                assert _sample(manager, "rockbot_scripts_in_flight") == 1
+
+            await eventually(lambda: running(first))
+            await first.stop()  # dies mid-run: its run is cancelled, the request never acked
+            assert answers == []
+            await second.start()
+            await eventually(lambda: running(second))  # the broker redelivered the request to it
+            token = uuid.uuid4().hex
+            await asyncio.to_thread(gate.write_text, token)
+
+            async def settled() -> None:
+                assert answers, "no answer yet"
+                queues = await _queues(rabbitmq, amqp_url)
+                assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
+
+            await eventually(settled, within=30)
+    finally:
+        await first.stop()
+        await second.stop()
+        await asyncio.to_thread(shutil.rmtree, gate.parent, True)
+    assert len(answers) == 1, answers
+    answer = answers[0].decode(SCRIPT_INVOKE_REPLY)
+    assert isinstance(answer, ScriptInvokeResponse), answer
+    assert (answer.request_id, answer.stdout, answer.exit_code) == (request.request_id, f"{token}\n", 0)
+    assert _sample(first, "rockbot_scripts_runs_total", outcome="succeeded") is None  # its run never finished
+    assert _sample(second, "rockbot_scripts_runs_total", outcome="succeeded") == 1
+
+
+def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
+    return manager.metrics.registry.get_sample_value(name, {"backend": "local", **labels})
+
+
+async def _queues(broker: RabbitBroker, url: str) -> dict[str, tuple[int, int]]:
+    """Each queue of `url`'s virtual host: (messages ready, messages delivered but not acked)."""
+    vhost = urllib.parse.unquote(urllib.parse.urlsplit(url).path[1:])
+    listed = await asyncio.to_thread(
+        broker.ctl, "list_queues", "-q", "--no-table-headers", "-p", vhost,
+        "name", "messages_ready", "messages_unacknowledged",
+    )  # fmt: skip
+    rows = (line.split("\t") for line in listed.splitlines() if line.strip())
+    return {name: (int(ready), int(unacked)) for name, ready, unacked in rows}
 
 
 def _free_port() -> int:
