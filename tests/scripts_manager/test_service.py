@@ -216,3 +216,21 @@ async def test_not_ready_once_stopped(bus: MemoryBus, make_settings: MakeSetting
 
 def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
     return manager.metrics.registry.get_sample_value(name, labels)
+
+
+async def test_a_package_outside_the_allowed_list_is_rejected_naming_it_and_the_setting(
+    bus: MemoryBus, make_settings: MakeSettings
+) -> None:
+    manager = ScriptsManager(settings=make_settings(scripts_allowed_packages=["rockbot-demo-pkg"]), bus=bus)
+    await manager.start()
+    try:
+        sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+        result = await sandbox.execute_python_script(script="import numpy", pip_packages=["Rockbot_Demo_Pkg", "NumPy"])
+    finally:
+        await manager.stop()
+    assert isinstance(result, ScriptInvokeError), result
+    assert (result.error.code, result.error.retryable) == (ErrorCode.REJECTED, False)
+    assert result.error.message == (
+        "pip_packages numpy not allowed here; allowed: rockbot-demo-pkg (ROCKBOT_SCRIPTS_ALLOWED_PACKAGES)"
+    )
+    assert _sample(manager, "rockbot_scripts_runs_total", backend="local", outcome="Rejected") == 1
