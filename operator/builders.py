@@ -7,6 +7,7 @@ API rights, a restricted security context, and its secrets only through `valueFr
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from rockbot.contracts.agent_config import AgentConfig
@@ -21,6 +22,8 @@ K8sObject = dict[str, Any]
 CONFIG_KEY = "agent.json"
 CONFIG_DIR = "/etc/rockbot"
 CHECKSUM_ANNOTATION = f"{GROUP}/config-checksum"
+#: Rolls the pods when the HTTP token Secret is recreated: env from a Secret is read at pod start only.
+TOKEN_CHECKSUM_ANNOTATION = f"{GROUP}/http-token-checksum"
 MANAGED_BY = "rockbot-operator"
 AGENT_UID = 65532
 DEFAULT_RESOURCES: K8sObject = {
@@ -98,6 +101,11 @@ def config_checksum(config_text: str) -> str:
     return hashlib.sha256(config_text.encode()).hexdigest()
 
 
+def secret_checksum(secret: K8sObject) -> str:
+    """A digest of a Secret's data: it changes when the values do, and reveals nothing of them."""
+    return hashlib.sha256(json.dumps(secret.get("data") or {}, sort_keys=True).encode()).hexdigest()
+
+
 def build_service_account(agent: Agent) -> K8sObject:
     """An identity with no token and, by design, no Role or RoleBinding anywhere."""
     return without_empty(
@@ -148,7 +156,9 @@ def build_service(agent: Agent, settings: OperatorSettings) -> K8sObject:
     )
 
 
-def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSettings, config_text: str) -> K8sObject:
+def build_deployment(
+    agent: Agent, resolution: Resolution, settings: OperatorSettings, config_text: str, *, token_checksum: str
+) -> K8sObject:
     spec = agent.spec
     env: list[K8sObject] = [
         {"name": item.env, "valueFrom": {"secretKeyRef": {"name": item.ref.name, "key": item.ref.key}}}
@@ -183,7 +193,10 @@ def build_deployment(agent: Agent, resolution: Resolution, settings: OperatorSet
                 "template": {
                     "metadata": {
                         "labels": pod_labels,
-                        "annotations": {CHECKSUM_ANNOTATION: config_checksum(config_text)},
+                        "annotations": {
+                            CHECKSUM_ANNOTATION: config_checksum(config_text),
+                            TOKEN_CHECKSUM_ANNOTATION: token_checksum,
+                        },
                     },
                     "spec": {
                         "serviceAccountName": child_name(agent),

@@ -129,7 +129,7 @@ class AgentReconciler:
         blocking = list(resolution.blocking_problems)
         deployment: K8sObject | None = None
         try:
-            await ensure_created(
+            token = await ensure_created(
                 self._kube,
                 SECRETS,
                 metadata=builders.http_token_metadata(agent),
@@ -138,9 +138,11 @@ class AgentReconciler:
             await ensure(self._kube, SERVICEACCOUNTS, builders.build_service_account(agent))
             await ensure(self._kube, CONFIGMAPS, builders.build_config_map(agent, config_text))
             await ensure(self._kube, SERVICES, builders.build_service(agent, self._settings))
-            deployment = await ensure(
-                self._kube, DEPLOYMENTS, builders.build_deployment(agent, resolution, self._settings, config_text)
+            token_checksum = builders.secret_checksum(token)
+            wanted = builders.build_deployment(
+                agent, resolution, self._settings, config_text, token_checksum=token_checksum
             )
+            deployment = await ensure(self._kube, DEPLOYMENTS, wanted)
         except ForeignOwner as error:
             blocking.append(str(error))
         await self._write_status(body, agent, resolution, blocking=blocking, deployment=deployment, now=now)

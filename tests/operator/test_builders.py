@@ -17,6 +17,9 @@ from tests.pod_security import restricted_violations
 SETTINGS = OperatorSettings(agent_image="registry.example/rockbot:1.0")
 
 
+TOKEN_CHECKSUM = builders.secret_checksum({"data": {"token": "dG9rZW4="}})
+
+
 def build(the_agent=None):
     the_agent = the_agent or agent(builtinTools=["scripts"])
     resolution = resolve_agent(
@@ -28,7 +31,8 @@ def build(the_agent=None):
         http_token_secret=SecretKeyRef(name="rockbot-analyst-http-token", key="token"),
     )
     text = builders.render_config(resolution.config)
-    return the_agent, resolution, text, builders.build_deployment(the_agent, resolution, SETTINGS, text)
+    deployment = builders.build_deployment(the_agent, resolution, SETTINGS, text, token_checksum=TOKEN_CHECKSUM)
+    return the_agent, resolution, text, deployment
 
 
 def test_service_account_has_no_token():
@@ -124,6 +128,18 @@ def test_a_config_change_changes_the_pod_template_checksum():
         first["spec"]["template"]["metadata"]["annotations"][key]
         != second["spec"]["template"]["metadata"]["annotations"][key]
     )
+
+
+def test_a_new_http_token_changes_the_pod_template_and_its_value_stays_out_of_it():
+    the_agent, resolution, text, first = build()
+    second = builders.build_deployment(
+        the_agent, resolution, SETTINGS, text,
+        token_checksum=builders.secret_checksum({"data": {"token": "b3RoZXI="}}),
+    )  # fmt: skip
+    key = builders.TOKEN_CHECKSUM_ANNOTATION
+    assert first["spec"]["template"]["metadata"]["annotations"][key] == TOKEN_CHECKSUM
+    assert second["spec"]["template"]["metadata"]["annotations"][key] != TOKEN_CHECKSUM
+    assert "dG9rZW4=" not in json.dumps(first)
 
 
 def test_user_env_and_image_override_are_applied():

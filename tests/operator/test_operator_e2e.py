@@ -432,3 +432,21 @@ async def test_a_sub_agent_created_or_changed_later_reaches_the_agents_using_it(
         await eventually(lambda: offered("Knows all."))
         await kube_client.delete(AGENTS, namespace=NS, name="helper")
         await eventually(missing)
+
+
+async def test_a_recreated_http_token_rolls_the_agent_pods(kube_client: KubeClient, ready_agent):
+    def template_checksum(deployment: dict) -> str:
+        return deployment["spec"]["template"]["metadata"]["annotations"]["rockbot.dev/http-token-checksum"]
+
+    before = await kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+    old_token = (await kube_client.get(SECRETS, namespace=NS, name="rockbot-analyst-http-token"))["data"]["token"]
+    await kube_client.delete(SECRETS, namespace=NS, name="rockbot-analyst-http-token")
+    await kube_client.patch(AGENTS, namespace=NS, name="analyst", body={"metadata": {"labels": {"poke": "1"}}})
+
+    async def rolled() -> None:
+        token = await kube_client.get(SECRETS, namespace=NS, name="rockbot-analyst-http-token")
+        assert token["data"]["token"] != old_token
+        deployment = await kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+        assert template_checksum(deployment) != template_checksum(before)  # env from a Secret needs new pods
+
+    await eventually(rolled)
