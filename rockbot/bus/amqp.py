@@ -70,8 +70,15 @@ class AmqpBus(Bus):
         message_id: str | None = None,
         correlation_id: str | None = None,
         reply_to: str | None = None,
+        expires_after_seconds: float | None = None,
     ) -> None:
-        message = encode(body=body, message_id=message_id, correlation_id=correlation_id, reply_to=reply_to)
+        message = encode(
+            body=body,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            expires_after_seconds=expires_after_seconds,
+        )
         await self._send(routing_key=queue.name, message=message, declare=queue)
 
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
@@ -139,6 +146,7 @@ def _to_amqp(message: Outgoing) -> aio_pika.Message:
         reply_to=message.reply_to,
         type=message.message_type,
         headers={SCHEMA_VERSION_HEADER: message.schema_version},
+        expiration=message.expires_after_seconds,
     )
 
 

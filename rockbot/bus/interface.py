@@ -87,8 +87,12 @@ class Bus(ABC):
         message_id: str | None = None,
         correlation_id: str | None = None,
         reply_to: str | None = None,
+        expires_after_seconds: float | None = None,
     ) -> None:
-        """Declare `queue` if needed and put a persistent message on it; returns once confirmed."""
+        """Declare `queue` if needed and put a persistent message on it; returns once confirmed.
+
+        A message with `expires_after_seconds` that no consumer has taken by then is discarded.
+        """
 
     @abstractmethod
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
@@ -110,7 +114,10 @@ class Bus(ABC):
         correlation_id: str,
         timeout_seconds: float,
     ) -> Delivery:
-        """Publish `body` and wait for the reply carrying `correlation_id`; `RequestTimeout` after `timeout_seconds`."""
+        """Publish `body` and wait for the reply carrying `correlation_id`; `RequestTimeout` after `timeout_seconds`.
+
+        The request expires undelivered with the wait: no consumer starts work nobody will read.
+        """
         router = await self._router(reply_queue)
         future = router.expect(correlation_id)
         try:
@@ -121,6 +128,7 @@ class Bus(ABC):
                     message_id=correlation_id,
                     correlation_id=correlation_id,
                     reply_to=reply_queue.name,
+                    expires_after_seconds=timeout_seconds,  # after that nobody waits for the answer
                 )
                 return await future
         except TimeoutError:

@@ -23,6 +23,16 @@ class _Stored(BaseModel):
 
     message: Outgoing
     redelivered: bool = False
+    #: The event loop's clock reading after which the message is discarded undelivered.
+    expires_at: float | None = None
+
+    @classmethod
+    def of(cls, message: Outgoing) -> _Stored:
+        ttl = message.expires_after_seconds
+        return cls(message=message, expires_at=None if ttl is None else asyncio.get_running_loop().time() + ttl)
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and asyncio.get_running_loop().time() >= self.expires_at
 
 
 class _MemoryQueue:
@@ -46,10 +56,17 @@ class MemoryBus(Bus):
         message_id: str | None = None,
         correlation_id: str | None = None,
         reply_to: str | None = None,
+        expires_after_seconds: float | None = None,
     ) -> None:
         self._check_open()
-        message = encode(body=body, message_id=message_id, correlation_id=correlation_id, reply_to=reply_to)
-        self._declare(queue).ready.put_nowait(_Stored(message=message))
+        message = encode(
+            body=body,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            expires_after_seconds=expires_after_seconds,
+        )
+        self._declare(queue).ready.put_nowait(_Stored.of(message))
 
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
         self._check_open()
@@ -59,7 +76,7 @@ class MemoryBus(Bus):
         if target is None:
             raise NoRoute(f"no queue named {to.reply_to!r}")
         message = encode(body=body, correlation_id=to.correlation_id)
-        target.ready.put_nowait(_Stored(message=message))
+        target.ready.put_nowait(_Stored.of(message))
 
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
         self._check_open()
@@ -101,6 +118,8 @@ class _MemorySubscription(Subscription):
         while True:
             await self._slots.acquire()
             stored = await self._queue.ready.get()
+            while stored.expired():  # like the broker: an expired message is never delivered
+                stored = await self._queue.ready.get()
             task = asyncio.create_task(self._handle(stored))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)

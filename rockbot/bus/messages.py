@@ -30,6 +30,8 @@ class Outgoing(BaseModel):
     message_id: str | None = None
     correlation_id: str | None = None
     reply_to: str | None = None
+    #: Discarded undelivered after this long (a request nobody waits for any more is not worth running).
+    expires_after_seconds: float | None = None
 
 
 def encode(
@@ -38,6 +40,7 @@ def encode(
     message_id: str | None = None,
     correlation_id: str | None = None,
     reply_to: str | None = None,
+    expires_after_seconds: float | None = None,
 ) -> Outgoing:
     return Outgoing(
         body=body.model_dump_json().encode(),
@@ -46,6 +49,7 @@ def encode(
         message_id=message_id,
         correlation_id=correlation_id,
         reply_to=reply_to,
+        expires_after_seconds=expires_after_seconds,
     )
 
 
