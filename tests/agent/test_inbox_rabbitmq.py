@@ -1,0 +1,140 @@
+"""The inbox and agents calling agents over a real RabbitMQ broker, each agent on its own connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+import uuid
+
+from aiohttp import web
+
+from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus.topology import agent_inbox
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from tests.agent.test_inbox import CALLER, ask, calls, started
+from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
+from tests.fixtures.rabbitmq import RabbitBroker
+from tests.waiting import eventually
+
+
+async def test_an_agent_calls_another_agent_as_a_tool_across_the_broker(scripted_llm, amqp_url):
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="ask_researcher", arguments={"message": "Find the capital of Peru."})]),
+        Turn(text="Lima."),  # the researcher's answer
+        Turn(text="The researcher says: Lima."),
+    )
+    async with (
+        await AmqpBus.connect(url=amqp_url) as user,
+        await AmqpBus.connect(url=amqp_url) as researcher_bus,
+        await AmqpBus.connect(url=amqp_url) as lead_bus,
+    ):
+        researcher, sub_r = await started(scripted_llm, researcher_bus, "researcher")
+        lead, sub_l = await started(scripted_llm, lead_bus, "lead", [calls("ask_researcher", "researcher")])
+        try:
+            reply = await ask(user, name="lead", request=InboxRequest(
+                kind="user_message", request_id="r1", session_id="u1", content="Capital of Peru?",
+                reply_to=CALLER.name))  # fmt: skip
+        finally:
+            for subscription in (sub_l, sub_r):
+                await subscription.close()
+            for runtime in (lead, researcher):
+                await runtime.close()
+    assert (reply.request_id, reply.answer, reply.error) == ("r1", "The researcher says: Lima.", None)
+    assert reply.tools_called == ("ask_researcher",)
+    assert scripted_llm.requests[1].messages[-1] == {"role": "user", "content": "Find the capital of Peru."}
+    assert scripted_llm.requests[2].messages[-1] == {"role": "tool", "tool_call_id": "call_0_0", "content": "Lima."}
+    assert researcher.conversations.history("team-a/lead:u1")[-1]["content"] == "Lima."
+
+
+class GatedLLM(ScriptedLLM):
+    """The scripted LLM, holding every request until the test opens `gate`; `arrived` counts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.arrived = 0
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self.arrived += 1
+        await self.gate.wait()
+        return await super()._chat(request)
+
+
+async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_asks_the_model_once(
+    rabbitmq: RabbitBroker, amqp_url: str, caplog
+):
+    caplog.set_level(logging.INFO, logger="rockbot.bus.once")
+    llm = await GatedLLM().start()
+    llm.play(Turn(text="Only once."), Turn(text="A second run!"))
+    name = f"inbox-agent-{uuid.uuid4().hex[:8]}"
+    replies: list[InboxReply] = []
+
+    async def collect(delivery: Delivery) -> None:
+        replies.append(delivery.decode(InboxReply))
+
+    request = InboxRequest(kind="user_message", request_id="dup-1", session_id="s", content="hi", reply_to=CALLER.name)
+    inbox = agent_inbox(namespace="team-a", name="careful")
+    try:
+        async with (
+            await AmqpBus.connect(url=amqp_url) as user,
+            await AmqpBus.connect(url=f"{amqp_url}?name={name}", reconnect_interval=0.2) as agent_bus,
+        ):
+            runtime, subscription = await started(llm, agent_bus, "careful")
+            try:
+                await user.consume(queue=CALLER, handler=collect)
+                await user.publish(queue=inbox, body=request, correlation_id=request.request_id, reply_to=CALLER.name)
+
+                async def with_the_model() -> None:
+                    assert llm.arrived == 1
+
+                await eventually(with_the_model)
+                # The agent's connection dies while its turn is with the model: the request is un-acked,
+                # so the broker redelivers it once the robust connection is back.
+                await asyncio.to_thread(_close_connection, rabbitmq, amqp_url, name)
+
+                async def joined() -> None:
+                    assert any(
+                        r.name == "rockbot.bus.once" and "is being handled" in r.getMessage() for r in caplog.records
+                    ), f"the model was asked {llm.arrived} times"
+
+                await eventually(joined, within=30)
+                llm.gate.set()
+
+                async def settled() -> None:
+                    assert replies, "no reply yet"
+                    queues = await asyncio.to_thread(_queues, rabbitmq, amqp_url)
+                    assert queues[inbox.name] == queues[CALLER.name] == (0, 0), queues
+
+                await eventually(settled, within=30)
+            finally:
+                llm.gate.set()
+                await subscription.close()
+                await runtime.close()
+    finally:
+        await llm.stop()
+    assert llm.arrived == len(llm.requests) == 1
+    # The copy whose connection died was never answered; the redelivered one was, with the one turn's answer.
+    assert [(r.request_id, r.answer) for r in replies] == [("dup-1", "Only once.")]
+    assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
+
+
+def _vhost(url: str) -> str:
+    return urllib.parse.unquote(urllib.parse.urlsplit(url).path[1:])
+
+
+def _close_connection(broker: RabbitBroker, url: str, name: str) -> None:
+    listed = broker.ctl("list_connections", "-q", "--no-table-headers", "pid", "client_properties")
+    pids = [line.split("\t")[0] for line in listed.splitlines() if f'"{name}"' in line]
+    assert len(pids) == 1, listed
+    broker.ctl("close_connection", pids[0], "the test kills this agent's connection")
+
+
+def _queues(broker: RabbitBroker, url: str) -> dict[str, tuple[int, int]]:
+    """Each queue of `url`'s virtual host: (messages ready, messages delivered but not acked)."""
+    listed = broker.ctl(
+        "list_queues", "-q", "--no-table-headers", "-p", _vhost(url),
+        "name", "messages_ready", "messages_unacknowledged",
+    )  # fmt: skip
+    rows = (line.split("\t") for line in listed.splitlines() if line.strip())
+    return {name: (int(ready), int(unacked)) for name, ready, unacked in rows}
