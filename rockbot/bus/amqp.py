@@ -17,12 +17,11 @@ import logging
 import aio_pika
 import aiormq.exceptions
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustChannel, AbstractRobustConnection
-from pydantic import BaseModel
 from yarl import URL
 
 from rockbot.bus.errors import BusError, BusUnavailable, NoRoute
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
-from rockbot.bus.messages import CONTENT_TYPE, SCHEMA_VERSION_HEADER, Delivery, Outgoing, encode
+from rockbot.bus.messages import CONTENT_TYPE, SCHEMA_VERSION_HEADER, Delivery, Outgoing
 from rockbot.bus.topology import Queue
 
 log = logging.getLogger(__name__)
@@ -62,30 +61,11 @@ class AmqpBus(Bus):
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         return cls(connection=connection, channel=channel, publish_timeout=publish_timeout)  # type: ignore[arg-type]
 
-    async def publish(
-        self,
-        *,
-        queue: Queue,
-        body: BaseModel,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-        expires_after_seconds: float | None = None,
-    ) -> None:
-        message = encode(
-            body=body,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            reply_to=reply_to,
-            expires_after_seconds=expires_after_seconds,
-        )
+    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
         await self._send(routing_key=queue.name, message=message, declare=queue)
 
-    async def reply(self, *, to: Delivery, body: BaseModel) -> None:
-        if not to.reply_to:
-            raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
-        message = encode(body=body, correlation_id=to.correlation_id)
-        await self._send(routing_key=to.reply_to, message=message, declare=None)
+    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
+        await self._send(routing_key=queue_name, message=message, declare=None)
 
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
         if prefetch < 1:

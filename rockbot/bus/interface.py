@@ -23,7 +23,7 @@ from typing import Literal, Self
 from pydantic import BaseModel
 
 from rockbot.bus.errors import BadMessage, BusError, NoRoute, RequestTimeout
-from rockbot.bus.messages import Delivery
+from rockbot.bus.messages import Delivery, Outgoing, encode
 from rockbot.bus.topology import Queue
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,6 @@ class Bus(ABC):
         self._reply_routers: dict[str, _ReplyRouter] = {}
         self._router_lock = asyncio.Lock()
 
-    @abstractmethod
     async def publish(
         self,
         *,
@@ -93,10 +92,28 @@ class Bus(ABC):
 
         A message with `expires_after_seconds` that no consumer has taken by then is discarded.
         """
+        message = encode(
+            body=body,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            reply_to=reply_to,
+            expires_after_seconds=expires_after_seconds,
+        )
+        await self._put(queue=queue, message=message)
 
-    @abstractmethod
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
+        if not to.reply_to:
+            raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
+        await self._put_reply(queue_name=to.reply_to, message=encode(body=body, correlation_id=to.correlation_id))
+
+    @abstractmethod
+    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
+        """Declare `queue` if needed and put `message` on it, confirmed."""
+
+    @abstractmethod
+    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
+        """Put `message` on an existing queue (never declared by the replier); `NoRoute` if it is gone."""
 
     @abstractmethod
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:

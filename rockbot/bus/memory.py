@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus.errors import BusError, NoRoute
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
-from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing, encode
+from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing
 from rockbot.bus.topology import Queue
 
 
@@ -48,34 +48,15 @@ class MemoryBus(Bus):
         self._subscriptions: set[_MemorySubscription] = set()
         self._closed = False
 
-    async def publish(
-        self,
-        *,
-        queue: Queue,
-        body: BaseModel,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-        expires_after_seconds: float | None = None,
-    ) -> None:
+    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
         self._check_open()
-        message = encode(
-            body=body,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            reply_to=reply_to,
-            expires_after_seconds=expires_after_seconds,
-        )
         self._declare(queue).ready.put_nowait(_Stored.of(message))
 
-    async def reply(self, *, to: Delivery, body: BaseModel) -> None:
+    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
         self._check_open()
-        if not to.reply_to:
-            raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
-        target = self._queues.get(to.reply_to)
+        target = self._queues.get(queue_name)
         if target is None:
-            raise NoRoute(f"no queue named {to.reply_to!r}")
-        message = encode(body=body, correlation_id=to.correlation_id)
+            raise NoRoute(f"no queue named {queue_name!r}")
         target.ready.put_nowait(_Stored.of(message))
 
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
