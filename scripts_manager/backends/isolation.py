@@ -149,7 +149,7 @@ async def _as_nobody_if_root(isolation: Isolation, *, interpreter: Interpreter) 
         return dropped
     log.warning(
         "scripts run as root because user nobody cannot start %s (%s): the process limit is not enforced; set "
-        "ROCKBOT_SCRIPTS_LOCAL_PYTHON to an interpreter nobody can read, such as /usr/bin/python3",
+        "ROCKBOT_SCRIPTS_LOCAL_PYTHON to an interpreter the user nobody can run, such as /usr/bin/python3",
         interpreter.executable, problem,
     )  # fmt: skip
     return isolation
