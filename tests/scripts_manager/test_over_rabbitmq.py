@@ -119,6 +119,75 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
     assert _sample(second, "rockbot_scripts_runs_total", outcome="succeeded") == 1
 
 
+async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and_answers_once(
+    rabbitmq: RabbitBroker, amqp_url: str, make_settings: MakeSettings
+) -> None:
+    # The broker closes the manager's connection while the script waits on the test's fifo. The
+    # delivery is lost un-acked and redelivered after the robust reconnect: it must join the run in
+    # flight, not start the script again.
+    name = f"manager-{uuid.uuid4().hex[:8]}"
+    settings = make_settings(amqp_url=f"{amqp_url}?name={name}", scripts_local_isolation="unshare")
+    manager = ScriptsManager(settings=settings)
+    gate = await asyncio.to_thread(_make_gate)
+    starts = gate.parent / "starts"  # each run of the script leaves a line here before it waits
+    await asyncio.to_thread(starts.touch, 0o666)
+    await asyncio.to_thread(starts.chmod, 0o666)
+    replies = script_result(namespace="default", agent="alice", instance=uuid.uuid4().hex[:8])
+    request = ScriptInvokeRequest(
+        request_id=f"dropped-{uuid.uuid4().hex}", agent="alice", timeout_seconds=30,
+        script=f"open({str(starts)!r}, 'a').write('started\\n')\nprint(open({str(gate)!r}).read())",
+    )  # fmt: skip
+    answers: list[Delivery] = []
+
+    async def collect(delivery: Delivery) -> None:
+        answers.append(delivery)
+
+    await manager.start()
+    try:
+        async with await AmqpBus.connect(url=amqp_url) as agent:
+            await agent.consume(queue=replies, handler=collect)
+            await agent.publish(
+                queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name
+            )
+
+            async def running() -> None:
+                assert _sample(manager, "rockbot_scripts_in_flight") == 1
+
+            await eventually(running)
+            await asyncio.to_thread(_close_connection, rabbitmq, name)
+
+            async def redelivered_and_joined() -> None:
+                queues = await _queues(rabbitmq, amqp_url)
+                assert queues[SCRIPT_INVOKE.name] == (0, 1), queues  # back with the reconnected manager
+
+            await eventually(redelivered_and_joined, within=30)
+            token = uuid.uuid4().hex
+            await asyncio.to_thread(gate.write_text, token)
+
+            async def settled() -> None:
+                assert answers, "no answer yet"
+                queues = await _queues(rabbitmq, amqp_url)
+                assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
+
+            await eventually(settled, within=30)
+            runs = await asyncio.to_thread(starts.read_text)
+    finally:
+        await manager.stop()
+        await asyncio.to_thread(shutil.rmtree, gate.parent, True)
+    assert len(answers) == 1, answers
+    answer = answers[0].decode(SCRIPT_INVOKE_REPLY)
+    assert isinstance(answer, ScriptInvokeResponse), answer
+    assert (answer.stdout, answer.exit_code) == (f"{token}\n", 0)
+    assert runs == "started\n"  # the redelivered copy joined the run in flight: the script ran once
+
+
+def _close_connection(broker: RabbitBroker, name: str) -> None:
+    listed = broker.ctl("list_connections", "-q", "--no-table-headers", "pid", "client_properties")
+    pids = [line.split("\t")[0] for line in listed.splitlines() if f'"{name}"' in line]
+    assert len(pids) == 1, listed
+    broker.ctl("close_connection", pids[0], "the test drops the manager's connection")
+
+
 def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
     return manager.metrics.registry.get_sample_value(name, {"backend": "local", **labels})
 
