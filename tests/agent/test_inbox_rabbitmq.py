@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 import uuid
 
 from aiohttp import web
@@ -91,7 +90,7 @@ async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_as
                 await eventually(with_the_model)
                 # The agent's connection dies while its turn is with the model: the request is un-acked,
                 # so the broker redelivers it once the robust connection is back.
-                await asyncio.to_thread(_close_connection, rabbitmq, amqp_url, name)
+                await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="agent connection lost")
 
                 async def joined() -> None:
                     assert any(
@@ -103,7 +102,7 @@ async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_as
 
                 async def settled() -> None:
                     assert replies, "no reply yet"
-                    queues = await asyncio.to_thread(_queues, rabbitmq, amqp_url)
+                    queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
                     assert queues[inbox.name] == queues[CALLER.name] == (0, 0), queues
 
                 await eventually(settled, within=30)
@@ -117,24 +116,3 @@ async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_as
     # The copy whose connection died was never answered; the redelivered one was, with the one turn's answer.
     assert [(r.request_id, r.answer) for r in replies] == [("dup-1", "Only once.")]
     assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
-
-
-def _vhost(url: str) -> str:
-    return urllib.parse.unquote(urllib.parse.urlsplit(url).path[1:])
-
-
-def _close_connection(broker: RabbitBroker, url: str, name: str) -> None:
-    listed = broker.ctl("list_connections", "-q", "--no-table-headers", "pid", "client_properties")
-    pids = [line.split("\t")[0] for line in listed.splitlines() if f'"{name}"' in line]
-    assert len(pids) == 1, listed
-    broker.ctl("close_connection", pids[0], "the test kills this agent's connection")
-
-
-def _queues(broker: RabbitBroker, url: str) -> dict[str, tuple[int, int]]:
-    """Each queue of `url`'s virtual host: (messages ready, messages delivered but not acked)."""
-    listed = broker.ctl(
-        "list_queues", "-q", "--no-table-headers", "-p", _vhost(url),
-        "name", "messages_ready", "messages_unacknowledged",
-    )  # fmt: skip
-    rows = (line.split("\t") for line in listed.splitlines() if line.strip())
-    return {name: (int(ready), int(unacked)) for name, ready, unacked in rows}

@@ -7,7 +7,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import urllib.parse
 
 from rockbot.bus import MemoryBus
 from rockbot.contracts.inbox import InboxReply
@@ -148,10 +147,6 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
     assert started < finished < lines.index("[tools called: execute_python_script]")
     assert lines[finished].endswith(" s) ok")
     # The request and its answer crossed the broker: its queues exist in the test's vhost, drained.
-    vhost = urllib.parse.unquote(urllib.parse.urlsplit(amqp_url).path[1:])
-    listed = await asyncio.to_thread(
-        rabbitmq.ctl, "list_queues", "-q", "--no-table-headers", "-p", vhost, "name", "messages"
-    )
-    queues = dict(line.split("\t") for line in listed.splitlines() if line.strip())
-    assert queues["script.invoke"] == "0"
+    queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
+    assert queues["script.invoke"] == (0, 0)
     assert any(name.startswith("script.result.local.analyst.") for name in queues), queues

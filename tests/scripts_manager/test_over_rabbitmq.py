@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import sys
-import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -103,7 +102,7 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
 
             async def settled() -> None:
                 assert answers, "no answer yet"
-                queues = await _queues(rabbitmq, amqp_url)
+                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
                 assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
 
             await eventually(settled, within=30)
@@ -154,10 +153,10 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
                 assert _sample(manager, "rockbot_scripts_in_flight") == 1
 
             await eventually(running)
-            await asyncio.to_thread(_close_connection, rabbitmq, name)
+            await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="manager connection lost")
 
             async def redelivered_and_joined() -> None:
-                queues = await _queues(rabbitmq, amqp_url)
+                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
                 assert queues[SCRIPT_INVOKE.name] == (0, 1), queues  # back with the reconnected manager
 
             await eventually(redelivered_and_joined, within=30)
@@ -166,7 +165,7 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
 
             async def settled() -> None:
                 assert answers, "no answer yet"
-                queues = await _queues(rabbitmq, amqp_url)
+                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
                 assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
 
             await eventually(settled, within=30)
@@ -181,26 +180,8 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
     assert runs == "started\n"  # the redelivered copy joined the run in flight: the script ran once
 
 
-def _close_connection(broker: RabbitBroker, name: str) -> None:
-    listed = broker.ctl("list_connections", "-q", "--no-table-headers", "pid", "client_properties")
-    pids = [line.split("\t")[0] for line in listed.splitlines() if f'"{name}"' in line]
-    assert len(pids) == 1, listed
-    broker.ctl("close_connection", pids[0], "the test drops the manager's connection")
-
-
 def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
     return manager.metrics.registry.get_sample_value(name, {"backend": "local", **labels})
-
-
-async def _queues(broker: RabbitBroker, url: str) -> dict[str, tuple[int, int]]:
-    """Each queue of `url`'s virtual host: (messages ready, messages delivered but not acked)."""
-    vhost = urllib.parse.unquote(urllib.parse.urlsplit(url).path[1:])
-    listed = await asyncio.to_thread(
-        broker.ctl, "list_queues", "-q", "--no-table-headers", "-p", vhost,
-        "name", "messages_ready", "messages_unacknowledged",
-    )  # fmt: skip
-    rows = (line.split("\t") for line in listed.splitlines() if line.strip())
-    return {name: (int(ready), int(unacked)) for name, ready, unacked in rows}
 
 
 def _free_port() -> int:
