@@ -44,10 +44,12 @@ async def streaming(request: web.Request) -> web.StreamResponse:
 
 
 async def test_a_stream_that_breaks_after_text_went_out_is_not_retried():
+    text_arrived = asyncio.Event()
+
     async def one_delta_then_drop(request):
         response = await streaming(request)
         await response.write(delta("Granite is"))
-        await asyncio.sleep(0.05)  # let the delta reach the client before the connection goes
+        await asyncio.wait_for(text_arrived.wait(), 10)  # the client has passed the text on: now break
         request.transport.abort()
         return response
 
@@ -55,6 +57,7 @@ async def test_a_stream_that_breaks_after_text_went_out_is_not_retried():
 
     async def on_text(text: str) -> None:
         received.append(text)
+        text_arrived.set()
 
     async with endpoint(one_delta_then_drop) as (url, requests):
         client = LlmClient(base_url=url, model="m", max_attempts=4, backoff_seconds=0.01)
@@ -87,18 +90,18 @@ async def test_a_stream_that_breaks_before_any_text_is_retried():
 
 
 async def test_a_long_stream_that_keeps_sending_is_not_cut_by_the_request_timeout():
-    """The timeout bounds each wait for bytes: 4 deltas 0.3 s apart outlast a 0.5 s timeout in total."""
+    """The timeout bounds each wait for bytes: 4 deltas 0.4 s apart outlast a 1 s timeout in total."""
 
     async def slow_but_steady(request):
         response = await streaming(request)
         for word in ("a ", "long ", "steady ", "answer"):
             await response.write(delta(word))
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.4)
         await response.write(b"data: [DONE]\n\n")
         return response
 
     async with endpoint(slow_but_steady) as (url, _):
-        client = LlmClient(base_url=url, model="m", timeout_seconds=0.5, max_attempts=1)
+        client = LlmClient(base_url=url, model="m", timeout_seconds=1.0, max_attempts=1)
         try:
             completion = await client.complete(messages=[{"role": "user", "content": "go"}])
         finally:
