@@ -195,7 +195,7 @@ async def test_read_log_returns_what_the_kubelet_has(kube_api, kube_client: Kube
 
 async def test_a_hung_request_times_out_as_unavailable_and_the_next_one_works(kube_api: KubeApiEmulator):
     kube_api.hang(method="GET", path_suffix="/configmaps/stuck")
-    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.5) as kube:
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=2) as kube:
         with pytest.raises(Unavailable) as hung:
             await kube.get(CONFIGMAPS, namespace="default", name="stuck")
         assert (hung.value.status, hung.value.reason) == (504, "Timeout")
@@ -206,7 +206,7 @@ async def test_a_hung_request_times_out_as_unavailable_and_the_next_one_works(ku
 
 async def test_a_hung_watch_ends_with_a_client_error_after_its_timeout_seconds(kube_api: KubeApiEmulator):
     kube_api.hang(method="GET", path_suffix="/namespaces/default/configmaps")
-    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.5) as kube:
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=2) as kube:
         with pytest.raises(aiohttp.ClientError) as hung:  # as a broken stream: callers resume watches
             async for _ in kube.watch(CONFIGMAPS, namespace="default", timeout_seconds=1):
                 pass
