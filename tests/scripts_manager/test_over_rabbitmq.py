@@ -15,7 +15,7 @@ import aiohttp
 
 from agent.sandbox import ScriptSandbox
 from rockbot.bus import AmqpBus, Delivery
-from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.bus.topology import SCRIPT_INVOKE, Queue, script_result
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.fixtures.rabbitmq import RabbitBroker
@@ -71,41 +71,23 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
     settings = make_settings(amqp_url=amqp_url, scripts_local_isolation="unshare")
     first, second = ScriptsManager(settings=settings), ScriptsManager(settings=settings)
     gate = await asyncio.to_thread(_make_gate)
-    replies = script_result(namespace="default", agent="alice", instance=uuid.uuid4().hex[:8])
     request = ScriptInvokeRequest(
         request_id=f"mid-run-{uuid.uuid4().hex}", agent="alice", timeout_seconds=20,
         script=f"print(open({str(gate)!r}).read())",
     )  # fmt: skip
-    answers: list[Delivery] = []
-
-    async def collect(delivery: Delivery) -> None:
-        answers.append(delivery)
 
     await first.start()
     try:
         async with await AmqpBus.connect(url=amqp_url) as agent:
-            await agent.consume(queue=replies, handler=collect)
-            await agent.publish(
-                queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name
-            )
-
-            async def running(manager: ScriptsManager) -> None:
-                assert _sample(manager, "rockbot_scripts_in_flight") == 1
-
-            await eventually(lambda: running(first))
+            replies, answers = await _send_collecting_answers(agent, request)
+            await eventually(lambda: _running(first))
             await first.stop()  # dies mid-run: its run is cancelled, the request never acked
             assert answers == []
             await second.start()
-            await eventually(lambda: running(second))  # the broker redelivered the request to it
+            await eventually(lambda: _running(second))  # the broker redelivered the request to it
             token = uuid.uuid4().hex
             await asyncio.to_thread(gate.write_text, token)
-
-            async def settled() -> None:
-                assert answers, "no answer yet"
-                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
-                assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
-
-            await eventually(settled, within=30)
+            await eventually(lambda: _answered_and_drained(rabbitmq, amqp_url, replies, answers), within=30)
     finally:
         await first.stop()
         await second.stop()
@@ -131,28 +113,16 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
     starts = gate.parent / "starts"  # each run of the script leaves a line here before it waits
     await asyncio.to_thread(starts.touch, 0o666)
     await asyncio.to_thread(starts.chmod, 0o666)
-    replies = script_result(namespace="default", agent="alice", instance=uuid.uuid4().hex[:8])
     request = ScriptInvokeRequest(
         request_id=f"dropped-{uuid.uuid4().hex}", agent="alice", timeout_seconds=30,
         script=f"open({str(starts)!r}, 'a').write('started\\n')\nprint(open({str(gate)!r}).read())",
     )  # fmt: skip
-    answers: list[Delivery] = []
-
-    async def collect(delivery: Delivery) -> None:
-        answers.append(delivery)
 
     await manager.start()
     try:
         async with await AmqpBus.connect(url=amqp_url) as agent:
-            await agent.consume(queue=replies, handler=collect)
-            await agent.publish(
-                queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name
-            )
-
-            async def running() -> None:
-                assert _sample(manager, "rockbot_scripts_in_flight") == 1
-
-            await eventually(running)
+            replies, answers = await _send_collecting_answers(agent, request)
+            await eventually(lambda: _running(manager))
             await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="manager connection lost")
 
             async def redelivered_and_joined() -> None:
@@ -162,13 +132,7 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
             await eventually(redelivered_and_joined, within=30)
             token = uuid.uuid4().hex
             await asyncio.to_thread(gate.write_text, token)
-
-            async def settled() -> None:
-                assert answers, "no answer yet"
-                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
-                assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
-
-            await eventually(settled, within=30)
+            await eventually(lambda: _answered_and_drained(rabbitmq, amqp_url, replies, answers), within=30)
             runs = await asyncio.to_thread(starts.read_text)
     finally:
         await manager.stop()
@@ -178,6 +142,31 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
     assert isinstance(answer, ScriptInvokeResponse), answer
     assert (answer.stdout, answer.exit_code) == (f"{token}\n", 0)
     assert runs == "started\n"  # the redelivered copy joined the run in flight: the script ran once
+
+
+async def _send_collecting_answers(agent: AmqpBus, request: ScriptInvokeRequest) -> tuple[Queue, list[Delivery]]:
+    """Publish `request` as an agent would, without waiting: every answer lands in the returned list."""
+    replies = script_result(namespace="default", agent=request.agent, instance=uuid.uuid4().hex[:8])
+    answers: list[Delivery] = []
+
+    async def collect(delivery: Delivery) -> None:
+        answers.append(delivery)
+
+    await agent.consume(queue=replies, handler=collect)
+    await agent.publish(queue=SCRIPT_INVOKE, body=request, correlation_id=request.request_id, reply_to=replies.name)
+    return replies, answers
+
+
+async def _running(manager: ScriptsManager) -> None:
+    assert _sample(manager, "rockbot_scripts_in_flight") == 1
+
+
+async def _answered_and_drained(
+    broker: RabbitBroker, url: str, replies: Queue, answers: list[Delivery]
+) -> None:
+    assert answers, "no answer yet"
+    queues = await asyncio.to_thread(broker.queues, url)
+    assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
 
 
 def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
