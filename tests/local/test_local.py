@@ -33,20 +33,26 @@ async def rockbot_local(*args: str, env: dict[str, str] | None = None) -> subpro
     )
 
 
+def sum_in_the_sandbox(numbers: list[int], *, answer: str) -> list[Turn]:
+    """The model asks for a script that sums `numbers`, then answers."""
+    call = ScriptedCall(name="execute_python_script", arguments={"script": SUM, "input_data": numbers})
+    return [Turn(tool_calls=[call]), Turn(text=answer)]
+
+
+def model_env(llm) -> dict[str, str]:
+    """What a user exports to point `rockbot local` at a model: here the scripted one."""
+    return {"OPENAI_BASE_URL": llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": llm.model}
+
+
 async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scripted_llm):
-    scripted_llm.play(
-        Turn(
-            tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": SUM, "input_data": [1, 2, 39]})]
-        ),
-        Turn(text="The sum is 42."),
-    )
+    scripted_llm.play(*sum_in_the_sandbox([1, 2, 39], answer="The sum is 42."))
     # The README's command: the whole folder (the in-cluster MCP example sits in a sub-folder it skips).
     result = await rockbot_local(
         "-f",
         str(EXAMPLES),
         "--prompt",
         "Add 1, 2 and 39.",
-        env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
+        env=model_env(scripted_llm),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "The sum is 42.\n"
@@ -122,12 +128,7 @@ async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_
 async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the_tool_runs(
     scripted_llm, amqp_url, rabbitmq
 ):
-    scripted_llm.play(
-        Turn(
-            tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": SUM, "input_data": [4, 5, 6]})]
-        ),
-        Turn(text="The sum is 15."),
-    )
+    scripted_llm.play(*sum_in_the_sandbox([4, 5, 6], answer="The sum is 15."))
     result = await rockbot_local(
         "-f",
         str(EXAMPLES),
@@ -135,7 +136,7 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
         amqp_url,
         "--prompt",
         "Add 4, 5 and 6.",
-        env={"OPENAI_BASE_URL": scripted_llm.url, "OPENAI_API_KEY": "sk-local", "OPENAI_MODEL": scripted_llm.model},
+        env=model_env(scripted_llm),
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "The sum is 15.\n"
