@@ -12,7 +12,6 @@ remembered reply, so the model is not asked (and tools not called) twice. A retr
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from rockbot.agent.llm import LlmAuthError, LlmError
@@ -31,8 +30,7 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
     """Start consuming this agent's inbox; close the returned subscription to stop."""
     config = runtime.config
     agent_id = f"{config.namespace}/{config.name}"
-    once: RunOnce[InboxReply] = RunOnce()
-    turns: set[asyncio.Future[InboxReply]] = set()  # strong references to the turns in flight
+    once: RunOnce[InboxReply] = RunOnce()  # a turn outlives a delivery lost with the connection
 
     async def handle(delivery: Delivery) -> None:
         try:
@@ -45,23 +43,11 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
                 error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc)),
             ))
             return
-        # The turn runs in its own task: a delivery cancelled because the connection was lost leaves
-        # it running, so the broker's redelivered copy joins it instead of asking the model again.
-        turn = asyncio.ensure_future(
-            once.run(key=request.request_id, work=lambda: _remembered(runtime, request, agent_id))
-        )
-        turns.add(turn)
-        turn.add_done_callback(_settled)
         try:
-            reply = await asyncio.shield(turn)
+            reply = await once.run(key=request.request_id, work=lambda: _remembered(runtime, request, agent_id))
         except _Retryable as retryable:
             reply = retryable.reply
         await _answer(bus, delivery, reply)
-
-    def _settled(turn: asyncio.Future[InboxReply]) -> None:
-        turns.discard(turn)
-        if not turn.cancelled():
-            turn.exception()  # whoever awaited it has seen it; nobody else needs the warning
 
     return await bus.consume(
         queue=agent_inbox(namespace=config.namespace, name=config.name), handler=handle, prefetch=prefetch

@@ -11,13 +11,13 @@ agent's request id with a different body (script, input, timeout or packages) is
 Rejected rather than run: a request id is a tool-call id and is never reused honestly, and running
 it would put two different answers under one correlation id.
 
-A run is its own task: a delivery cancelled because the broker connection was lost leaves the
-script running, and the copy the broker redelivers joins it. Only `stop()` cancels runs.
+A run outlives its delivery (see `RunOnce`): a delivery cancelled because the broker connection
+was lost leaves the script running, and the copy the broker redelivers joins it. Only `stop()`
+cancels runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -48,7 +48,6 @@ class ScriptService:
         self._settings = settings
         self._metrics = metrics
         self._once: RunOnce[Reply] = RunOnce()  # keyed by (agent, request id)
-        self._runs: set[asyncio.Future[Reply]] = set()  # strong references to the runs in flight
         self._subscription: Subscription | None = None
 
     @property
@@ -65,9 +64,7 @@ class ScriptService:
         if self._subscription is not None:
             subscription, self._subscription = self._subscription, None
             await subscription.close(drain_seconds=drain_seconds)
-        for run in list(self._runs):  # their deliveries were not acked: the broker hands them on
-            run.cancel()
-        await asyncio.gather(*self._runs, return_exceptions=True)
+        await self._once.cancel_all()  # their deliveries were not acked: the broker hands them on
 
     async def handle(self, delivery: Delivery) -> None:
         reply = await self.answer(delivery)
@@ -88,12 +85,9 @@ class ScriptService:
             ))  # fmt: skip
         fingerprint = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
         try:
-            run = asyncio.ensure_future(self._once.run(
+            return await self._once.run(
                 key=(request.agent, request.request_id), fingerprint=fingerprint, work=lambda: self._run(request)
-            ))  # fmt: skip
-            self._runs.add(run)
-            run.add_done_callback(self._settled)
-            return await asyncio.shield(run)
+            )
         except Conflict:
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.REJECTED,
@@ -102,11 +96,6 @@ class ScriptService:
                     "script, input, timeout or packages; send each new request with a fresh request_id"
                 ),
             ))  # fmt: skip
-
-    def _settled(self, run: asyncio.Future[Reply]) -> None:
-        self._runs.discard(run)
-        if not run.cancelled():
-            run.exception()  # whoever awaited it has seen it; nobody else needs the warning
 
     async def _run(self, request: ScriptInvokeRequest) -> Reply:
         try:
