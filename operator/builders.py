@@ -24,6 +24,9 @@ CONFIG_DIR = "/etc/rockbot"
 CHECKSUM_ANNOTATION = f"{GROUP}/config-checksum"
 #: Rolls the pods when the HTTP token Secret is recreated: env from a Secret is read at pod start only.
 TOKEN_CHECKSUM_ANNOTATION = f"{GROUP}/http-token-checksum"
+#: The generated Secret holding an agent's bearer token (also its key for signed scheduling requests).
+HTTP_TOKEN_SUFFIX = "-http-token"
+HTTP_TOKEN_KEY = "token"
 MANAGED_BY = "rockbot-operator"
 AGENT_UID = 65532
 DEFAULT_RESOURCES: K8sObject = {
@@ -37,8 +40,13 @@ def child_name(agent: Agent, suffix: str = "") -> str:
 
     The Agent CRD bounds the name so that the longest suffix still fits 63 characters.
     """
+    return child_name_of(agent.metadata["name"], suffix)
+
+
+def child_name_of(agent_name: str, suffix: str = "") -> str:
+    """`child_name` for code that knows only the Agent's name."""
     assert suffix in CHILD_SUFFIXES, f"declare {suffix!r} in CHILD_SUFFIXES so the name bound accounts for it"
-    return f"{CHILD_PREFIX}{agent.metadata['name']}{suffix}"
+    return f"{CHILD_PREFIX}{agent_name}{suffix}"
 
 
 def without_empty(value: Any) -> Any:
@@ -81,7 +89,7 @@ def owner_reference(agent: Agent) -> K8sObject:
 
 
 def http_token_metadata(agent: Agent) -> K8sObject:
-    return _metadata(agent, child_name(agent, "-http-token"))
+    return _metadata(agent, child_name(agent, HTTP_TOKEN_SUFFIX))
 
 
 def _metadata(agent: Agent, name: str) -> K8sObject:
@@ -137,7 +145,7 @@ def build_http_token_secret(agent: Agent, token: str) -> K8sObject:
             "kind": "Secret",
             "metadata": http_token_metadata(agent),
             "type": "Opaque",
-            "stringData": {"token": token},
+            "stringData": {HTTP_TOKEN_KEY: token},
         }
     )
 

@@ -111,7 +111,9 @@ class AgentReconciler:
     ) -> None:
         agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
         namespace = body["metadata"]["namespace"]
-        token_ref = SecretKeyRef(name=builders.child_name(agent, "-http-token"), key="token")
+        token_ref = SecretKeyRef(
+            name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
+        )
         bus_ref = SecretKeyRef(name=self._settings.bus_secret_name, key=self._settings.bus_secret_key)
         used = set(wanted_tools(agent, tools))
         used_tools = [tool for tool in tools if tool["metadata"]["name"] in used]

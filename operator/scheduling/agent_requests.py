@@ -42,18 +42,16 @@ from rockbot.contracts.scheduling import (
     TaskSummary,
 )
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, ApiError, Conflict, Invalid, KubeClient, NotFound
+from rockbot.operator.builders import HTTP_TOKEN_KEY, HTTP_TOKEN_SUFFIX, child_name_of
 from rockbot.operator.scheduling.clock import Clock, SystemClock
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources import GROUP, VERSION
-from rockbot.resources.agent import CHILD_PREFIX
 
 log = logging.getLogger(__name__)
 
 AGENT_LABEL = f"{GROUP}/agent"
 TASK_LABEL = f"{GROUP}/task"
 PROMPT_PREVIEW = 200
-#: The key of the agent's token in its `rockbot-<agent>-http-token` Secret (see the reconciler).
-TOKEN_KEY = "token"
 
 
 class Refused(Exception):
@@ -71,7 +69,7 @@ def task_resource_name(*, agent: str, name: str) -> str:
 
 def token_secret_name(*, agent: str) -> str:
     """The Secret the reconciler generates for the agent's token (its `-http-token` child)."""
-    return f"{CHILD_PREFIX}{agent}-http-token"
+    return child_name_of(agent, HTTP_TOKEN_SUFFIX)
 
 
 class SchedulingRequests:
@@ -166,7 +164,7 @@ class SchedulingRequests:
             secret = await self._kube.get(SECRETS, namespace=namespace, name=name)
         except NotFound:
             secret = {}
-        encoded = (secret.get("data") or {}).get(TOKEN_KEY, "")
+        encoded = (secret.get("data") or {}).get(HTTP_TOKEN_KEY, "")
         try:
             token = base64.b64decode(encoded, validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
@@ -175,7 +173,8 @@ class SchedulingRequests:
             raise Refused(
                 ErrorCode.REJECTED,
                 f"agent {namespace}/{agent} has no token to check its request against (Secret {name!r}, key "
-                f"{TOKEN_KEY!r}): the operator creates it when it reconciles the Agent; wait until the Agent is Ready",
+                f"{HTTP_TOKEN_KEY!r}): the operator creates it when it reconciles the Agent; "
+                "wait until the Agent is Ready",
             )
         return token
 

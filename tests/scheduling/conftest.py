@@ -16,7 +16,8 @@ from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, KubeClient
-from rockbot.operator.scheduling.agent_requests import TOKEN_KEY, token_secret_name
+from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
+from rockbot.operator.scheduling.agent_requests import token_secret_name
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import client_for

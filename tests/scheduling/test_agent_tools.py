@@ -22,7 +22,8 @@ from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.contracts.scheduling import CancelTask, ListTasks, Operation, SchedulingReply, SchedulingRequest
 from rockbot.kube import SCHEDULED_TASKS, SECRETS, NotFound
-from rockbot.operator.scheduling.agent_requests import TOKEN_KEY, SchedulingRequests, token_secret_name
+from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
+from rockbot.operator.scheduling.agent_requests import SchedulingRequests, token_secret_name
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
