@@ -132,9 +132,4 @@ def _sandbox(bus, config: AgentConfig):
         return None
     from rockbot.agent.sandbox import ScriptSandbox
 
-    return ScriptSandbox(
-        bus=bus,
-        namespace=config.namespace,
-        agent=config.name,
-        default_timeout_seconds=config.script_limits.timeout_seconds,
-    )
+    return ScriptSandbox.for_agent(bus=bus, config=config)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from rockbot.bus import BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.contracts.agent_config import AgentConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import (
     SCRIPT_INVOKE_REPLY,
@@ -41,12 +42,23 @@ class ScriptSandbox:
         agent: str,
         default_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         reply_grace_seconds: float = DEFAULT_REPLY_GRACE_SECONDS,
+        cpu: str | None = None,
+        memory: str | None = None,
     ) -> None:
         self._bus = bus
         self._agent = agent
+        self._cpu = cpu
+        self._memory = memory
         self.reply_queue = script_result(namespace=namespace, agent=agent, instance=secrets.token_hex(4))
         self._default_timeout = default_timeout_seconds
         self._grace = reply_grace_seconds
+
+    @classmethod
+    def for_agent(cls, *, bus: Bus, config: AgentConfig) -> ScriptSandbox:
+        """The client of an agent process: its scripts run with its `spec.scriptLimits`."""
+        limits = config.script_limits
+        return cls(bus=bus, namespace=config.namespace, agent=config.name,
+                   default_timeout_seconds=limits.timeout_seconds, cpu=limits.cpu, memory=limits.memory)
 
     async def execute_python_script(
         self,
@@ -70,6 +82,8 @@ class ScriptSandbox:
                 input_data=input_data if input_data is None or isinstance(input_data, str) else json.dumps(input_data),
                 timeout_seconds=self._default_timeout if timeout_seconds is None else timeout_seconds,
                 pip_packages=tuple(pip_packages or ()),
+                cpu=self._cpu,
+                memory=self._memory,
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))

@@ -39,7 +39,7 @@ async def running(
         stack.push_async_callback(manager.stop)
         runtimes = {}
         for name, assembled in agents.items():
-            sandbox = ScriptSandbox(bus=bus, namespace=assembled.config.namespace, agent=name)
+            sandbox = ScriptSandbox.for_agent(bus=bus, config=assembled.config)
             runtime = AgentRuntime.from_config(
                 assembled.config, bus=bus, sandbox=sandbox, env={**os.environ, **assembled.env}
             )

@@ -7,24 +7,9 @@ The API server adds defaults (strategy, terminationMessagePath, ...) and canonic
 from __future__ import annotations
 
 import decimal
-import re
 from typing import Any
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
-_SUFFIXES = {
-    "": 1,
-    "m": decimal.Decimal("0.001"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-}
+from rockbot.kube.quantity import parse_quantity
 
 
 def contains(live: Any, desired: Any, *, path: tuple[str, ...] = ()) -> bool:
@@ -45,7 +30,7 @@ def contains(live: Any, desired: Any, *, path: tuple[str, ...] = ()) -> bool:
 
 
 def _quantity(value: str | int) -> decimal.Decimal | str | int:
-    match = _QUANTITY.match(str(value))
-    if match is None or match.group(2) not in _SUFFIXES:
+    try:
+        return parse_quantity(value)
+    except ValueError:
         return value
-    return decimal.Decimal(match.group(1)) * _SUFFIXES[match.group(2)]

@@ -9,7 +9,7 @@ from packaging.utils import canonicalize_name
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeRequest
 from rockbot.scripts_manager.backends import ScriptJob
-from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.scripts_manager.settings import ScriptsManagerSettings, cpu_millicores, quantity_bytes
 
 #: A distribution name as PEP 508 defines it; versions, extras, URLs and markers are not accepted.
 _PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
@@ -53,13 +53,39 @@ def check(*, request: ScriptInvokeRequest, settings: ScriptsManagerSettings) -> 
             )
     if request.pip_packages:
         _check_allowed(packages=request.pip_packages, settings=settings)
+    cpu, memory = _resources(request=request, settings=settings)
     return ScriptJob(
         request_id=request.request_id,
         script=request.script,
         input_data=request.input_data,
         timeout_seconds=request.timeout_seconds,
         packages=tuple(sorted({canonicalize_name(name) for name in request.pip_packages})),
+        cpu=cpu,
+        memory=memory,
     )
+
+
+#: Below these a Python interpreter cannot do anything useful; a request under them is a mistake.
+_MIN_CPU_MILLICORES = 10
+_MIN_MEMORY_BYTES = 32 * 2**20
+
+
+def _resources(*, request: ScriptInvokeRequest, settings: ScriptsManagerSettings) -> tuple[str, str]:
+    """The sandbox's CPU and memory: the agent's scriptLimits, or the defaults; never over the maximums."""
+    cpu = request.cpu or settings.scripts_cpu
+    memory = request.memory or settings.scripts_memory
+    if cpu_millicores(cpu) > cpu_millicores(settings.scripts_max_cpu):
+        raise _invalid(f"cpu={cpu} is over this scripts-manager's maximum of {settings.scripts_max_cpu} "
+                       "(ROCKBOT_SCRIPTS_MAX_CPU): lower the Agent's spec.scriptLimits.cpu")
+    if cpu_millicores(cpu) < _MIN_CPU_MILLICORES:
+        raise _invalid(f"cpu={cpu} is under the minimum of {_MIN_CPU_MILLICORES}m: raise the Agent's "
+                       "spec.scriptLimits.cpu")
+    if quantity_bytes(memory) > quantity_bytes(settings.scripts_max_memory):
+        raise _invalid(f"memory={memory} is over this scripts-manager's maximum of {settings.scripts_max_memory} "
+                       "(ROCKBOT_SCRIPTS_MAX_MEMORY): lower the Agent's spec.scriptLimits.memory")
+    if quantity_bytes(memory) < _MIN_MEMORY_BYTES:
+        raise _invalid(f"memory={memory} is under the minimum of 32Mi: raise the Agent's spec.scriptLimits.memory")
+    return cpu, memory
 
 
 def _check_allowed(*, packages: tuple[str, ...], settings: ScriptsManagerSettings) -> None:

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-import re
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|K|M|G)?$")
+from rockbot.kube.quantity import parse_quantity
+
 #: What a ConfigMap may hold (the pod backend carries script and input in one), less room for the
 #: runner, job.json and metadata.
 CONFIG_MAP_BUDGET_BYTES = 1024 * 1024 - 64 * 1024
-_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
 
 
 def quantity_bytes(quantity: str) -> int:
-    """A Kubernetes byte quantity ("256Mi") as a number of bytes, for the local sandbox's rlimits."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"{quantity!r} is not a byte quantity such as 256Mi, 1Gi or 500M")
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    """A Kubernetes byte quantity ("256Mi") as a whole number of bytes (the local sandbox's rlimits)."""
+    value = parse_quantity(quantity)
+    if value <= 0:
+        raise ValueError(f"{quantity!r} is not a positive number of bytes such as 256Mi, 1Gi or 500M")
+    return math.ceil(value)
+
+
+def cpu_millicores(quantity: str) -> int:
+    """A Kubernetes CPU quantity ("250m", "0.5", "2") in millicores, to compare requests with the maximum."""
+    value = parse_quantity(quantity)
+    if value <= 0:
+        raise ValueError(f"{quantity!r} is not a positive CPU quantity such as 250m, 0.5 or 2")
+    return math.ceil(value * 1000)
 
 
 class ScriptsManagerSettings(BaseSettings):
@@ -44,9 +52,12 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_max_output_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024  # per stream
     scripts_max_packages: Annotated[int, Field(ge=0)] = 20
 
-    # Resources of one script (pod requests = limits; the local sandbox turns them into rlimits).
+    # Resources of one script (pod requests = limits; the local sandbox turns memory into an rlimit):
+    # the defaults, and the most an Agent's spec.scriptLimits may ask for.
     scripts_cpu: str = "500m"
     scripts_memory: str = "256Mi"
+    scripts_max_cpu: str = "1"
+    scripts_max_memory: str = "1Gi"
     scripts_ephemeral_storage: str = "128Mi"
     scripts_tmp_size: str = "64Mi"
 
@@ -77,11 +88,27 @@ class ScriptsManagerSettings(BaseSettings):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
 
-    @field_validator("scripts_memory", "scripts_ephemeral_storage", "scripts_tmp_size")
+    @field_validator("scripts_memory", "scripts_max_memory", "scripts_ephemeral_storage", "scripts_tmp_size")
     @classmethod
     def _byte_quantity(cls, value: str) -> str:
         quantity_bytes(value)
         return value
+
+    @field_validator("scripts_cpu", "scripts_max_cpu")
+    @classmethod
+    def _cpu_quantity(cls, value: str) -> str:
+        cpu_millicores(value)
+        return value
+
+    @model_validator(mode="after")
+    def _defaults_within_maximums(self) -> ScriptsManagerSettings:
+        if cpu_millicores(self.scripts_cpu) > cpu_millicores(self.scripts_max_cpu):
+            raise ValueError(f"ROCKBOT_SCRIPTS_CPU={self.scripts_cpu} is over ROCKBOT_SCRIPTS_MAX_CPU="
+                             f"{self.scripts_max_cpu}: lower the default or raise the maximum")
+        if quantity_bytes(self.scripts_memory) > quantity_bytes(self.scripts_max_memory):
+            raise ValueError(f"ROCKBOT_SCRIPTS_MEMORY={self.scripts_memory} is over ROCKBOT_SCRIPTS_MAX_MEMORY="
+                             f"{self.scripts_max_memory}: lower the default or raise the maximum")
+        return self
 
     @model_validator(mode="after")
     def _fits_a_config_map(self) -> ScriptsManagerSettings:

@@ -8,7 +8,8 @@ script that overruns its timeout or memory is still a
 could not be run or answered at all.
 
 Structure is checked here; limits that depend on the deployment (size caps, timeout bounds,
-allowed packages) are checked by the scripts-manager and answered with an error naming the field.
+allowed packages, CPU and memory maximums) are checked by the scripts-manager and answered with
+an error naming the field.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ SCHEMA_VERSION = 1
 
 #: What an agent name may look like: it becomes part of a queue name (`script.result.<namespace>.<agent>.<id>`).
 AGENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
+#: A positive Kubernetes quantity without exponent (`250m`, `0.5`, `128Mi`, `1G`), as an Agent's scriptLimits give it.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 
 
 class ScriptInvokeRequest(BaseModel):
@@ -37,6 +41,10 @@ class ScriptInvokeRequest(BaseModel):
     input_data: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
     pip_packages: tuple[str, ...] = ()
+    #: The agent's `spec.scriptLimits`: the sandbox's CPU and memory (requests = limits); None takes the
+    #: scripts-manager's defaults. The manager refuses values above its maximums, naming the field.
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
 
 
 class ScriptInvokeResponse(BaseModel):

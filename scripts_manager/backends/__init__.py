@@ -24,6 +24,10 @@ class ScriptJob(BaseModel):
     input_data: str | None
     timeout_seconds: float
     packages: tuple[str, ...] = ()
+    # The sandbox's CPU and memory (pod requests = limits), checked against the manager's maximums;
+    # None: the manager's defaults (ROCKBOT_SCRIPTS_CPU, ROCKBOT_SCRIPTS_MEMORY).
+    cpu: str | None = None
+    memory: str | None = None
 
 
 class SandboxUnavailable(Exception):

@@ -76,7 +76,6 @@ class LocalBackend:
         self._interpreter = interpreter
         self._settings = settings
         self._packages = packages
-        self._memory_bytes = quantity_bytes(settings.scripts_memory)
         self._tmp_bytes = quantity_bytes(settings.scripts_tmp_size)
         self._prlimit = shutil.which("prlimit")
         if self._prlimit is None:
@@ -125,7 +124,7 @@ class LocalBackend:
         )
         limits = [
             str(self._prlimit),
-            f"--as={self._memory_bytes}",
+            f"--as={quantity_bytes(job.memory or self._settings.scripts_memory)}",
             f"--cpu={math.ceil(job.timeout_seconds) + 1}",
             f"--nproc={_PROCESSES_PER_SLOT * self._settings.scripts_concurrency}",
             f"--fsize={self._tmp_bytes}",

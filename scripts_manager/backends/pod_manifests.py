@@ -63,8 +63,8 @@ def deadline(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime)
 
 def build_pod(*, job: ScriptJob, name: str, settings: ScriptsManagerSettings, now: datetime) -> K8sObject:
     resources = {
-        "cpu": settings.scripts_cpu,
-        "memory": settings.scripts_memory,
+        "cpu": job.cpu or settings.scripts_cpu,
+        "memory": job.memory or settings.scripts_memory,
         "ephemeral-storage": settings.scripts_ephemeral_storage,
     }
     spec: K8sObject = {
