@@ -7,10 +7,9 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import pydantic
 import yaml
 
-from rockbot.resources import Agent, ScheduledTask, Tool
+from rockbot.resources import Agent, ScheduledTask, Tool, validate
 
 MODELS: dict[str, type[Agent] | type[Tool] | type[ScheduledTask]] = {
     "Agent": Agent,
@@ -71,13 +70,9 @@ def _add(found: Manifests, document: dict[str, Any], *, path: pathlib.Path) -> N
     if not name:
         raise ManifestError(f"{path}: a {kind} without metadata.name: give it a name")
     body = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE, "uid": f"local-{name}"}}
-    try:
-        model.model_validate(body)
-    except pydantic.ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()
-        )
-        raise ManifestError(f"{path}: {kind} {name!r} is invalid: {problems}") from None
+    problems = validate(body)
+    if problems:
+        raise ManifestError(f"{path}: {kind} {name!r} is invalid: {'; '.join(problems)}")
     bucket = {"Agent": found.agents, "Tool": found.tools, "ScheduledTask": found.tasks}[kind]
     if name in bucket:
         raise ManifestError(f"{path}: a second {kind} named {name!r}: names are unique per kind")

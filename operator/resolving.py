@@ -76,7 +76,7 @@ def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool
 def wanted_tools(agent: Agent, tools: Iterable[dict[str, Any]]) -> list[str]:
     """Names of the existing Tools an Agent asks for, by name (in its order) then by selector (sorted)."""
     by_name = {tool["metadata"]["name"]: tool for tool in tools}
-    wanted = list(dict.fromkeys(name for name in agent.spec.tools if name in by_name))  # once, if listed twice
+    wanted = [name for name in agent.spec.tools if name in by_name]  # a set: the schema refuses repeats
     if agent.spec.tool_selector is not None:
         for name, tool in sorted(by_name.items()):
             labels = tool["metadata"].get("labels") or {}

@@ -10,6 +10,7 @@ import pydantic
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rockbot.resources import Tool
+from rockbot.resources.checking import describe
 
 _PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
 
@@ -24,7 +25,7 @@ def tool_problems(body: dict[str, Any]) -> list[str]:
     try:
         tool = parse_tool(body)
     except pydantic.ValidationError as error:
-        return [f"{_location(e['loc'])}: {e['msg'].removeprefix('Value error, ')}" for e in error.errors()]
+        return describe(error)
     problems: list[str] = []
     if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool.function_name):
         problems.append(
@@ -47,14 +48,6 @@ def tool_problems(body: dict[str, Any]) -> list[str]:
             except InvalidRequirement as error:
                 problems.append(f"spec.script.pipPackages: {package!r} is not a PEP 508 requirement ({error})")
     return problems
-
-
-def _location(loc: tuple[int | str, ...]) -> str:
-    """`("spec", "rest", "url")` -> `spec.rest.url`, `("spec", "tools", 0)` -> `spec.tools[0]`."""
-    path = str(loc[0]) if loc else "spec"
-    for part in loc[1:]:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
 
 
 def _parameter_problems(parameters: dict[str, Any]) -> list[str]:

@@ -29,8 +29,6 @@ def crd_for(resource: type[Resource]) -> dict[str, Any]:
     schema["required"] = ["spec"]
     schema.pop("description", None)
     schema["description"] = f"{resource.kind} of {GROUP}: {(resource.__doc__ or '').strip() or resource.kind}"
-    if resource.object_rules:
-        schema["x-kubernetes-validations"] = resource.object_rules
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

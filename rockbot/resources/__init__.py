@@ -4,6 +4,7 @@
 """
 
 from rockbot.resources.agent import Agent, AgentSpec, AgentStatus
+from rockbot.resources.checking import validate
 from rockbot.resources.common import GROUP, VERSION, Condition
 from rockbot.resources.scheduledtask import ScheduledTask, ScheduledTaskSpec, ScheduledTaskStatus
 from rockbot.resources.tool import Tool, ToolSpec, ToolStatus
@@ -21,4 +22,5 @@ __all__ = [
     "Tool",
     "ToolSpec",
     "ToolStatus",
+    "validate",
 ]

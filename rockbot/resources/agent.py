@@ -7,16 +7,20 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from rockbot.resources.common import (
+    DNS_LABEL,
     Condition,
     FunctionName,
     KubeName,
+    ListSet,
     LocalObjectReference,
     PrinterColumn,
     Quantity,
     Resource,
+    Rule,
     Schema,
     SecretKeyRef,
-    cel_rules,
+    exactly_one,
+    matches,
 )
 
 BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
@@ -26,17 +30,22 @@ CHILD_PREFIX = "rockbot-"
 CHILD_SUFFIXES = ("", "-config", "-http-token")
 #: The longest Agent name whose every child name still fits a DNS label (63 characters): 44.
 MAX_AGENT_NAME = 63 - len(CHILD_PREFIX) - max(len(suffix) for suffix in CHILD_SUFFIXES)
-#: A list the API server keeps free of duplicates, refusing a repeated item by name.
-LIST_SET: dict[str, Any] = {"x-kubernetes-list-type": "set"}
 
 
 class ModelSpec(Schema):
     """An OpenAI-compatible Chat Completions endpoint (OpenAI, OpenRouter, vLLM, Ollama, llama.cpp)."""
 
-    model_config = cel_rules(
-        (
-            "self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
-            "baseUrl must be an http:// or https:// URL, e.g. https://openrouter.ai/api/v1",
+    rules = (
+        Rule(
+            cel="self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
+            message="baseUrl must be an http:// or https:// URL, e.g. https://openrouter.ai/api/v1",
+            holds=lambda m: m.base_url.startswith(("http://", "https://")),
+        ),
+        Rule(
+            cel="!has(self.apiKey)",
+            message="apiKey: a key is never written into an Agent: store it in a Secret and name it with "
+            "apiKeySecretRef: {name: <secret>, key: <key>}",
+            holds=lambda m: m.api_key is None,
         ),
     )
 
@@ -45,6 +54,9 @@ class ModelSpec(Schema):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the API key; omit for endpoints without auth."
     )
+    api_key: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Refused: declared only so that a literal key is rejected, not silently dropped."
+    )
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = Field(
         default=16_000, description="Tool results longer than this go to working memory in chunks."
@@ -52,14 +64,16 @@ class ModelSpec(Schema):
 
 
 class LabelSelectorRequirement(Schema):
-    model_config = cel_rules(
-        (
-            "!(self.operator in ['In', 'NotIn']) || (has(self.values) && self.values.size() > 0)",
-            "values must list at least one label value when operator is In or NotIn",
+    rules = (
+        Rule(
+            cel="!(self.operator in ['In', 'NotIn']) || (has(self.values) && self.values.size() > 0)",
+            message="values must list at least one label value when operator is In or NotIn",
+            holds=lambda r: r.operator not in ("In", "NotIn") or len(r.values) > 0,
         ),
-        (
-            "!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || self.values.size() == 0",
-            "values must be empty when operator is Exists or DoesNotExist: remove values",
+        Rule(
+            cel="!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || self.values.size() == 0",
+            message="values must be empty when operator is Exists or DoesNotExist: remove values",
+            holds=lambda r: r.operator not in ("Exists", "DoesNotExist") or not r.values,
         ),
     )
 
@@ -86,9 +100,17 @@ class SubAgentRef(Schema):
 
 
 class WebSearchSpec(Schema):
-    model_config = cel_rules(
-        ("self.provider != 'searxng' || has(self.url)", "a searxng provider needs url"),
-        ("self.provider != 'brave' || has(self.apiKeySecretRef)", "the brave provider needs apiKeySecretRef"),
+    rules = (
+        Rule(
+            cel="self.provider != 'searxng' || has(self.url)",
+            message="a searxng provider needs url",
+            holds=lambda w: w.provider != "searxng" or w.url is not None,
+        ),
+        Rule(
+            cel="self.provider != 'brave' || has(self.apiKeySecretRef)",
+            message="the brave provider needs apiKeySecretRef",
+            holds=lambda w: w.provider != "brave" or w.api_key_secret_ref is not None,
+        ),
     )
 
     provider: Literal["searxng", "brave"]
@@ -141,11 +163,12 @@ class ResourceFieldSelector(Schema):
 class EnvVarSource(Schema):
     """The Pod's EnvVarSource: exactly one source."""
 
-    model_config = cel_rules(
-        (
-            "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)]"
+    rules = (
+        Rule(
+            cel="[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), has(self.resourceFieldRef)]"
             ".filter(x, x).size() == 1",
-            "valueFrom must set exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+            message="valueFrom must set exactly one of secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef",
+            holds=lambda v: exactly_one(v.secret_key_ref, v.config_map_key_ref, v.field_ref, v.resource_field_ref),
         ),
     )
 
@@ -158,9 +181,17 @@ class EnvVarSource(Schema):
 class EnvVar(Schema):
     """An extra environment variable; `valueFrom` takes the same shape as in a Pod."""
 
-    model_config = cel_rules(
-        ("!self.name.startsWith('ROCKBOT_')", "env names starting with ROCKBOT_ are reserved for the operator"),
-        ("!(has(self.value) && has(self.valueFrom))", "set either value or valueFrom, not both"),
+    rules = (
+        Rule(
+            cel="!self.name.startsWith('ROCKBOT_')",
+            message="env names starting with ROCKBOT_ are reserved for the operator",
+            holds=lambda e: not e.name.startswith("ROCKBOT_"),
+        ),
+        Rule(
+            cel="!(has(self.value) && has(self.valueFrom))",
+            message="set either value or valueFrom, not both",
+            holds=lambda e: e.value is None or e.value_from is None,
+        ),
     )
 
     name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)]
@@ -169,10 +200,12 @@ class EnvVar(Schema):
 
 
 class AgentSpec(Schema):
-    model_config = cel_rules(
-        (
-            "!has(self.toolBlacklist) || !has(self.tools) || self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
-            "a tool cannot be both listed in tools and blacklisted; remove it from one of them",
+    rules = (
+        Rule(
+            cel="!has(self.toolBlacklist) || !has(self.tools) "
+            "|| self.toolBlacklist.all(n, !self.tools.exists(t, t == n))",
+            message="a tool cannot be both listed in tools and blacklisted; remove it from one of them",
+            holds=lambda a: not set(a.tool_blacklist) & set(a.tools),
         ),
     )
 
@@ -181,15 +214,13 @@ class AgentSpec(Schema):
     )
     model: ModelSpec
     system_prompt: Annotated[str, Field(max_length=100_000)] = ""
-    tools: Annotated[list[KubeName], Field(max_length=128)] = Field(
-        default_factory=list, description="Tool resources in this namespace, by name.", json_schema_extra=LIST_SET
+    tools: Annotated[list[KubeName], Field(max_length=128), ListSet()] = Field(
+        default_factory=list, description="Tool resources in this namespace, by name."
     )
     tool_selector: LabelSelector | None = Field(default=None, description="Tool resources selected by label.")
     sub_agents: Annotated[list[SubAgentRef], Field(max_length=32)] = Field(default_factory=list)
-    tool_blacklist: Annotated[list[FunctionName], Field(max_length=256)] = Field(
-        default_factory=list,
-        description="Tool names the model is never offered and that are refused if called.",
-        json_schema_extra=LIST_SET,
+    tool_blacklist: Annotated[list[FunctionName], Field(max_length=256), ListSet()] = Field(
+        default_factory=list, description="Tool names the model is never offered and that are refused if called."
     )
     builtin_tools: list[BuiltinToolSetName] = Field(
         default_factory=lambda: ["memory"], description="Built-in tool sets to enable."
@@ -233,18 +264,20 @@ class Agent(Resource):
         PrinterColumn(name="Tools", type="string", json_path=".status.tools[*].name"),
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
-    object_rules: ClassVar[list[dict[str, str]]] = [
-        {
-            "rule": f"self.metadata.name.size() <= {MAX_AGENT_NAME}",
-            "message": f"metadata.name: Agent names are at most {MAX_AGENT_NAME} characters (children are named "
+    rules = (
+        Rule(
+            cel=f"self.metadata.name.size() <= {MAX_AGENT_NAME}",
+            message=f"metadata.name: Agent names are at most {MAX_AGENT_NAME} characters (children are named "
             f"{CHILD_PREFIX}<name>{max(CHILD_SUFFIXES, key=len)}, a 63-character DNS label): choose a shorter name",
-        },
-        {
-            "rule": "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
-            "message": "metadata.name: Agent names must be DNS labels (lowercase letters, digits and '-', no dots): "
+            holds=lambda a: len(a.metadata.get("name", "")) <= MAX_AGENT_NAME,
+        ),
+        Rule(
+            cel=f"self.metadata.name.matches('{DNS_LABEL}')",
+            message="metadata.name: Agent names must be DNS labels (lowercase letters, digits and '-', no dots): "
             "their Service is named after them",
-        },
-    ]
+            holds=lambda a: matches(DNS_LABEL, a.metadata.get("name")),
+        ),
+    )
 
     api_version: str = "rockbot.dev/v1alpha1"
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import datetime
-from typing import Annotated, Any, ClassVar, Literal
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import core_schema
 
 GROUP = "rockbot.dev"
 VERSION = "v1alpha1"
@@ -29,13 +33,75 @@ FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME, min_length=1, max_len
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One validation rule, declared once in its two forms: `cel` is what the CRD gives the API server,
+    `holds` the same test on the model, for where no API server checks (`rockbot local`). A test runs
+    both over the same manifests (tests/core/test_validation_rules.py)."""
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+
+
+class ListSet:
+    """Marks a list the API server keeps free of duplicates (`x-kubernetes-list-type: set`), and refuses
+    duplicates in Python too: `Annotated[list[str], ListSet()]`."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(_unique, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        return {**handler(schema), "x-kubernetes-list-type": "set"}
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    repeated = sorted({value for value in values if values.count(value) > 1})
+    if repeated:
+        raise ValueError(f"duplicate value {', '.join(map(repr, repeated))}: list each item once")
+    return values
+
+
 class Schema(BaseModel):
-    """Base of every resource schema: camelCase on the wire, snake_case in Python, nothing unknown."""
+    """Base of every resource schema: camelCase on the wire, snake_case in Python, nothing unknown.
+
+    A subclass lists its `rules`; they become the schema node's `x-kubernetes-validations` and are checked
+    on validation, so the CRD and local runs refuse the same objects with the same message."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+    rules: ClassVar[tuple[Rule, ...]] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    @model_validator(mode="after")
+    def _rules_hold(self) -> Self:
+        broken = [rule.message for rule in self.rules if not rule.holds(self)]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        generated = handler(schema)
+        if cls.rules:
+            handler.resolve_ref_schema(generated)["x-kubernetes-validations"] = [
+                {"rule": rule.cel, "message": rule.message} for rule in cls.rules
+            ]
+        return generated
+
+
+def matches(pattern: str, text: str | None) -> bool:
+    """CEL's `matches()` (an RE2 search) in Python; an absent string matches nothing."""
+    return text is not None and re.search(pattern, text) is not None
+
+
+def exactly_one(*values: Any) -> bool:
+    return sum(value is not None for value in values) == 1
 
 
 class SecretKeyRef(Schema):
@@ -80,11 +146,4 @@ class Resource(Schema):
     plural: ClassVar[str]
     short_names: ClassVar[list[str]]
     printer_columns: ClassVar[list[PrinterColumn]]
-    #: CEL rules on the whole object (the only place where `metadata.name` is visible).
-    object_rules: ClassVar[list[dict[str, str]]] = []
-
-
-def cel_rules(*rules: tuple[str, str]) -> ConfigDict:
-    """Model config adding CEL `x-kubernetes-validations` (rule, message) to the model's schema."""
-    validations = [{"rule": rule, "message": message} for rule, message in rules]
-    return ConfigDict(**Schema.model_config, json_schema_extra={"x-kubernetes-validations": validations})
+    # Its `rules` see the whole object: the only place where `metadata.name` is visible.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from rockbot.resources.common import (
     FUNCTION_NAME,
@@ -13,15 +13,21 @@ from rockbot.resources.common import (
     KubeName,
     PrinterColumn,
     Resource,
+    Rule,
     Schema,
     SecretKeyRef,
-    cel_rules,
+    exactly_one,
+    matches,
 )
 
 
 class RestAuthSpec(Schema):
-    model_config = cel_rules(
-        ("self.type != 'header' || has(self.headerName)", "auth type header needs headerName, e.g. X-Api-Key"),
+    rules = (
+        Rule(
+            cel="self.type != 'header' || has(self.headerName)",
+            message="auth type header needs headerName, e.g. X-Api-Key",
+            holds=lambda a: a.type != "header" or a.header_name is not None,
+        ),
     )
 
     type: Literal["bearer", "header"]
@@ -32,10 +38,11 @@ class RestAuthSpec(Schema):
 class RestBackendSpec(Schema):
     """An HTTP call: `{arg}` placeholders in the URL are filled (escaped) from the call's arguments."""
 
-    model_config = cel_rules(
-        (
-            "self.url.startsWith('http://') || self.url.startsWith('https://')",
-            "url must start with http:// or https://",
+    rules = (
+        Rule(
+            cel="self.url.startsWith('http://') || self.url.startsWith('https://')",
+            message="url must start with http:// or https://",
+            holds=lambda r: r.url.startswith(("http://", "https://")),
         ),
     )
 
@@ -48,10 +55,11 @@ class RestBackendSpec(Schema):
 class McpBackendSpec(Schema):
     """One tool of an MCP server, reached over streamable HTTP, SSE, or stdio."""
 
-    model_config = cel_rules(
-        (
-            "self.transport == 'stdio' ? has(self.command) && size(self.command) > 0 : has(self.url)",
-            "stdio needs command; streamable-http and sse need url",
+    rules = (
+        Rule(
+            cel="self.transport == 'stdio' ? has(self.command) && size(self.command) > 0 : has(self.url)",
+            message="stdio needs command; streamable-http and sse need url",
+            holds=lambda m: len(m.command) > 0 if m.transport == "stdio" else m.url is not None,
         ),
     )
 
@@ -61,15 +69,18 @@ class McpBackendSpec(Schema):
     command: list[str] = Field(default_factory=list)
     tool: Annotated[str, Field(min_length=1, max_length=256)]
 
-    @model_validator(mode="after")
-    def _transport_needs(self) -> McpBackendSpec:
-        if (self.transport == "stdio" and not self.command) or (self.transport != "stdio" and not self.url):
-            raise ValueError("stdio needs command; streamable-http and sse need url")
-        return self
-
 
 class ScriptBackendSpec(Schema):
     """Python run in the sandbox; the call's arguments arrive as JSON on stdin."""
+
+    rules = (
+        Rule(
+            cel="!has(self.pipPackages) || self.pipPackages.all(p, !p.contains('@'))",
+            message="pipPackages: URL requirements (name @ url) are refused: scripts have no network, packages come "
+            "from the scripts-manager's allowed list; name the package instead, e.g. numpy==2.1.0",
+            holds=lambda s: not any("@" in package for package in s.pip_packages),
+        ),
+    )
 
     source: Annotated[str, Field(min_length=1, max_length=262_144)]
     pip_packages: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
@@ -82,10 +93,11 @@ class AgentBackendSpec(Schema):
 
 
 class ToolSpec(Schema):
-    model_config = cel_rules(
-        (
-            "[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
-            "a Tool has exactly one backend: set one of rest, mcp, script or agent",
+    rules = (
+        Rule(
+            cel="[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
+            message="a Tool has exactly one backend: set one of rest, mcp, script or agent",
+            holds=lambda t: exactly_one(t.rest, t.mcp, t.script, t.agent),
         ),
     )
 
@@ -102,13 +114,6 @@ class ToolSpec(Schema):
     mcp: McpBackendSpec | None = None
     script: ScriptBackendSpec | None = None
     agent: AgentBackendSpec | None = None
-
-    @model_validator(mode="after")
-    def _one_backend(self) -> ToolSpec:
-        # The same rule as the CEL validation above, for where no API server checks (`rockbot local`).
-        if sum(getattr(self, kind) is not None for kind in ("rest", "mcp", "script", "agent")) != 1:
-            raise ValueError("a Tool has exactly one backend: set one of rest, mcp, script or agent")
-        return self
 
 
 class ToolStatus(Schema):
@@ -127,13 +132,14 @@ class Tool(Resource):
         PrinterColumn(name="Used-By", type="string", json_path=".status.usedBy[*]"),
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
-    object_rules: ClassVar[list[dict[str, str]]] = [
-        {
-            "rule": f"has(self.spec.functionName) || self.metadata.name.matches('{FUNCTION_NAME}')",
-            "message": "metadata.name is not a valid function name (letters, digits, _ and -; at most 64): "
+    rules = (
+        Rule(
+            cel=f"has(self.spec.functionName) || self.metadata.name.matches('{FUNCTION_NAME}')",
+            message="metadata.name is not a valid function name (letters, digits, _ and -; at most 64): "
             "set spec.functionName",
-        },
-    ]
+            holds=lambda t: t.spec.function_name is not None or matches(FUNCTION_NAME, t.metadata.get("name")),
+        ),
+    )
 
     api_version: str = "rockbot.dev/v1alpha1"
     metadata: dict[str, Any] = Field(default_factory=dict)

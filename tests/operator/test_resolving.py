@@ -142,9 +142,3 @@ def test_web_browse_networks_reach_the_config_and_default_to_none():
     assert resolve(agent(builtinTools=["web"])).config.web_browse.allowed_networks == []
     opened = resolve(agent(builtinTools=["web"], webBrowse={"allowedNetworks": ["10.20.0.0/16"]}))
     assert [str(net) for net in opened.config.web_browse.allowed_networks] == ["10.20.0.0/16"]
-
-
-def test_a_tool_listed_twice_is_offered_once_not_withheld_as_a_clash_with_itself():
-    result = resolve(agent(tools=["weather", "weather"], builtinTools=[]), [tool_body("weather")])
-    assert [t.name for t in result.tools] == ["weather"]
-    assert result.tool_problems == []
