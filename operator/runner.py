@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 from typing import Any
 
@@ -56,4 +58,14 @@ async def run_operator(
             stop_flag=stop_flag,
             ready_flag=ready_flag,
             liveness_endpoint=liveness_endpoint,
+            identity=own_identity(),
         )
+
+
+def own_identity() -> str:
+    """Who this operator is, for kopf: the pod's name (its hostname) and the process.
+
+    Given so kopf does not derive it from `getpass.getuser()`, which fails for a uid with no passwd
+    entry: the image's user 65532 has none.
+    """
+    return f"{socket.gethostname()}/{os.getpid()}"

@@ -1,0 +1,62 @@
+"""The operator as `helm install` runs it: the chart's settings (JSON logs), a uid with no passwd entry, a
+read-only root filesystem, HOME on /tmp, PID 1; a broker that comes late or goes away; SIGTERM."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rockbot.kube import AGENTS, DEPLOYMENTS, NAMESPACES, SECRETS, TOOLS, KubeClient
+from tests.fixtures.kubeapi import client_for
+from tests.operator.deployed import NAMESPACE, start_operator
+from tests.operator.harness import condition
+from tests.operator.samples import agent_body, tool_body
+from tests.operator.test_operator_e2e import secret
+from tests.waiting import eventually
+
+NS = NAMESPACE
+#: How long SIGTERM may take to stop a process: a pod is killed 30 s after it by default.
+STOP_WITHIN = 10.0
+
+
+@pytest.fixture
+async def kube(kube_api) -> AsyncIterator[KubeClient]:
+    """The test's own client (no token), with the release namespace and the Secrets an Agent needs."""
+    async with client_for(kube_api) as client:
+        await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        for body in (secret("llm", apiKey="sk-test"), secret("rockbot-bus", **{"amqp-url": "amqp://u:p@bus/"})):
+            body["metadata"]["namespace"] = NS
+            await client.create(SECRETS, namespace=NS, body=body)
+        yield client
+
+
+async def deployed(kube: KubeClient, agent: str = "analyst") -> dict:
+    return await kube.get(DEPLOYMENTS, namespace=NS, name=f"rockbot-{agent}")
+
+
+async def test_the_operator_starts_as_the_chart_runs_it_and_reconciles(kube_api, kube, render, pods):
+    operator = start_operator(render, kube_api, pods, amqp_url="")  # no broker: scheduling off
+    await operator.wait_live()
+    await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS))
+    await eventually(lambda: deployed(kube), within=30)
+
+
+async def test_json_logs_keep_every_per_object_record(kube_api, kube, render, pods):
+    operator = start_operator(render, kube_api, pods, amqp_url="")  # no broker: scheduling off
+    await kube.create(TOOLS, namespace=NS, body=tool_body("bad", namespace=NS, parameters={"type": "string"}))
+    await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS, tools=["bad", "ghost"]))
+
+    async def reported() -> None:
+        tools = condition(await kube.get(AGENTS, namespace=NS, name="analyst"), "ToolsResolved")
+        assert tools["status"] == "False"
+
+    await eventually(reported, within=30)
+    await eventually(lambda: deployed(kube), within=30)
+    operator.process.terminate()
+    await operator.process.exited(within=STOP_WITHIN)
+    records = operator.process.records()  # every line is one JSON object
+    assert not [line for line in operator.process.lines() if "Logging error" in line]
+    about_the_agent = [r for r in records if (r.get("object") or {}).get("name") == "analyst"]
+    assert about_the_agent, "kopf's records about the Agent are in the log, with the object they are about"
+    assert all(r["object"]["kind"] == "Agent" and r["object"]["namespace"] == NS for r in about_the_agent)
