@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 #: What a broker going away looks like from aio-pika/aiormq while the robust connection recovers.
 _TRANSIENT = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
 _RETRY_PAUSE = 0.2
+#: How long closing a consumer waits for the broker: a broker that is gone must not hold a shutdown.
+_CLOSE_STEP_SECONDS = 2.0
 
 
 def redact(url: str) -> str:
@@ -181,7 +183,8 @@ class _AmqpSubscription(Subscription):
         self._closing = True
         if self._tag is not None:
             try:
-                await self._queue.cancel(self._tag)
+                async with asyncio.timeout(_CLOSE_STEP_SECONDS):
+                    await self._queue.cancel(self._tag)
             except _TRANSIENT as exc:
                 log.info("cancelling the consumer on %s failed (%r)", self._queue.name, exc)
             self._tag = None
@@ -191,6 +194,7 @@ class _AmqpSubscription(Subscription):
             task.cancel()
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         try:
-            await self._channel.close()
+            async with asyncio.timeout(_CLOSE_STEP_SECONDS):
+                await self._channel.close()
         except _TRANSIENT as exc:
             log.info("closing the channel of %s failed (%r)", self._queue.name, exc)
