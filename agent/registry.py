@@ -8,6 +8,11 @@ model can read and act on; a tool call never raises into the loop.
 Every tool runs under a timeout (`DEFAULT_TOOL_TIMEOUT`, 30 s, unless the tool sets its own).
 Blacklisted tools stay registered (so a call can be answered `Blacklisted` rather than
 `ToolNotFound`) but are never offered to the model.
+
+Names are unique. Two tools from different sources that claim one name are settled by the rule
+the operator also applies (`rockbot.contracts.tool_names`: built-ins, then declared tools, then MCP
+server listings), with a warning; two built-ins of one name are a programming error
+(`ToolAlreadyExists`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -24,7 +30,11 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict
 
+from rockbot.contracts.builtin_tools import builtin_source
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
+from rockbot.contracts.tool_names import ToolRank, clash_warning, keeps_name
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOOL_TIMEOUT = 30.0
 _NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -61,7 +71,8 @@ class InvalidToolDefinition(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
-    """A callable tool. `source` tells where it comes from (`builtin`, `tool:<name>`, `mcp:<server>`...)."""
+    """A callable tool. `source` tells where it comes from (`builtin`, `tool:<name>`, `mcp:<server>`...);
+    `rank` is its place when another source claims its name."""
 
     name: str
     description: str
@@ -69,7 +80,13 @@ class Tool:
     executor: Executor
     source: str = "builtin"
     timeout: float = DEFAULT_TOOL_TIMEOUT
+    rank: ToolRank = ToolRank.BUILTIN
     _validator: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def label(self) -> str:
+        """The source as the operator's status names it (`builtin:web`, `tool:weather`, `mcp:rocks`)."""
+        return builtin_source(self.name) if self.rank == ToolRank.BUILTIN else self.source
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's Chat Completions `tools` format."""
@@ -130,15 +147,24 @@ class ToolRegistry:
 
     # -- registration -------------------------------------------------------------------------
 
-    def register(self, tool: Tool) -> Tool:
-        """Add a tool; its name must be new and its schema a valid JSON Schema for an object."""
+    def register(self, tool: Tool) -> Tool | None:
+        """Add a tool whose schema is a valid JSON Schema for an object. A name another source holds goes to
+        the tool of higher rank (None, with a warning, when that is the one already registered)."""
+        checked = _checked(tool)
         existing = self._tools.get(tool.name)
         if existing is not None:
-            raise ToolAlreadyExists(
-                f"tool {tool.name!r} already exists (from {existing.source}); register this one under a "
-                f"different name, e.g. {_suggest_name(tool, self._tools)!r}"
+            if existing.rank == tool.rank == ToolRank.BUILTIN:
+                raise ToolAlreadyExists(
+                    f"tool {tool.name!r} already exists (from {existing.source}); register this one under a "
+                    f"different name, e.g. {_suggest_name(tool, self._tools)!r}"
+                )
+            holds = keeps_name(holder=existing.rank, claimant=tool.rank)
+            kept, dropped = (existing, tool) if holds else (tool, existing)
+            log.warning(
+                clash_warning(name=tool.name, kept=kept.label, dropped=dropped.label, dropped_rank=dropped.rank)
             )
-        checked = _checked(tool)
+            if holds:
+                return None
         self._tools[tool.name] = checked
         self._openai_cache = None
         return checked
@@ -152,7 +178,8 @@ class ToolRegistry:
         executor: Executor,
         source: str = "builtin",
         timeout: float = DEFAULT_TOOL_TIMEOUT,
-    ) -> Tool:
+        rank: ToolRank = ToolRank.BUILTIN,
+    ) -> Tool | None:
         """Register a tool from a raw JSON Schema (full control over what the model sees)."""
         return self.register(
             Tool(
@@ -162,6 +189,7 @@ class ToolRegistry:
                 executor=executor,
                 source=source,
                 timeout=timeout,
+                rank=rank,
             )
         )
 
@@ -286,6 +314,7 @@ def _checked(tool: Tool) -> Tool:
         executor=tool.executor,
         source=tool.source,
         timeout=tool.timeout,
+        rank=tool.rank,
         _validator=validator,
     )
 

@@ -34,10 +34,10 @@ from rockbot.agent.metrics import AgentMetrics
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.delegation import agent_tool
 from rockbot.agent.toolsets.kit import Guides, ToolKit, builtin_modules, install_tool_sets
-from rockbot.agent.toolsets.mcp_servers import install_mcp_tools
 from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
+from rockbot.contracts.tool_names import ToolRank
 
 log = logging.getLogger(__name__)
 
@@ -198,11 +198,10 @@ class AgentRuntime:
         return await self.loop.run(history=list(messages), session_id=session_id, on_event=on_event)
 
     async def _install_declared_tools(self) -> None:
-        mcp_tools = []
+        """Tool resources and sub-agents (MCP ones come with the `mcp` set, which connects their servers)."""
         for resolved in self.config.tools:
             backend = resolved.backend
             if isinstance(backend, McpBackend):
-                mcp_tools.append(resolved)
                 continue
             timeout = resolved.timeout_seconds
             if isinstance(backend, RestBackend):
@@ -221,8 +220,8 @@ class AgentRuntime:
                 executor=executor,
                 source=resolved.source,
                 timeout=timeout,
+                rank=ToolRank.DECLARED,
             )
-        await install_mcp_tools(registry=self.registry, kit=self.kit, tools=mcp_tools)
 
     async def _http_session(self) -> aiohttp.ClientSession:
         if self._http is None:

@@ -20,7 +20,7 @@ from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SER
 from rockbot.operator import builders
 from rockbot.operator.children import ForeignOwner, ensure, ensure_created
 from rockbot.operator.conditions import ConditionUpdate, condition_status, merge_conditions
-from rockbot.operator.resolving import Resolution, resolve_agent, wanted_tools
+from rockbot.operator.resolving import Resolution, referenced_secrets, resolve_agent
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
@@ -115,9 +115,7 @@ class AgentReconciler:
             name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
         )
         bus_ref = SecretKeyRef(name=self._settings.bus_secret_name, key=self._settings.bus_secret_key)
-        used = set(wanted_tools(agent, tools))
-        used_tools = [tool for tool in tools if tool["metadata"]["name"] in used]
-        secret_keys = await self._secret_keys(namespace, _referenced_secrets(agent, used_tools, bus_ref))
+        secret_keys = await self._secret_keys(namespace, referenced_secrets(agent, tools=tools, bus=bus_ref))
         resolution = resolve_agent(
             agent=agent,
             tools=tools,
@@ -250,20 +248,6 @@ def failure_message(error: Exception) -> str:
         text = f"{type(error).__name__}: {error}"
     text = f"reconcile failed, retrying with backoff: {text}"
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 1] + "…"
-
-
-def _referenced_secrets(agent: Agent, tools: list[K8sObject], bus: SecretKeyRef) -> set[str]:
-    names = {bus.name}
-    if agent.spec.model.api_key_secret_ref is not None:
-        names.add(agent.spec.model.api_key_secret_ref.name)
-    if agent.spec.web_search is not None and agent.spec.web_search.api_key_secret_ref is not None:
-        names.add(agent.spec.web_search.api_key_secret_ref.name)
-    for tool in tools:
-        auth = ((tool.get("spec") or {}).get("rest") or {}).get("auth") or {}
-        secret = (auth.get("secretRef") or {}).get("name")
-        if secret:
-            names.add(secret)
-    return names
 
 
 def _now() -> datetime.datetime:

@@ -15,10 +15,12 @@ from typing import Any
 
 from rockbot.contracts import agent_config as cfg
 from rockbot.contracts.builtin_tools import enabled_builtin_tools
+from rockbot.contracts.tool_names import ToolRank, clash_warning
 from rockbot.operator.validation import parse_tool, tool_problems
 from rockbot.resources import Agent, Tool
 from rockbot.resources.agent import LabelSelector, ResolvedToolStatus
 from rockbot.resources.common import SecretKeyRef
+from rockbot.resources.tool import McpBackendSpec
 
 #: A sub-agent runs a whole tool loop of its own: it gets as long as a scheduled run does by default.
 SUBAGENT_TIMEOUT_SECONDS = 600.0
@@ -96,6 +98,25 @@ def agents_using(tool_name: str, *, tools: Iterable[dict[str, Any]], agents: Ite
     return sorted(users)
 
 
+def referenced_secrets(agent: Agent, *, tools: list[dict[str, Any]], bus: SecretKeyRef) -> set[str]:
+    """Names of the Secrets whose keys `resolve_agent` needs to know (what the reconciler reads)."""
+    names = {bus.name}
+    refs = [agent.spec.model.api_key_secret_ref, agent.spec.web_search and agent.spec.web_search.api_key_secret_ref]
+    used = set(wanted_tools(agent, tools))
+    for body in tools:
+        spec = body.get("spec") or {}
+        rest, mcp = spec.get("rest") or {}, spec.get("mcp") or {}
+        if body["metadata"]["name"] in used:
+            refs.append((rest.get("auth") or {}).get("secretRef"))
+        if mcp and (body["metadata"]["name"] in used or "mcp" in agent.spec.builtin_tools):
+            refs += [item.get("secretKeyRef") for item in (mcp.get("headersFrom") or []) + (mcp.get("envFrom") or [])]
+    for ref in refs:
+        name = ref.name if isinstance(ref, SecretKeyRef) else (ref or {}).get("name")
+        if name:
+            names.add(name)
+    return names
+
+
 def resolve_agent(
     *,
     agent: Agent,
@@ -137,6 +158,7 @@ def resolve_agent(
             )
 
     candidates: list[cfg.ResolvedTool] = []
+    servers: dict[str, tuple[str, cfg.McpServer]] = {}  # one connection per server name: the first Tool's
     for tool_name in wanted:
         body = by_name[tool_name]
         tool_issues = tool_problems(body)
@@ -144,6 +166,14 @@ def resolve_agent(
             problems.append(f'Tool "{tool_name}" is not accepted: {tool_issues[0]}')
             continue
         resolved, issue = _resolve_tool(parse_tool(body), agents=agents, own_name=name, secrets=secrets)
+        if issue is None and resolved is not None and isinstance(resolved.backend, cfg.McpBackend):
+            connection = resolved.backend.connection()
+            first, seen = servers.setdefault(connection.server, (tool_name, connection))
+            if seen != connection:
+                issue = (
+                    f'Tool "{tool_name}" names MCP server {connection.server!r} with another url, command or '
+                    f'credentials than Tool "{first}": give one of them another spec.mcp.server'
+                )
         if issue:
             problems.append(issue)
         elif resolved is not None:
@@ -159,23 +189,28 @@ def resolve_agent(
         name=name,
         namespace=namespace,
         model=cfg.ModelConfig(base_url=spec.model.base_url, name=spec.model.name),
+        tools=candidates,
         builtin_tools=list(dict.fromkeys(spec.builtin_tools)),
         web_search=web_search,
     )
     builtins = [tool for tool in enabled_builtin_tools(probe) if tool.name not in blacklist]
-    offered = [tool for tool in candidates if tool.name not in blacklist]
-    sources: dict[str, list[str]] = {}
-    for tool in builtins:
-        sources.setdefault(tool.name, []).append(f"builtin:{tool.tool_set}")
-    for tool in offered:
-        sources.setdefault(tool.name, []).append(tool.source)
-    clashes = {tool_name: where for tool_name, where in sources.items() if len(where) > 1}
-    for tool_name, where in sorted(clashes.items()):
-        problems.append(
-            f"{' and '.join(where)} both resolve to the tool name {tool_name!r}: "
-            "set spec.functionName (or subAgents[].toolName) on one of them"
-        )
-    offered = [tool for tool in offered if tool.name not in clashes]
+    # One rule for clashes (rockbot.contracts.tool_names): built-ins first, then declared tools in order.
+    holders = {tool.name: f"builtin:{tool.tool_set}" for tool in builtins}
+    offered = []
+    for tool in candidates:
+        if tool.name in blacklist:
+            continue
+        if not _lists_a_server(tool):  # a `tool: "*"` Tool claims no name of its own
+            if tool.name in holders:
+                problems.append(
+                    clash_warning(
+                        name=tool.name, kept=holders[tool.name], dropped=tool.source, dropped_rank=ToolRank.DECLARED
+                    )
+                )
+                continue
+            holders[tool.name] = tool.source
+        offered.append(tool)
+    catalog = _mcp_catalog(spec.builtin_tools, tools=tools, declared=offered, secrets=secrets, problems=problems)
 
     http_token = secrets.wire(http_token_secret, env=cfg.HTTP_TOKEN_ENV, required=False)
     config = cfg.AgentConfig(
@@ -200,13 +235,17 @@ def resolve_agent(
             allowed_networks=spec.web_browse.allowed_networks if spec.web_browse is not None else []
         ),
         http_token=http_token,
+        mcp_catalog=catalog,
     )
     statuses = [
         ResolvedToolStatus(name=tool.name, source=f"builtin:{tool.tool_set}", description=tool.description)
         for tool in builtins
-        if tool.name not in clashes
     ] + [
-        ResolvedToolStatus(name=tool.name, source=tool.source, description=tool.definition.function.description)
+        ResolvedToolStatus(
+            name=f"{tool.backend.server}/*" if _lists_a_server(tool) else tool.name,  # type: ignore[union-attr]
+            source=tool.source,
+            description=tool.definition.function.description,
+        )
         for tool in offered
     ]
     return Resolution(
@@ -311,13 +350,10 @@ def _resolve_tool(
             )
         backend = cfg.RestBackend(url=spec.rest.url, method=spec.rest.method, headers=spec.rest.headers, auth=auth)
     elif spec.mcp is not None:
-        backend = cfg.McpBackend(
-            server=spec.mcp.server,
-            url=spec.mcp.url,
-            transport=spec.mcp.transport,
-            command=spec.mcp.command,
-            tool=spec.mcp.tool,
-        )
+        server, problem = _mcp_server(spec.mcp, secrets=secrets)
+        if server is None:
+            return None, f'Tool "{name}": {problem}'
+        backend = cfg.McpBackend(**server.model_dump(), tool=spec.mcp.tool)
     elif spec.script is not None:
         backend = cfg.ScriptBackend(source=spec.script.source, pip_packages=spec.script.pip_packages)
     else:
@@ -338,3 +374,57 @@ def _resolve_tool(
     return cfg.ResolvedTool(
         definition=definition, source=source, backend=backend, timeout_seconds=float(spec.timeout_seconds)
     ), None
+
+
+def _lists_a_server(tool: cfg.ResolvedTool) -> bool:
+    """A Tool with `tool: "*"`: the agent offers whatever its server lists, under the server's names."""
+    return isinstance(tool.backend, cfg.McpBackend) and tool.backend.tool == "*"
+
+
+def _mcp_server(spec: McpBackendSpec, *, secrets: _SecretWiring) -> tuple[cfg.McpServer | None, str | None]:
+    """The connection to an MCP server with its Secret-backed headers or environment wired into the pod."""
+    headers: dict[str, cfg.SecretHeader] = {}
+    env: dict[str, cfg.SecretEnv] = {}
+    for index, header in enumerate(spec.headers_from):
+        wired = secrets.wire(header.secret_key_ref)
+        if wired is None:
+            return None, secrets.problem(header.secret_key_ref, field=f"spec.mcp.headersFrom[{index}].secretKeyRef")
+        headers[header.name] = cfg.SecretHeader(env=wired.env, prefix=header.prefix or "")
+    for index, variable in enumerate(spec.env_from):
+        wired = secrets.wire(variable.secret_key_ref)
+        if wired is None:
+            return None, secrets.problem(variable.secret_key_ref, field=f"spec.mcp.envFrom[{index}].secretKeyRef")
+        env[variable.name] = wired
+    server = cfg.McpServer(
+        server=spec.server, url=spec.url, transport=spec.transport, command=spec.command, headers=headers, env=env
+    )
+    return server, None
+
+
+def _mcp_catalog(
+    builtin_sets: list[str],
+    *,
+    tools: list[dict[str, Any]],
+    declared: list[cfg.ResolvedTool],
+    secrets: _SecretWiring,
+    problems: list[str],
+) -> list[cfg.McpServer]:
+    """The namespace's other MCP servers, which the `mcp` set lets the model attach by name, and nothing else:
+    a server is only ever one an accepted Tool declares, never a URL or command the model wrote."""
+    if "mcp" not in builtin_sets:
+        return []
+    taken = {tool.backend.server for tool in declared if isinstance(tool.backend, cfg.McpBackend)}
+    catalog: dict[str, cfg.McpServer] = {}
+    for body in sorted(tools, key=lambda tool: tool["metadata"]["name"]):
+        mcp = (body.get("spec") or {}).get("mcp")
+        if not mcp or mcp.get("server") in taken or mcp.get("server") in catalog or tool_problems(body):
+            continue
+        spec = parse_tool(body).spec.mcp
+        assert spec is not None
+        server, problem = _mcp_server(spec, secrets=secrets)
+        if server is None:
+            problems.append(f'MCP server {spec.server!r} (Tool "{body["metadata"]["name"]}") cannot be attached: '
+                            f"{problem}")
+            continue
+        catalog[spec.server] = server
+    return list(catalog.values())

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.registry import ToolRegistry
-from rockbot.contracts.agent_config import AgentConfig
+from rockbot.contracts.agent_config import AgentConfig, McpBackend
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ BUILTIN_SET_MODULES: dict[str, str] = {
     "memory": "rockbot.agent.toolsets.memory",
     "subagents": "rockbot.agent.toolsets.subagents",
     "guides": "rockbot.agent.toolsets.guides",
+    "mcp": "rockbot.agent.toolsets.mcp_servers",
 }
 
 
@@ -102,9 +103,14 @@ async def install_tool_sets(*, registry: ToolRegistry, kit: ToolKit, modules: li
 
 
 def builtin_modules(config: AgentConfig) -> list[str]:
-    """The modules of the config's enabled built-in sets; a set this build lacks is skipped with a warning."""
+    """The modules of the config's enabled built-in sets; a set this build lacks is skipped with a warning.
+
+    MCP Tools need the `mcp` set's module (it connects their servers), so it is installed for them too."""
     modules = []
-    for tool_set in config.builtin_tools:
+    sets = list(config.builtin_tools)
+    if "mcp" not in sets and any(isinstance(tool.backend, McpBackend) for tool in config.tools):
+        sets.append("mcp")
+    for tool_set in sets:
         module = BUILTIN_SET_MODULES[tool_set]
         if importlib.util.find_spec(module) is None:
             log.warning("built-in tool set %r is not available in this build (no module %s); skipping it",

@@ -1,21 +1,41 @@
-"""MCP-backed Tools through the official `mcp` SDK: streamable HTTP, SSE and stdio servers.
+"""The `mcp` set: MCP-backed Tools through the official `mcp` SDK (streamable HTTP, SSE, stdio) and the
+five tools that manage them.
 
 Each server named by the config's MCP tools gets one long-lived connection. The SDK's transports
 are anyio context managers that must be entered and left by the same task, so each connection
 lives in its own task and tool calls borrow its session. At start the server's tools are listed:
-a tool whose backend names `tool: "*"` brings every tool of the server (under its own name, or
-`<server>_<name>` if taken), a named one is registered under the Tool's name with the server's
-input schema. Everything registered from a server has source `mcp:<server>`.
+a tool whose backend names `tool: "*"` brings every tool of the server under its own name (a name
+another source holds is not offered, by the rule in `rockbot.contracts.tool_names`), a named one is
+registered under the Tool's name with the server's input schema. Everything registered from a
+server has source `mcp:<server>`. A server's credentials (headers from Secrets for HTTP, environment
+from Secrets for stdio) are read from the env vars the operator wired and given to that server only;
+a stdio server otherwise gets the SDK's minimal environment, never the agent's.
 
 A server that is down at start does not stop the agent: its named tools are registered from the
 config and answer `Unavailable` (retryable) until a call finds the server back; a connection
-that breaks is reopened on the next call. Three management tools let the model look around:
-`mcp_list_servers`, `mcp_get_tool_schema(server, tool)` and `mcp_invoke_tool(server, tool, arguments)`.
+that breaks is reopened on the next call.
 
-The management tools reach no further than the Agent's Tool resources do: a server tool is
-reachable only if a Tool names it (or names `tool: "*"` on that server), and not if the agent's
-blacklist names it, by its server name or by a local name it is (or would be) registered under.
-Otherwise `mcp_invoke_tool` would be a back door around both the declared tools and the blacklist.
+The management tools (the design's five, under these names):
+
+| design                                     | rockbot                                |
+| ------------------------------------------ | -------------------------------------- |
+| `mcp_list_services`                        | `mcp_list_servers()`                   |
+| `mcp_get_service_details(server, tool?)`   | `mcp_get_tool_schema(server, tool?)`   |
+| `mcp_invoke_tool(server, tool, arguments)` | `mcp_invoke_tool(server, tool, arguments)` |
+| `mcp_register_server(name, command, args)` | `mcp_register_server(server)`          |
+| `mcp_unregister_server(name)`              | `mcp_unregister_server(server)`        |
+
+They reach no further than the Agent's Tool resources do: a server tool is reachable only if a Tool
+names it (or names `tool: "*"` on that server), and not if the agent's blacklist names it. Otherwise
+`mcp_invoke_tool` would be a back door around both the declared tools and the blacklist.
+
+Attaching at run time is the riskiest of them: a model that a web page talked round could start any
+command in the agent's pod or send data to any URL. So `mcp_register_server` takes a server *name*
+only, never a command or URL, and attaches only a server an accepted Tool in the agent's namespace
+already declares (the operator lists them in `mcp_catalog`, with their Secret-backed credentials wired),
+and only for an Agent that enables the `mcp` set itself. An attached server's tools are reached through
+`mcp_invoke_tool` (not offered by name, so what the model is offered stays what `status.tools` says),
+minus blacklisted ones; `mcp_unregister_server` detaches it again. Attachments last for this process.
 """
 
 from __future__ import annotations
@@ -25,26 +45,23 @@ import contextlib
 import json
 import logging
 import shlex
-from collections.abc import Iterable
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Annotated, Any
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import Field
 
 from rockbot.agent.defining import tool
-from rockbot.agent.registry import (
-    InvalidToolDefinition,
-    ToolAlreadyExists,
-    ToolContext,
-    ToolFailure,
-    ToolRegistry,
-)
-from rockbot.agent.toolsets.kit import Guide, ToolKit
-from rockbot.contracts.agent_config import McpBackend, ResolvedTool
+from rockbot.agent.registry import InvalidToolDefinition, Tool, ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
+from rockbot.contracts.agent_config import McpBackend, McpServer, ResolvedTool
+from rockbot.contracts.builtin_tools import enabled_builtin_tools
 from rockbot.contracts.errors import ErrorCode
+from rockbot.contracts.tool_names import ToolRank
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +72,11 @@ GUIDE = Guide(
     summary="Finding and calling tools on the connected MCP servers.",
     document=(
         "# MCP tools\n\n"
-        "1. `mcp_list_servers()` lists the connected MCP servers and their tools.\n"
-        "2. `mcp_get_tool_schema(server, tool)` shows what arguments a tool takes.\n"
+        "1. `mcp_list_servers()` lists the connected MCP servers and their tools (and any you may attach).\n"
+        "2. `mcp_get_tool_schema(server, tool)` shows what arguments a tool takes (without `tool`: all of them).\n"
         "3. `mcp_invoke_tool(server, tool, arguments)` calls it with a JSON object of arguments.\n"
+        "4. Where offered, `mcp_register_server(server)` attaches one of the listed attachable servers and "
+        "`mcp_unregister_server(server)` detaches it.\n"
         "Tools that are registered directly (source `mcp:<server>`) can also be called by name.\n"
     ),
 )
@@ -66,28 +85,43 @@ GUIDE = Guide(
 class McpConnection:
     """One server, one session, held open by a dedicated task and reopened when it breaks."""
 
-    def __init__(self, *, name: str, backend: McpBackend):
-        self.name = name
-        self.backend = backend
+    def __init__(self, *, server: McpServer, env: Mapping[str, str], declares_all: bool = False):
+        self.name = server.server
+        self.server = server
         self.tools: dict[str, Any] = {}  # name -> mcp Tool (name, description, inputSchema)
         self.declared: dict[str, set[str]] = {}  # server tool -> local names the Tool resources give it
-        self.declares_all = False  # a Tool names `tool: "*"` on this server
+        self.declares_all = declares_all  # a Tool names `tool: "*"`, or the server was attached whole
+        self._env = env
         self._session: ClientSession | None = None
         self._holder: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lock = asyncio.Lock()
 
-    def _transport(self):
-        backend = self.backend
-        if backend.transport == "stdio":
-            if not backend.command:
-                raise ValueError(f"MCP server {self.name!r}: the stdio transport needs a command")
-            return stdio_client(StdioServerParameters(command=backend.command[0], args=list(backend.command[1:])))
-        if not backend.url:
-            raise ValueError(f"MCP server {self.name!r}: the {backend.transport} transport needs a url")
-        if backend.transport == "sse":
-            return sse_client(backend.url)
-        return streamable_http_client(backend.url)
+    @property
+    def where(self) -> str:
+        return f"{self.server.transport} {self.server.url or shlex.join(self.server.command)}"
+
+    def _secret(self, env: str, *, what: str) -> str:
+        value = self._env.get(env)
+        if not value:
+            raise ValueError(f"{what} comes from env var {env}, which is empty (the operator wires it from a Secret)")
+        return value
+
+    async def _enter_transport(self, stack: AsyncExitStack):
+        server = self.server
+        if server.transport == "stdio":
+            env = {name: self._secret(ref.env, what=f"env {name}") for name, ref in server.env.items()}
+            command, *args = server.command
+            parameters = StdioServerParameters(command=command, args=args, env=env or None)
+            return await stack.enter_async_context(stdio_client(parameters))
+        headers = {
+            name: header.prefix + self._secret(header.env, what=f"header {name}")
+            for name, header in server.headers.items()
+        }
+        if server.transport == "sse":
+            return await stack.enter_async_context(sse_client(server.url, headers=headers or None))
+        client = await stack.enter_async_context(create_mcp_http_client(headers=headers or None))
+        return await stack.enter_async_context(streamable_http_client(server.url, http_client=client))
 
     async def session(self) -> ClientSession:
         """The open session, connecting first if needed; `ToolFailure(Unavailable)` if the server is down."""
@@ -102,10 +136,8 @@ class McpConnection:
                     self._session = await ready
             except Exception as exc:
                 await self.close()
-                where = self.backend.url or shlex.join(self.backend.command)
                 raise ToolFailure(
-                    f"MCP server {self.name!r} ({self.backend.transport} {where}) is unavailable: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"MCP server {self.name!r} ({self.where}) is unavailable: {reason(exc)}",
                     code=ErrorCode.UNAVAILABLE,
                     retryable=True,
                 ) from exc
@@ -114,7 +146,7 @@ class McpConnection:
             except Exception as exc:
                 await self.close()
                 raise ToolFailure(
-                    f"MCP server {self.name!r} is connected but cannot list its tools: {type(exc).__name__}: {exc}",
+                    f"MCP server {self.name!r} is connected but cannot list its tools: {reason(exc)}",
                     code=ErrorCode.UNAVAILABLE,
                     retryable=True,
                 ) from exc
@@ -124,7 +156,7 @@ class McpConnection:
     async def _hold(self, ready: asyncio.Future[ClientSession]) -> None:
         try:
             async with AsyncExitStack() as stack:
-                streams = await stack.enter_async_context(self._transport())
+                streams = await self._enter_transport(stack)
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 ready.set_result(session)
@@ -134,7 +166,7 @@ class McpConnection:
                 ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            log.warning("MCP server %r connection ended: %s", self.name, exc)
+            log.warning("MCP server %r (%s): connection ended: %s", self.name, self.where, reason(exc))
         finally:
             self._session = None
 
@@ -150,7 +182,7 @@ class McpConnection:
         except Exception as exc:
             await self.close()  # a broken connection is reopened by the next call
             raise ToolFailure(
-                f"MCP call {self.name}/{tool_name} failed: {type(exc).__name__}: {exc}",
+                f"MCP call {self.name}/{tool_name} failed: {reason(exc)}",
                 code=ErrorCode.UNAVAILABLE,
                 retryable=True,
             ) from exc
@@ -163,7 +195,7 @@ class McpConnection:
         """The local names a server tool has (or would have) for this agent; empty if no Tool declares it."""
         names = set(self.declared.get(tool_name, ()))
         if self.declares_all:
-            names |= {tool_name, f"{self.name}_{tool_name}"}
+            names.add(tool_name)
         return names
 
     def refusal(self, tool_name: str, *, registry: ToolRegistry) -> ToolFailure | None:
@@ -205,6 +237,15 @@ class McpConnection:
         self._session = None
 
 
+def reason(exc: BaseException) -> str:
+    """Why a connection failed, in words: the leaves of an exception group (anyio's task groups wrap the
+    real cause in 'unhandled errors in a TaskGroup'), each as `Type: message`, once."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(reason(inner) for inner in exc.exceptions))
+    text = str(exc) or "no details"
+    return f"{type(exc).__name__}: {text}"
+
+
 def _result_text(result: Any) -> str:
     parts = []
     for block in result.content:
@@ -217,20 +258,18 @@ def _result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
-async def install_mcp_tools(*, registry: ToolRegistry, kit: ToolKit, tools: Iterable[ResolvedTool]) -> None:
+async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
+    """Connect the declared servers, register their tools and the management tools."""
+    declared = [resolved for resolved in kit.config.tools if isinstance(resolved.backend, McpBackend)]
     by_server: dict[str, list[ResolvedTool]] = {}
-    for resolved in tools:
+    for resolved in declared:
         assert isinstance(resolved.backend, McpBackend)
         by_server.setdefault(resolved.backend.server, []).append(resolved)
-    if not by_server:
-        return
-    connections = {
-        server: McpConnection(name=server, backend=entries[0].backend)  # type: ignore[arg-type]
-        for server, entries in by_server.items()
-    }
+    connections: dict[str, McpConnection] = {}
     for server, entries in by_server.items():
-        connection = connections[server]
-        kit.closers.append(connection.close)
+        first = entries[0].backend
+        assert isinstance(first, McpBackend)
+        connection = connections[server] = McpConnection(server=first.connection(), env=kit.env)
         for resolved in entries:
             backend = resolved.backend
             assert isinstance(backend, McpBackend)
@@ -238,7 +277,15 @@ async def install_mcp_tools(*, registry: ToolRegistry, kit: ToolKit, tools: Iter
                 connection.declares_all = True
             else:
                 connection.declared.setdefault(backend.tool, set()).add(resolved.name)
-    _register_management(registry, connections)  # first, so a server tool of the same name is the one renamed
+
+    async def close_all() -> None:
+        await asyncio.gather(*(connection.close() for connection in connections.values()))
+
+    kit.closers.append(close_all)
+    offered = {builtin.name for builtin in enabled_builtin_tools(kit.config)}  # attaching: the `mcp` set only
+    for management in _management_tools(registry, connections, kit=kit):
+        if management.name in offered:
+            registry.register(management)
     await asyncio.gather(*(_register_server(registry, connections[s], by_server[s]) for s in by_server))
     kit.guides.add(GUIDE)
 
@@ -265,6 +312,7 @@ async def _register_server(registry: ToolRegistry, connection: McpConnection, en
             executor=_caller(connection, backend.tool),
             source=source,
             timeout=resolved.timeout_seconds,
+            rank=ToolRank.DECLARED,
         )
 
 
@@ -272,17 +320,17 @@ def _register_listed(
     registry: ToolRegistry, connection: McpConnection, *, name: str, mcp_tool: Any, resolved: ResolvedTool
 ) -> None:
     """Register one tool a whole server brings; one the model could not call is skipped, not fatal."""
-    local = name if name not in registry else f"{connection.name}_{name}"
     try:
         registry.add(
-            name=local,
+            name=name,
             description=mcp_tool.description or f"{name} on MCP server {connection.name}",
             parameters=mcp_tool.input_schema or {"type": "object"},
             executor=_caller(connection, name),
             source=f"mcp:{connection.name}",
             timeout=resolved.timeout_seconds,
+            rank=ToolRank.LISTED,
         )
-    except (ToolAlreadyExists, InvalidToolDefinition) as exc:
+    except InvalidToolDefinition as exc:
         log.warning("MCP server %r: not offering its tool %r to the model (mcp_invoke_tool can still call it): %s",
                     connection.name, name, exc)
 
@@ -294,59 +342,106 @@ def _caller(connection: McpConnection, tool_name: str):
     return execute
 
 
-def _register_management(registry: ToolRegistry, connections: dict[str, McpConnection]) -> None:
+def _management_tools(registry: ToolRegistry, connections: dict[str, McpConnection], *, kit: ToolKit) -> list[Tool]:
+    catalog = {server.server: server for server in kit.config.mcp_catalog}
+    attached: set[str] = set()
+
     def connection_for(server: str) -> McpConnection:
         for name, connection in connections.items():
             if name.lower() == server.lower():
                 return connection
+        attachable = sorted(set(catalog) - set(connections))
         raise ToolFailure(
-            f"no MCP server named {server!r}; connected servers: {', '.join(connections)}",
+            f"no MCP server named {server!r}; connected servers: {', '.join(connections) or 'none'}"
+            + (f"; attachable with mcp_register_server: {', '.join(attachable)}" if attachable else ""),
             code=ErrorCode.INVALID_ARGUMENTS,
         )
 
-    @tool(name="mcp_list_servers", source="mcp")
+    def describe(connection: McpConnection, tool_name: str) -> dict[str, Any]:
+        listed = connection.tools[tool_name]
+        return {"name": listed.name, "description": listed.description, "parameters": listed.input_schema}
+
+    @tool(name="mcp_list_servers", description=catalogue_description("mcp_list_servers"))
     async def mcp_list_servers() -> str:
-        """List the MCP servers this agent is connected to, with their tools."""
         lines = []
-        for name, connection in connections.items():
+        for name, connection in list(connections.items()):
+            how = connection.server.transport + (", attached" if name in attached else "")
             try:
                 await connection.session()
                 tools = ", ".join(connection.reachable(registry=registry)) or "no tools"
-                lines.append(f"- {name} ({connection.backend.transport}): {tools}")
+                lines.append(f"- {name} ({how}): {tools}")
             except ToolFailure as failure:
-                lines.append(f"- {name} ({connection.backend.transport}): unavailable ({failure})")
-        return "\n".join(lines)
+                lines.append(f"- {name} ({how}): unavailable ({failure})")
+        lines += [f"- {name} (not attached: mcp_register_server can attach it)" for name in catalog if
+                  name not in connections]
+        return "\n".join(lines) or "No MCP servers."
 
-    @tool(name="mcp_get_tool_schema", source="mcp")
+    @tool(name="mcp_get_tool_schema", description=catalogue_description("mcp_get_tool_schema"))
     async def mcp_get_tool_schema(
         server: Annotated[str, Field(description="A server name from mcp_list_servers.")],
-        tool_name: Annotated[str, Field(alias="tool", description="The tool's name on that server.")],
+        tool_name: Annotated[
+            str | None, Field(alias="tool", description="The tool's name on that server; omit for all its tools.")
+        ] = None,
     ) -> str:
-        """Show the description and JSON Schema of the arguments of a tool on an MCP server."""
         connection = connection_for(server)
         await connection.session()
+        if tool_name is None:
+            return json.dumps([describe(connection, name) for name in connection.reachable(registry=registry)])
         if (refused := connection.refusal(tool_name, registry=registry)) is not None:
             raise refused
-        listed = connection.tools.get(tool_name)
-        if listed is None:
+        if tool_name not in connection.tools:
             raise ToolFailure(
                 f"MCP server {connection.name!r} has no tool {tool_name!r}; it has: "
                 f"{', '.join(connection.reachable(registry=registry))}",
                 code=ErrorCode.INVALID_ARGUMENTS,
             )
-        return json.dumps({"name": listed.name, "description": listed.description, "parameters": listed.input_schema})
+        return json.dumps(describe(connection, tool_name))
 
-    @tool(name="mcp_invoke_tool", source="mcp")
+    @tool(name="mcp_invoke_tool", description=catalogue_description("mcp_invoke_tool"))
     async def mcp_invoke_tool(
         server: Annotated[str, Field(description="A server name from mcp_list_servers.")],
         tool_name: Annotated[str, Field(alias="tool", description="The tool's name on that server.")],
         arguments: Annotated[dict[str, Any], Field(description="The tool's arguments as a JSON object.")] = {},  # noqa: B006
     ) -> str:
-        """Call a tool on an MCP server with a JSON object of arguments (only tools this agent declares)."""
         connection = connection_for(server)
         if (refused := connection.refusal(tool_name, registry=registry)) is not None:
             raise refused
         return await connection.call(tool_name, arguments)
 
-    for management in (mcp_list_servers, mcp_get_tool_schema, mcp_invoke_tool):
-        registry.register(management)
+    @tool(name="mcp_register_server", description=catalogue_description("mcp_register_server"))
+    async def mcp_register_server(
+        server: Annotated[str, Field(description="The name of an attachable server from mcp_list_servers.")],
+    ) -> str:
+        found = next((entry for name, entry in catalog.items() if name.lower() == server.lower()), None)
+        if found is None:
+            raise ToolFailure(
+                f"no attachable MCP server named {server!r}: only servers that Tools in this agent's namespace "
+                f"declare can be attached, by name; attachable: {', '.join(sorted(catalog)) or 'none'}",
+                code=ErrorCode.INVALID_ARGUMENTS,
+            )
+        if found.server in connections:
+            return f"MCP server {found.server!r} is already attached."
+        connection = McpConnection(server=found, env=kit.env, declares_all=True)
+        await connection.session()  # down: Unavailable, and nothing is kept
+        connections[found.server] = connection
+        attached.add(found.server)
+        tools = ", ".join(connection.reachable(registry=registry)) or "no tools"
+        return f"Attached MCP server {found.server!r}; call its tools with mcp_invoke_tool: {tools}"
+
+    @tool(name="mcp_unregister_server", description=catalogue_description("mcp_unregister_server"))
+    async def mcp_unregister_server(
+        server: Annotated[str, Field(description="A server that mcp_register_server attached.")],
+    ) -> str:
+        connection = connection_for(server)
+        if connection.name not in attached:
+            raise ToolFailure(
+                f"MCP server {connection.name!r} comes from this agent's own Tools and stays; only servers "
+                "attached with mcp_register_server can be detached",
+                code=ErrorCode.REJECTED,
+            )
+        attached.discard(connection.name)
+        del connections[connection.name]
+        await connection.close()
+        return f"Detached MCP server {connection.name!r}."
+
+    return [mcp_list_servers, mcp_get_tool_schema, mcp_invoke_tool, mcp_register_server, mcp_unregister_server]

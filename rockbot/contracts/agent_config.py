@@ -19,7 +19,7 @@ AMQP_URL_ENV = "ROCKBOT_AMQP_URL"
 HTTP_TOKEN_ENV = "ROCKBOT_HTTP_TOKEN"
 WEB_SEARCH_API_KEY_ENV = "ROCKBOT_WEB_SEARCH_API_KEY"
 
-BuiltinToolSet = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
+BuiltinToolSet = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides", "mcp"]
 
 
 class Contract(BaseModel):
@@ -61,13 +61,30 @@ class RestBackend(Contract):
     auth: RestAuth | None = None
 
 
-class McpBackend(Contract):
-    kind: Literal["mcp"] = "mcp"
+class SecretHeader(Contract):
+    """An HTTP header: `prefix` then the secret in environment variable `env`."""
+
+    env: str
+    prefix: str = ""
+
+
+class McpServer(Contract):
+    """How to reach one MCP server; its credentials (Secret-backed env vars) go to it and to no other."""
+
     server: str
     url: str | None = None
     transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
     command: list[str] = Field(default_factory=list)
+    headers: dict[str, SecretHeader] = Field(default_factory=dict)
+    env: dict[str, SecretEnv] = Field(default_factory=dict)
+
+
+class McpBackend(McpServer):
+    kind: Literal["mcp"] = "mcp"
     tool: str
+
+    def connection(self) -> McpServer:
+        return McpServer(**{name: getattr(self, name) for name in McpServer.model_fields})
 
 
 class ScriptBackend(Contract):
@@ -149,3 +166,5 @@ class AgentConfig(Contract):
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
     http_token: SecretEnv | None = None
+    #: MCP servers declared in the namespace that `mcp_register_server` may attach (the `mcp` set only).
+    mcp_catalog: list[McpServer] = Field(default_factory=list)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from rockbot.contracts.agent_config import AgentConfig, BuiltinToolSet
+from rockbot.contracts.agent_config import AgentConfig, BuiltinToolSet, McpBackend
 
 
 class BuiltinTool(BaseModel):
@@ -60,13 +60,41 @@ BUILTIN_TOOLS: list[BuiltinTool] = [
         ("list_tool_guides", "List the usage guides available for your tools."),
         ("get_tool_guide", "Read the usage guide for a tool set by name."),
     ),
+    *_tools(
+        "mcp",
+        ("mcp_list_servers", "List the MCP servers this agent can use, with their tools."),
+        (
+            "mcp_get_tool_schema",
+            "Show the description and JSON Schema of the arguments of a tool on an MCP server (or of all its tools).",
+        ),
+        ("mcp_invoke_tool", "Call a tool on an MCP server with a JSON object of arguments (only this agent's)."),
+        (
+            "mcp_register_server",
+            "Attach one of the MCP servers declared in this agent's namespace, by name, for this agent process.",
+        ),
+        ("mcp_unregister_server", "Detach an MCP server that mcp_register_server attached."),
+    ),
 ]
+#: Offered only when an Agent enables the `mcp` set itself: they widen its reach at run time.
+MCP_ATTACH_TOOLS = frozenset({"mcp_register_server", "mcp_unregister_server"})
 
 
 def enabled_builtin_tools(config: AgentConfig) -> list[BuiltinTool]:
-    """The built-in tools an agent with this config offers its model, in catalogue order."""
+    """The built-in tools an agent with this config offers its model, in catalogue order.
+
+    An agent with MCP Tools gets the `mcp` set's listing and calling tools even without the set."""
     enabled = set(config.builtin_tools)
     tools = [tool for tool in BUILTIN_TOOLS if tool.tool_set in enabled]
+    if "mcp" not in enabled and any(isinstance(tool.backend, McpBackend) for tool in config.tools):
+        tools += [tool for tool in BUILTIN_TOOLS if tool.tool_set == "mcp" and tool.name not in MCP_ATTACH_TOOLS]
     if config.web_search is None:
         tools = [tool for tool in tools if tool.name != "web_search"]
     return tools
+
+
+def builtin_source(name: str) -> str:
+    """How status and warnings name a built-in tool's source: `builtin:<set>`."""
+    for tool in BUILTIN_TOOLS:
+        if tool.name == name:
+            return f"builtin:{tool.tool_set}"
+    return "builtin"

@@ -23,7 +23,7 @@ from rockbot.resources.common import (
     matches,
 )
 
-BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides"]
+BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides", "mcp"]
 
 #: An Agent's children are named `rockbot-<agent><suffix>`, one suffix per child kind.
 CHILD_PREFIX = "rockbot-"

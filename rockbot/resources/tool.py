@@ -52,6 +52,21 @@ class RestBackendSpec(Schema):
     auth: RestAuthSpec | None = None
 
 
+class SecretHeaderSpec(Schema):
+    """An HTTP header whose value comes from a Secret key (after an optional prefix such as `Bearer `)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")]
+    prefix: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="e.g. 'Bearer '.")
+    secret_key_ref: SecretKeyRef
+
+
+class SecretEnvSpec(Schema):
+    """An environment variable whose value comes from a Secret key."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+    secret_key_ref: SecretKeyRef
+
+
 class McpBackendSpec(Schema):
     """One tool of an MCP server, reached over streamable HTTP, SSE, or stdio."""
 
@@ -61,6 +76,16 @@ class McpBackendSpec(Schema):
             message="stdio needs command; streamable-http and sse need url",
             holds=lambda m: len(m.command) > 0 if m.transport == "stdio" else m.url is not None,
         ),
+        Rule(
+            cel="self.transport != 'stdio' || !has(self.headersFrom) || size(self.headersFrom) == 0",
+            message="headersFrom is for streamable-http and sse servers: give a stdio server envFrom instead",
+            holds=lambda m: m.transport != "stdio" or not m.headers_from,
+        ),
+        Rule(
+            cel="self.transport == 'stdio' || !has(self.envFrom) || size(self.envFrom) == 0",
+            message="envFrom is for stdio servers: give a streamable-http or sse server headersFrom instead",
+            holds=lambda m: m.transport == "stdio" or not m.env_from,
+        ),
     )
 
     server: KubeName = Field(description="A short name for the server; tools are listed as mcp:<server>.")
@@ -68,6 +93,12 @@ class McpBackendSpec(Schema):
     transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
     command: list[str] = Field(default_factory=list)
     tool: Annotated[str, Field(min_length=1, max_length=256)]
+    headers_from: Annotated[list[SecretHeaderSpec], Field(max_length=16)] = Field(
+        default_factory=list, description="HTTP headers from Secrets, sent to this server only (never literals)."
+    )
+    env_from: Annotated[list[SecretEnvSpec], Field(max_length=32)] = Field(
+        default_factory=list, description="Environment from Secrets for a stdio server, given to it only."
+    )
 
 
 class ScriptBackendSpec(Schema):

@@ -42,6 +42,9 @@ TASK = {
 }
 BASES = {"Agent": AGENT, "Tool": TOOL, "ScheduledTask": TASK}
 MCP_HTTP = {"server": "rocks", "url": "http://rocks/mcp", "tool": "add"}
+MCP_STDIO = {"server": "rocks", "transport": "stdio", "command": ["rocks"], "tool": "add"}
+SECRET_HEADER = {"name": "Authorization", "prefix": "Bearer ", "secretKeyRef": {"name": "rocks", "key": "token"}}
+SECRET_ENV = {"name": "ROCKS_TOKEN", "secretKeyRef": {"name": "rocks", "key": "token"}}
 
 #: (kind, {dotted path: value}) — each changes a valid base; DELETE removes the field.
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -88,6 +91,11 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Tool", {"spec.rest": DELETE, "spec.mcp": {"server": "rocks", "transport": "stdio", "command": [], "tool": "*"}}),
     ("Tool", {"spec.rest": DELETE, "spec.mcp": {"server": "rocks", "transport": "stdio", "command": ["rocks"],
                                                 "tool": "*"}}),
+    ("Tool", {"spec.rest": DELETE, "spec.mcp": {**MCP_HTTP, "headersFrom": [SECRET_HEADER]}}),
+    ("Tool", {"spec.rest": DELETE, "spec.mcp": {**MCP_HTTP, "envFrom": [SECRET_ENV]}}),
+    ("Tool", {"spec.rest": DELETE, "spec.mcp": {**MCP_STDIO, "envFrom": [SECRET_ENV]}}),
+    ("Tool", {"spec.rest": DELETE, "spec.mcp": {**MCP_STDIO, "headersFrom": [SECRET_HEADER]}}),
+    ("Tool", {"spec.rest": DELETE, "spec.mcp": {**MCP_HTTP, "headersFrom": [{**SECRET_HEADER, "name": "X Y"}]}}),
     ("Tool", {"metadata.name": "rates.v2"}),
     ("Tool", {"metadata.name": "rates.v2", "spec.functionName": "rates_v2"}),
     ("Tool", {"spec.timeoutSeconds": 0}),

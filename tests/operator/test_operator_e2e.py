@@ -208,9 +208,11 @@ async def test_bad_references_are_reported_in_conditions(kube_client: KubeClient
                 'Tool "ghost" not found in namespace default: create it or remove it from spec.tools',
                 'Tool "bad" is not accepted: spec.parameters must be an object schema '
                 '({"type": "object", "properties": {...}}): tool arguments are always a JSON object',
-                "tool:one and tool:two both resolve to the tool name 'same': "
-                "set spec.functionName (or subAgents[].toolName) on one of them",
+                "tool:two and tool:one both offer a tool named 'same', so tool:two is not offered (tool:one keeps "
+                "it: built-in tools first, then declared ones in the Agent's order, then MCP server listings): give "
+                "one of them another name (spec.functionName on its Tool, or subAgents[].toolName)",
             ]
+            assert ("same", "tool:one") in [(t["name"], t["source"]) for t in agent["status"]["tools"]]
             ready = condition(agent, "Ready")
             assert (ready["status"], ready["reason"]) == ("False", "ConfigurationIncomplete")
             assert ready["message"] == (

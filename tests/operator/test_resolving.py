@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rockbot.operator.resolving import Resolution, agents_using, resolve_agent, secret_env_name
+from rockbot.operator.resolving import Resolution, agents_using, referenced_secrets, resolve_agent, secret_env_name
 from rockbot.resources.common import SecretKeyRef
 from tests.operator.samples import ALL_SECRETS, agent, agent_body, tool_body
 
@@ -51,21 +51,33 @@ def test_tool_that_is_not_accepted_is_left_out_with_the_validator_message():
     assert result.config.tools == []
 
 
-def test_two_tools_with_one_function_name_are_both_withheld():
+def test_of_two_tools_with_one_function_name_the_first_declared_keeps_it():
     tools = [tool_body("a", functionName="lookup"), tool_body("b", functionName="lookup"), tool_body("c")]
-    result = resolve(agent(tools=["a", "b", "c"]), tools)
+    result = resolve(agent(tools=["b", "a", "c"]), tools)
     assert result.tool_problems == [
-        "tool:a and tool:b both resolve to the tool name 'lookup': "
-        "set spec.functionName (or subAgents[].toolName) on one of them"
+        "tool:a and tool:b both offer a tool named 'lookup', so tool:a is not offered (tool:b keeps it: built-in "
+        "tools first, then declared ones in the Agent's order, then MCP server listings): give one of them another "
+        "name (spec.functionName on its Tool, or subAgents[].toolName)"
     ]
-    assert [t.name for t in result.config.tools] == ["c"]
+    assert [(t.name, t.source) for t in result.tools][-2:] == [("lookup", "tool:b"), ("c", "tool:c")]
+    assert [t.source for t in result.config.tools] == ["tool:b", "tool:c"]
 
 
-def test_a_tool_clashing_with_a_builtin_is_reported():
+def test_a_builtin_keeps_its_name_against_a_tool_and_a_sub_agent():
     result = resolve(
-        agent(tools=["x"], builtinTools=["scripts"]), [tool_body("x", functionName="execute_python_script")]
+        agent(tools=["x"], builtinTools=["scripts", "web"], subAgents=[{"name": "helper", "toolName": "web_browse"}]),
+        [tool_body("x", functionName="execute_python_script")],
+        agents={"helper": agent_body("helper")},
     )
-    assert "builtin:scripts and tool:x both resolve" in result.tool_problems[0]
+    assert [(t.name, t.source) for t in result.tools] == [
+        ("execute_python_script", "builtin:scripts"),
+        ("web_browse", "builtin:web"),
+    ]
+    assert result.config.tools == []
+    assert [problem.split(",")[0] for problem in result.tool_problems] == [
+        "tool:x and builtin:scripts both offer a tool named 'execute_python_script'",
+        "agent:helper and builtin:web both offer a tool named 'web_browse'",
+    ]
 
 
 def test_missing_rest_auth_secret_is_a_tool_problem_and_never_wired():
@@ -142,3 +154,58 @@ def test_web_browse_networks_reach_the_config_and_default_to_none():
     assert resolve(agent(builtinTools=["web"])).config.web_browse.allowed_networks == []
     opened = resolve(agent(builtinTools=["web"], webBrowse={"allowedNetworks": ["10.20.0.0/16"]}))
     assert [str(net) for net in opened.config.web_browse.allowed_networks] == ["10.20.0.0/16"]
+
+
+MCP = {"server": "private", "url": "https://mcp.example/mcp", "tool": "search"}
+BEARER = {"name": "Authorization", "prefix": "Bearer ", "secretKeyRef": {"name": "mcp-token", "key": "token"}}
+
+
+def test_an_mcp_servers_secret_headers_are_wired_as_env_references_never_values():
+    tool = tool_body("search", mcp={**MCP, "headersFrom": [BEARER]})
+    result = resolve(agent(tools=["search"]), [tool], secrets={**ALL_SECRETS, "mcp-token": {"token"}})
+    [resolved] = result.config.tools
+    env = secret_env_name(SecretKeyRef(name="mcp-token", key="token"))
+    assert resolved.backend.headers["Authorization"].model_dump() == {"env": env, "prefix": "Bearer "}
+    assert any(item.env == env and item.ref.name == "mcp-token" for item in result.secret_env)
+    assert "mcp-token" in referenced_secrets(agent(tools=["search"]), tools=[tool], bus=BUS)
+
+    missing = resolve(agent(tools=["search"]), [tool])
+    assert missing.config.tools == [] and missing.tool_problems == [
+        'Tool "search": spec.mcp.headersFrom[0].secretKeyRef: Secret "mcp-token" not found in namespace default: '
+        "create it with key 'token'"
+    ]
+
+
+def test_of_two_tools_reaching_one_server_name_differently_the_second_is_withheld():
+    tools = [tool_body("a", mcp=MCP), tool_body("b", mcp={**MCP, "url": "https://elsewhere.example/mcp",
+                                                            "tool": "fetch"})]
+    result = resolve(agent(tools=["a", "b"]), tools)
+    assert result.tool_problems == [
+        "Tool \"b\" names MCP server 'private' with another url, command or credentials than Tool \"a\": give one "
+        "of them another spec.mcp.server"
+    ]
+    assert [t.name for t in result.config.tools] == ["a"]
+
+
+def test_a_whole_server_tool_shows_as_its_listing_and_claims_no_name():
+    result = resolve(agent(tools=["rocks"], builtinTools=[]), [tool_body("rocks", mcp={**MCP, "tool": "*"})])
+    assert [(t.name, t.source) for t in result.tools] == [
+        ("mcp_list_servers", "builtin:mcp"), ("mcp_get_tool_schema", "builtin:mcp"),
+        ("mcp_invoke_tool", "builtin:mcp"), ("private/*", "mcp:private"),
+    ]
+
+
+def test_the_mcp_set_lists_the_namespaces_other_servers_for_attaching():
+    tools = [
+        tool_body("mine", mcp=MCP),
+        tool_body("theirs", mcp={**MCP, "server": "theirs", "headersFrom": [BEARER]}),
+        tool_body("broken", mcp={**MCP, "server": "broken"}, parameters={"type": "array"}),
+    ]
+    secrets = {**ALL_SECRETS, "mcp-token": {"token"}}
+    with_set = resolve(agent(tools=["mine"], builtinTools=["mcp"]), tools, secrets=secrets)
+    assert [server.server for server in with_set.config.mcp_catalog] == ["theirs"]
+    assert "mcp-token" in referenced_secrets(agent(tools=["mine"], builtinTools=["mcp"]), tools=tools, bus=BUS)
+    assert {t.name for t in with_set.tools} >= {"mcp_register_server", "mcp_unregister_server"}
+    without = resolve(agent(tools=["mine"]), tools, secrets=secrets)
+    assert without.config.mcp_catalog == [] and "mcp_register_server" not in {t.name for t in without.tools}
+    assert "mcp-token" not in referenced_secrets(agent(tools=["mine"]), tools=tools, bus=BUS)
