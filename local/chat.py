@@ -29,8 +29,11 @@ class Printer:
         elif isinstance(event, ToolStarted):
             self.err.write(f"  … running {event.name}\n")
         elif isinstance(event, ToolFinished):
-            outcome = "ok" if event.ok else f"{event.error.code}: {event.error.message}"  # type: ignore[union-attr]
-            self.err.write(f"  ✓ {event.name} ({event.duration_seconds:.2f} s) {outcome}\n")
+            if event.error is None:
+                self.err.write(f"  ✓ {event.name} ({event.duration_seconds:.2f} s) ok\n")
+            else:
+                error = f"{event.error.code}: {event.error.message}"
+                self.err.write(f"  ✗ {event.name} ({event.duration_seconds:.2f} s) {error}\n")
         self.err.flush()
 
     def finish(self, answer: str, tools: list[str]) -> None:
@@ -50,6 +53,12 @@ class Printer:
         else:
             self.err.write(f"[task {task}] {problem}\n")
         self.err.flush()
+
+
+def banner(name: str, agent: AgentRuntime, *, base_url: str) -> str:
+    """Which model the chat uses and the tools it is offered (blacklisted ones are registered, not offered)."""
+    tools = ", ".join(tool["function"]["name"] for tool in agent.registry.openai_tools()) or "none"
+    return f"[{name}: {agent.config.model.name} at {base_url}; tools: {tools}]"
 
 
 async def ask(agent: AgentRuntime, text: str, *, printer: Printer) -> bool:

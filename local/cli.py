@@ -44,15 +44,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run scripts without isolation when no sandbox primitive works (not recommended)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="show the processes' logs")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show the processes' logs here instead of in the log file"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from rockbot.local.assembly import LocalModel, assemble
+    from rockbot.local.logfile import default_path, log_to_file
     from rockbot.local.manifests import ManifestError, load
     from rockbot.logs import setup_logging
 
     setup_logging(log_format="text", level=logging.INFO if args.verbose else logging.WARNING)
+    log_file = None if args.verbose else log_to_file(default_path())
     if not args.base_url:
         print(f"rockbot local: {MODEL_HELP}", file=sys.stderr)
         return 2
@@ -77,16 +81,18 @@ def run(args: argparse.Namespace) -> int:
         api_key_env="OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None,
     )
     agents = assemble(manifests, model=model)
+    for warning in manifests.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     for name, assembled in agents.items():
         for warning in assembled.warnings:
             print(f"warning: Agent {name}: {warning}", file=sys.stderr)
-    return asyncio.run(_main(args, manifests=manifests, agents=agents, chosen=chosen))
+    return asyncio.run(_main(args, manifests=manifests, agents=agents, chosen=chosen, log_file=log_file))
 
 
-async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str) -> int:
+async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log_file=None) -> int:
     from rockbot.bus import AmqpBus, BusUnavailable, MemoryBus
     from rockbot.local.app import running
-    from rockbot.local.chat import Printer, ask
+    from rockbot.local.chat import Printer, ask, banner
     from rockbot.resources import ScheduledTask
     from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
@@ -105,8 +111,9 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str) -> 
         return 1
     async with bus, running(bus=bus, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts) as local:
         agent = local.agents[chosen]
-        tools = ", ".join(tool.name for tool in agent.registry.list()) or "none"
-        print(f"[{chosen}: {agents[chosen].config.model.name} at {args.base_url}; tools: {tools}]", file=sys.stderr)
+        print(banner(chosen, agent, base_url=args.base_url), file=sys.stderr)
+        if log_file is not None and log_file.warnings:
+            print(f"[{log_file.warnings} warning(s) while starting: see {log_file.path}]", file=sys.stderr)
         if args.prompt is not None:
             return 0 if await ask(agent, args.prompt, printer=printer) else 1
         print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)

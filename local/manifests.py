@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources import Agent, ScheduledTask, Tool, validate
 
 MODELS: dict[str, type[Agent] | type[Tool] | type[ScheduledTask]] = {
@@ -30,11 +31,14 @@ class Manifests:
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Secret name -> key -> value, from `kind: Secret` documents (`data` or `stringData`).
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: What was left out and why (a task for an Agent that is not there), naming the file and the fix.
+    warnings: list[str] = field(default_factory=list)
 
 
 def load(paths: list[pathlib.Path]) -> Manifests:
     """Every `*.yaml`/`*.yml` under the paths (files or folders), in name order; other kinds are skipped."""
     found = Manifests()
+    task_files: dict[str, pathlib.Path] = {}
     for path in _files(paths):
         try:
             documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
@@ -42,6 +46,16 @@ def load(paths: list[pathlib.Path]) -> Manifests:
             raise ManifestError(f"{path}: not valid YAML: {error}") from None
         for document in documents:
             _add(found, document, path=path)
+            if document.get("kind") == "ScheduledTask":
+                task_files[document["metadata"]["name"]] = path
+    for name, body in list(found.tasks.items()):
+        agent = body["spec"]["agentRef"]["name"]
+        if agent not in found.agents:  # the operator would say AgentReady=False; here nothing can create it
+            del found.tasks[name]
+            found.warnings.append(
+                f"{task_files[name]}: ScheduledTask {name!r}: spec.agentRef.name: no Agent {agent!r} in these files "
+                f"(there are: {', '.join(found.agents) or 'none'}), so it will not fire: add the Agent or fix agentRef"
+            )
     return found
 
 
@@ -71,6 +85,11 @@ def _add(found: Manifests, document: dict[str, Any], *, path: pathlib.Path) -> N
         raise ManifestError(f"{path}: a {kind} without metadata.name: give it a name")
     body = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE, "uid": f"local-{name}"}}
     problems = validate(body)
+    if not problems and kind == "ScheduledTask":  # what the operator reports as Valid=False
+        try:
+            CronSchedule.parse(schedule=body["spec"]["schedule"], time_zone=body["spec"].get("timeZone", "UTC"))
+        except InvalidSchedule as error:
+            problems = [f"spec.{error}"]
     if problems:
         raise ManifestError(f"{path}: {kind} {name!r} is invalid: {'; '.join(problems)}")
     bucket = {"Agent": found.agents, "Tool": found.tools, "ScheduledTask": found.tasks}[kind]

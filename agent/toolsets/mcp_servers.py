@@ -162,19 +162,23 @@ class McpConnection:
                 ready.set_result(session)
                 await self._closing.wait()
         except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
             if isinstance(exc, asyncio.CancelledError):
+                if not ready.done():
+                    ready.set_exception(ConnectionError("cancelled while connecting"))
                 raise
-            log.warning("MCP server %r (%s): connection ended: %s", self.name, self.where, reason(exc))
+            if not ready.done():  # the caller reports a failed connect
+                ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
+            else:
+                log.warning("MCP server %r (%s): connection ended: %s", self.name, self.where, reason(exc))
         finally:
             self._session = None
 
-    async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
+    async def call(self, tool_name: str, arguments: dict[str, Any], *, registry: ToolRegistry) -> str:
         session = await self.session()
         if tool_name not in self.tools:
             raise ToolFailure(
-                f"MCP server {self.name!r} has no tool {tool_name!r}; it has: {', '.join(self.tools) or 'none'}",
+                f"MCP server {self.name!r} has no tool {tool_name!r}; reachable here: "
+                f"{', '.join(self.reachable(registry=registry)) or 'none'}",
                 code=ErrorCode.TOOL_NOT_FOUND,
             )
         try:
@@ -309,7 +313,7 @@ async def _register_server(registry: ToolRegistry, connection: McpConnection, en
             description=resolved.definition.function.description or (listed.description if listed else "") or
             f"{backend.tool} on MCP server {connection.name}",
             parameters=listed.input_schema if listed else resolved.definition.function.parameters,
-            executor=_caller(connection, backend.tool),
+            executor=_caller(connection, backend.tool, registry=registry),
             source=source,
             timeout=resolved.timeout_seconds,
             rank=ToolRank.DECLARED,
@@ -325,7 +329,7 @@ def _register_listed(
             name=name,
             description=mcp_tool.description or f"{name} on MCP server {connection.name}",
             parameters=mcp_tool.input_schema or {"type": "object"},
-            executor=_caller(connection, name),
+            executor=_caller(connection, name, registry=registry),
             source=f"mcp:{connection.name}",
             timeout=resolved.timeout_seconds,
             rank=ToolRank.LISTED,
@@ -335,9 +339,9 @@ def _register_listed(
                     connection.name, name, exc)
 
 
-def _caller(connection: McpConnection, tool_name: str):
+def _caller(connection: McpConnection, tool_name: str, *, registry: ToolRegistry):
     async def execute(args: dict[str, Any], context: ToolContext) -> str:
-        return await connection.call(tool_name, args)
+        return await connection.call(tool_name, args, registry=registry)
 
     return execute
 
@@ -406,7 +410,7 @@ def _management_tools(registry: ToolRegistry, connections: dict[str, McpConnecti
         connection = connection_for(server)
         if (refused := connection.refusal(tool_name, registry=registry)) is not None:
             raise refused
-        return await connection.call(tool_name, arguments)
+        return await connection.call(tool_name, arguments, registry=registry)
 
     @tool(name="mcp_register_server", description=catalogue_description("mcp_register_server"))
     async def mcp_register_server(

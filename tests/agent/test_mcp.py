@@ -203,6 +203,8 @@ async def test_a_server_that_is_down_does_not_stop_the_agent(scripted_llm):
         outcome, servers = await down_server_outcomes(config)
     assert (outcome.error.code, outcome.error.retryable) == ("Unavailable", True)
     assert "MCP server 'weather'" in outcome.error.message
+    assert "ConnectError: All connection attempts failed" in outcome.error.message  # why, not "a TaskGroup failed"
+    assert "TaskGroup" not in outcome.error.message
     assert "unavailable" in servers.content
 
 
@@ -330,3 +332,13 @@ async def test_a_declared_server_cannot_be_detached_and_attaching_needs_the_mcp_
     async with AgentRuntime.from_config(config, env={}) as agent:
         refused = await agent.registry.invoke("mcp_unregister_server", {"server": "rocks"}, context=CONTEXT)
     assert refused.error.code == "Rejected" and "comes from this agent's own Tools" in refused.error.message
+
+
+async def test_a_missing_tool_on_a_whole_server_is_refused_without_naming_blacklisted_ones(http_server, scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, tool_blacklist=["add"], tools=[
+        mcp_tool("rocks", {"server": "rocks", "url": http_server, "tool": "*"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        missing = await agent.registry.invoke(
+            "mcp_invoke_tool", {"server": "rocks", "tool": "addition", "arguments": {}}, context=CONTEXT)
+    assert missing.error.code == "ToolNotFound" and "'addition'" in missing.error.message
+    assert "add," not in missing.error.message and "hardness" in missing.error.message

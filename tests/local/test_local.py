@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import socket
 import subprocess
 import sys
+import tempfile
 
 from rockbot.bus import MemoryBus
 from rockbot.contracts.inbox import InboxReply
@@ -23,14 +25,15 @@ SUM = "import json, sys\nprint(sum(json.load(sys.stdin)))\n"
 
 async def rockbot_local(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "rockbot.cli", "local", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**clean, **(env or {})},
-    )
+    with tempfile.TemporaryDirectory() as state:  # its log file goes here, not into the home folder
+        return await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "rockbot.cli", "local", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**clean, "XDG_STATE_HOME": state, **(env or {})},
+        )
 
 
 def sum_in_the_sandbox(numbers: list[int], *, answer: str) -> list[Turn]:
@@ -151,3 +154,99 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
     queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
     assert queues["script.invoke"] == (0, 0)
     assert any(name.startswith("script.result.local.analyst.") for name in queues), queues
+
+
+def write(folder: pathlib.Path, name: str, text: str) -> pathlib.Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+TASK = """apiVersion: rockbot.dev/v1alpha1
+kind: ScheduledTask
+metadata: {{name: nightly}}
+spec: {{agentRef: {{name: {agent}}}, schedule: "{schedule}", timeZone: {zone}, prompt: Report.}}
+"""
+NOWHERE = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+
+
+async def test_a_bad_schedule_or_time_zone_is_one_line_naming_the_file_the_task_and_the_field(tmp_path):
+    analyst = str(EXAMPLES / "analyst.yaml")
+    bad_cron = write(tmp_path, "cron.yaml", TASK.format(agent="analyst", schedule="61 * * * *", zone="UTC"))
+    result = await rockbot_local("-f", analyst, "-f", str(bad_cron), "--prompt", "hi", env=NOWHERE)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"rockbot local: {bad_cron}: ScheduledTask 'nightly' is invalid: spec.schedule: ")
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+    bad_zone = write(tmp_path, "zone.yaml", TASK.format(agent="analyst", schedule="0 8 * * *", zone="Mars/Olympus"))
+    result = await rockbot_local("-f", analyst, "-f", str(bad_zone), "--prompt", "hi", env=NOWHERE)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"rockbot local: {bad_zone}: ScheduledTask 'nightly' is invalid: spec.timeZone: ")
+    assert "Mars/Olympus" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_task_for_an_agent_that_is_not_there_is_reported_at_start_and_never_fired(tmp_path):
+    orphan = write(tmp_path, "orphan.yaml", TASK.format(agent="ghost", schedule="* * * * * *", zone="UTC"))
+    manifests = load([EXAMPLES / "analyst.yaml", orphan])
+    assert "nightly" not in manifests.tasks
+    assert manifests.warnings == [
+        f"{orphan}: ScheduledTask 'nightly': spec.agentRef.name: no Agent 'ghost' in these files (there are: "
+        "analyst, researcher), so it will not fire: add the Agent or fix agentRef"
+    ]
+
+
+async def test_a_rule_of_the_crd_is_applied_locally_with_its_message(tmp_path):
+    ftp = write(tmp_path, "ftp.yaml", "apiVersion: rockbot.dev/v1alpha1\nkind: Tool\nmetadata: {name: rates}\n"
+                "spec: {description: x, rest: {url: 'ftp://files.example/rates'}}\n")
+    result = await rockbot_local("-f", str(ftp), "--prompt", "hi", env=NOWHERE)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"rockbot local: {ftp}: Tool 'rates' is invalid: spec.rest: url must start with http:// or https://\n"
+    )
+
+
+async def test_the_banner_lists_what_the_model_is_offered_and_a_failed_tool_is_marked_failed(scripted_llm, tmp_path):
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    write(folder, "analyst.yaml", (EXAMPLES / "analyst.yaml").read_text().replace(
+        "builtinTools: [scripts, memory, scheduling]",
+        "builtinTools: [scripts, memory]\n  toolBlacklist: [get_from_working_memory]"))
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": ""})]),
+                      Turn(text="That failed."))
+    result = await rockbot_local("-f", str(folder), "--prompt", "run nothing", env=model_env(scripted_llm))
+    assert result.returncode == 0, result.stderr
+    banner = next(line for line in result.stderr.splitlines() if line.startswith("[analyst: "))
+    assert banner.endswith("tools: exchange-rates, researcher, execute_python_script]")
+    failed = next(line for line in result.stderr.splitlines() if "execute_python_script (" in line)
+    assert failed.startswith("  ✗ execute_python_script (") and "InvalidArguments" in failed
+    assert "warning" not in result.stderr.lower()
+
+
+
+async def test_log_lines_go_to_the_log_file_and_the_banner_says_when_there_were_warnings(scripted_llm, tmp_path):
+    with socket.socket() as bound:  # bound, never listening: the MCP server is down
+        bound.bind(("127.0.0.1", 0))
+        write(tmp_path, "agent.yaml", f"""apiVersion: rockbot.dev/v1alpha1
+kind: Agent
+metadata: {{name: solo}}
+spec:
+  model: {{baseUrl: "https://llm.example/v1", name: m}}
+  tools: [forecast]
+---
+apiVersion: rockbot.dev/v1alpha1
+kind: Tool
+metadata: {{name: forecast}}
+spec:
+  description: Forecast.
+  mcp: {{server: weather, url: "http://127.0.0.1:{bound.getsockname()[1]}/mcp", tool: forecast}}
+""")
+        scripted_llm.play(Turn(text="Sunny."))
+        state = tmp_path / "state"
+        result = await rockbot_local("-f", str(tmp_path / "agent.yaml"), "--prompt", "weather?",
+                                     env={**model_env(scripted_llm), "XDG_STATE_HOME": str(state)})
+    assert result.returncode == 0, result.stderr
+    log = state / "rockbot" / "local.log"
+    assert f"[1 warning(s) while starting: see {log}]" in result.stderr.splitlines()
+    assert "WARNING" not in result.stderr and "unavailable" not in result.stderr
+    assert "MCP server 'weather'" in log.read_text() and "ConnectError" in log.read_text()
+    assert "TaskGroup" not in log.read_text()
