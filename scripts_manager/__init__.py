@@ -14,5 +14,6 @@ with packages is answered `Rejected` with these instructions.
   image `FROM python:3.12-slim` with them); the pod stays without any egress.
 - local: each distinct set is installed once by pip on the host (wheels only, from
   ROCKBOT_SCRIPTS_PIP_INDEX_URL or the offline ROCKBOT_SCRIPTS_PIP_FIND_LINKS) into a
-  content-addressed cache under ROCKBOT_SCRIPTS_PACKAGE_CACHE, bind-mounted read-only.
+  content-addressed cache under ROCKBOT_SCRIPTS_PACKAGE_CACHE (only the manager may write it),
+  bind-mounted read-only.
 """

@@ -66,7 +66,9 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_allowed_packages: Annotated[list[str], NoDecode] = Field(default_factory=list)
     scripts_pip_index_url: str | None = None
     scripts_pip_find_links: str | None = None
-    scripts_package_cache: Path = Path("/tmp/rockbot-packages")
+    # Local: only the manager may write it (checked). Unset: /var/cache/rockbot/packages as root, else
+    # $XDG_CACHE_HOME/rockbot/packages.
+    scripts_package_cache: Path | None = None
 
     # Pod backend.
     scripts_namespace: str = "rockbot-scripts"
@@ -79,7 +81,8 @@ class ScriptsManagerSettings(BaseSettings):
 
     # Local backend.
     scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"
-    scripts_local_python: str | None = None  # default: the base interpreter of this process
+    # Default: the first of this process's base interpreter and /usr/bin/python3 that starts in the sandbox.
+    scripts_local_python: str | None = None
 
     @field_validator("scripts_allowed_packages", mode="before")
     @classmethod

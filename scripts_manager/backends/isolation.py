@@ -1,37 +1,37 @@
 """How a local script is cut off from the host: bubblewrap, or (only if asked) something weaker.
 
-bubblewrap gives the script new user, network, PID, IPC and UTS namespaces, a read-only view of
-just `/usr` and the interpreter's prefix, a private size-limited `/tmp`, and no capabilities; it
-dies with the manager. It is the only sandbox `auto` will use.
+bubblewrap (0.8.0 or newer) gives the script new user, network, PID, IPC, UTS and cgroup
+namespaces, no capabilities, and no further user namespaces (`--disable-userns`), so it cannot
+mount anything. All it can write are a private `/tmp` and `/dev/shm`, tmpfs mounts of
+ROCKBOT_SCRIPTS_TMP_SIZE each; everything else is read-only: `/`, `/etc` and `/dev` themselves,
+`/usr`, the interpreter's prefix, the package set, and the job's script and hook, which bubblewrap
+copies in from descriptors the manager opened (the job folder stays private to the manager). The
+sandbox dies with the manager. It is the only isolation `auto` uses.
+
+A manager running as root starts every sandbox as `nobody` (65534, via util-linux `setpriv`): root
+ignores RLIMIT_NPROC, and a script that escapes still owns nothing on the host. It never falls back
+to root: the backend picks an interpreter that starts in the sandbox as `nobody`, and refuses to
+start, naming the fix, when none does.
 
 `unshare --net --map-root-user --pid` cuts the network and the PIDs but is *not* a filesystem
-sandbox: the script runs as uid 0 of its namespace (the manager's user outside), sees and can
-write whatever that user can, and shares the host's /tmp. Giving it a mount namespace of its own
-would rebuild bubblewrap by hand, so instead it is never picked silently: `auto` without a working
-bubblewrap refuses, naming ROCKBOT_SCRIPTS_LOCAL_ISOLATION and the fix (install bubblewrap), and
-`unshare` (like `unsafe-none`, which isolates nothing) must be chosen explicitly and is logged as a
-warning every time a backend starts with it.
-
-A manager running as root starts every sandbox as `nobody` (65534, via util-linux `setpriv`):
-root ignores RLIMIT_NPROC, so without the drop the process limit would not hold, and a script that
-escapes its namespaces still owns nothing on the host. If nobody cannot reach the interpreter
-(say, a pyenv under /root), scripts stay root and a warning says how to fix it.
-`unsafe-none` never drops.
+sandbox, and `unsafe-none` isolates nothing: both run scripts as the manager's own user (as root,
+with no process limit), must be chosen explicitly, and are logged as UNSAFE every time a backend
+starts with them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
-import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.scripts_manager.backends import SandboxUnavailable
+from rockbot.scripts_manager.backends.job_dirs import WORK
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ _INSTALL_HINT = (
     "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none runs them without any isolation"
 )
 _WEAK = {
-    "unshare": "no network, but the script runs as uid 0 of its namespace and can read and write the host's files",
+    "unshare": "no network, but the script runs as the manager's user and can read and write its files",
     "unsafe-none": "the script runs as a plain subprocess with the manager's rights and network",
 }
 
@@ -63,131 +63,94 @@ class Interpreter(BaseModel):
     prefix: str
 
 
+class Sandboxed(NamedTuple):
+    """How to start one script: the argv before its command, the descriptors it needs, where it sees things."""
+
+    argv: list[str]
+    pass_fds: tuple[int, ...]
+    #: Where the argv is started, on the host.
+    cwd: Path
+    job_dir: Path
+    packages_dir: Path | None
+    #: The script's writable working directory (also its HOME and TMPDIR), as it sees it.
+    work_dir: Path
+
+
 class Isolation(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: IsolationKind
     executable: str | None = None
-    #: `setpriv`, when the manager is root and drops to `nobody` before isolating.
+    #: `setpriv`, when the manager is root and bubblewrap runs as `nobody`.
     setpriv: str | None = None
 
-    def command(
-        self, *, interpreter: Interpreter, job_dir: Path, packages_dir: Path | None, tmp_bytes: int
-    ) -> tuple[list[str], Path, Path | None, Path]:
-        """The argv prefix, and where the script sees its job dir, packages and working dir."""
-        argv, inner_job, inner_packages, cwd = self._isolate(
-            interpreter=interpreter, job_dir=job_dir, packages_dir=packages_dir, tmp_bytes=tmp_bytes
-        )
-        if self.setpriv is not None:
-            drop = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-            argv = [*drop, *argv]
-        return argv, inner_job, inner_packages, cwd
+    @property
+    def script_uid(self) -> int:
+        """Who scripts run as on the host."""
+        return NOBODY if self.setpriv is not None else os.geteuid()
 
-    def _isolate(
-        self, *, interpreter: Interpreter, job_dir: Path, packages_dir: Path | None, tmp_bytes: int
-    ) -> tuple[list[str], Path, Path | None, Path]:
-        if self.kind == "bwrap":
-            argv = [
-                str(self.executable), "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-                "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--ro-bind", "/usr", "/usr",
-                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-                "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
-                "--ro-bind-try", "/etc/localtime", "/etc/localtime",
-                "--proc", "/proc", "--dev", "/dev",
-                "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-                "--ro-bind", str(job_dir), str(SANDBOX_JOB_DIR),
-                "--chdir", "/tmp",
+    def sandbox(
+        self, *, interpreter: Interpreter, job_dir: Path, job_fds: Mapping[str, int], packages_dir: Path | None,
+        tmp_bytes: int, status_fd: int,
+    ) -> Sandboxed:  # fmt: skip
+        """bubblewrap gets the job's files as `job_fds` (by path in the job folder), and reports on `status_fd`."""
+        if self.kind != "bwrap":
+            prefix = [] if self.kind == "unsafe-none" else [
+                str(self.executable), "--net", "--map-root-user", "--pid", "--fork", "--kill-child", "--"
             ]  # fmt: skip
-            if not interpreter.prefix.startswith("/usr/"):
-                argv += ["--ro-bind", interpreter.prefix, interpreter.prefix]
-            inner_packages = None
-            if packages_dir is not None:
-                argv += ["--ro-bind", str(packages_dir), str(SANDBOX_PACKAGES_DIR)]
-                inner_packages = SANDBOX_PACKAGES_DIR
-            return [*argv, "--"], SANDBOX_JOB_DIR, inner_packages, Path("/tmp")
-        work = job_dir / "tmp"
-        if self.kind == "unshare":
-            argv = [str(self.executable), "--net", "--map-root-user", "--pid", "--fork", "--kill-child", "--"]
-            return argv, job_dir, packages_dir, work
-        return [], job_dir, packages_dir, work
+            return Sandboxed(prefix, (), job_dir / WORK, job_dir, packages_dir, job_dir / WORK)
+        size = str(tmp_bytes)
+        argv = [
+            str(self.executable), "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
+            "--gid", "65534", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+            "--ro-bind-try", "/etc/localtime", "/etc/localtime",
+            "--proc", "/proc", "--dev", "/dev",
+            "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm",
+        ]  # fmt: skip
+        if not interpreter.prefix.startswith("/usr/"):
+            argv += ["--ro-bind", interpreter.prefix, interpreter.prefix]
+        inner_packages = None
+        if packages_dir is not None:
+            argv += ["--ro-bind", str(packages_dir), str(SANDBOX_PACKAGES_DIR)]
+            inner_packages = SANDBOX_PACKAGES_DIR
+        for name, fd in job_fds.items():
+            argv += ["--ro-bind-data", str(fd), str(SANDBOX_JOB_DIR / name)]
+        argv += [
+            "--remount-ro", "/dev", "--remount-ro", "/", "--json-status-fd", str(status_fd), "--chdir", "/tmp", "--"
+        ]  # fmt: skip
+        if self.setpriv is not None:
+            argv = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+        fds = (*job_fds.values(), status_fd)
+        return Sandboxed(argv, fds, Path("/"), SANDBOX_JOB_DIR, inner_packages, Path("/tmp"))
 
 
-async def detect(
-    *, mode: Literal["auto", "bwrap", "unshare", "unsafe-none"], interpreter: Interpreter,
-    search_path: str | None = None,
-) -> Isolation:
-    """The isolation asked for (`auto` means bubblewrap), once it starts a Python here; refuse clearly otherwise."""
+def find(*, mode: Literal["auto", "bwrap", "unshare", "unsafe-none"], search_path: str | None = None) -> Isolation:
+    """The isolation asked for (`auto` means bubblewrap), if its programs are installed; refuse clearly otherwise."""
     if mode == "unsafe-none":
         isolation = Isolation(kind="unsafe-none")
     else:
         kind: IsolationKind = "bwrap" if mode == "auto" else mode
         executable = shutil.which(kind, path=search_path)
         if executable is None:
-            raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: not installed"))
-        isolation = await _as_nobody_if_root(Isolation(kind=kind, executable=executable), interpreter=interpreter)
-        problem = await _probe(isolation=isolation, interpreter=interpreter)
-        if problem is not None:
-            raise SandboxUnavailable(_refusal(mode=mode, problem=f"{kind}: {problem}"))
+            raise SandboxUnavailable(refusal(mode=mode, problem=f"{kind}: not installed"))
+        setpriv = None
+        if kind == "bwrap" and os.geteuid() == 0:
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                raise SandboxUnavailable(refusal(mode=mode, problem="setpriv (util-linux) is needed to drop root"))
+        isolation = Isolation(kind=kind, executable=executable, setpriv=setpriv)
     if isolation.kind in _WEAK:
         log.warning(
-            "UNSAFE: ROCKBOT_SCRIPTS_LOCAL_ISOLATION=%s is not a sandbox (%s); use it only for trusted scripts, "
+            "UNSAFE: ROCKBOT_SCRIPTS_LOCAL_ISOLATION=%s is not a sandbox (%s%s); use it only for trusted scripts, "
             "and install bubblewrap for anything else", isolation.kind, _WEAK[isolation.kind],
+            ", as root, with no process limit" if os.geteuid() == 0 else "",
         )  # fmt: skip
     return isolation
 
 
-async def _as_nobody_if_root(isolation: Isolation, *, interpreter: Interpreter) -> Isolation:
-    """Run as nobody when root, if nobody can reach the interpreter; otherwise say what is lost."""
-    setpriv = shutil.which("setpriv") if os.geteuid() == 0 else None
-    if setpriv is None:
-        return isolation
-    dropped = isolation.model_copy(update={"setpriv": setpriv})
-    problem = await _probe(isolation=dropped, interpreter=interpreter)
-    if problem is None:
-        return dropped
-    log.warning(
-        "scripts run as root because user nobody cannot start %s (%s): the process limit is not enforced; set "
-        "ROCKBOT_SCRIPTS_LOCAL_PYTHON to an interpreter the user nobody can run, such as /usr/bin/python3",
-        interpreter.executable, problem,
-    )  # fmt: skip
-    return isolation
-
-
-def _refusal(*, mode: str, problem: str) -> str:
+def refusal(*, mode: str, problem: str) -> str:
     return f"ROCKBOT_SCRIPTS_LOCAL_ISOLATION={mode} cannot isolate local scripts here ({problem}): {_INSTALL_HINT}"
-
-
-async def _probe(*, isolation: Isolation, interpreter: Interpreter) -> str | None:
-    probe_dir = Path(await asyncio.to_thread(_make_probe_dir))
-    try:
-        prefix, _, _, cwd = isolation.command(
-            interpreter=interpreter, job_dir=probe_dir, packages_dir=None, tmp_bytes=1 << 20
-        )
-        process = await asyncio.create_subprocess_exec(
-            *prefix, interpreter.executable, "-c", "pass",
-            cwd=cwd if isolation.kind != "bwrap" else probe_dir,
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        _, stderr = await process.communicate()
-    finally:
-        await asyncio.to_thread(shutil.rmtree, probe_dir, True)
-    if process.returncode != 0:
-        return stderr.decode(errors="replace").strip()[-300:] or f"exit code {process.returncode}"
-    return None
-
-
-def _make_probe_dir() -> str:
-    path = Path(tempfile.mkdtemp(prefix="rockbot-probe-"))
-    path.chmod(0o755)
-    make_work_dir(path / "tmp", as_nobody=os.geteuid() == 0)
-    return str(path)
-
-
-def make_work_dir(path: Path, *, as_nobody: bool) -> None:
-    """The script's writable working directory outside bubblewrap: owned by whoever the script runs as."""
-    path.mkdir()
-    if as_nobody:
-        os.chown(path, NOBODY, NOBODY)

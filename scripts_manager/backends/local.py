@@ -1,10 +1,19 @@
 """The local sandbox: each script is a subprocess behind `isolation`, with rlimits and output caps.
 
-Limits come from `prlimit` (util-linux) so no Python code runs between fork and exec: address
-space = ROCKBOT_SCRIPTS_MEMORY, CPU seconds = the timeout plus one, processes, file size and open
-files. The environment is replaced, not filtered: nothing of the manager's reaches the script.
-On timeout the whole process group is killed (with bubblewrap the script's PID namespace dies
-with it, so even children that called setsid go).
+Limits come from `prlimit` (util-linux), started inside the sandbox right before the interpreter,
+so no Python code runs between fork and exec: address space = ROCKBOT_SCRIPTS_MEMORY, CPU seconds
+= the timeout plus one, processes, file size and open files. In bubblewrap's user namespace the
+kernel (Linux 5.14 or newer) counts RLIMIT_NPROC for that sandbox alone, so the budget of 8
+processes (threads, bubblewrap's init and the interpreter included) is each script's own: a fork
+bomb stops at 8, and neither it nor anything else its user runs on the host takes a concurrent
+script's processes. The environment is replaced, not filtered: nothing of the manager's reaches
+the script. On timeout the whole process group is killed (with bubblewrap the script's PID
+namespace dies with it, so even children that called setsid go). A sandbox that never started the
+script (bubblewrap reports no exit code for it) is `SandboxUnavailable`, never the script's exit code.
+
+The interpreter is ROCKBOT_SCRIPTS_LOCAL_PYTHON if set, else the first of this process's base
+interpreter and /usr/bin/python3 that starts in the sandbox (as `nobody` under a root manager, so
+a pyenv or venv under /root gives way to Debian's Python); if none does, the backend refuses.
 
 Out of memory: at the address-space limit Python raises `MemoryError`. A `sitecustomize` hook
 (read-only, first on the script's PYTHONPATH) turns an *uncaught* one into death by SIGKILL, exit
@@ -12,37 +21,41 @@ Out of memory: at the address-space limit Python raises `MemoryError`. A `sitecu
 text on stderr decides nothing. A script that exits 137 or SIGKILLs itself on purpose is reported
 as out of memory too.
 
-What remains: the memory limit is per process, not per script. The process limit (RLIMIT_NPROC)
-counts every process of the user scripts run as (`nobody` when the manager is root), so it is a
-budget shared by all running scripts: 8 per concurrency slot, which bounds local scripts together
-to about 8 x concurrency x ROCKBOT_SCRIPTS_MEMORY. Only the pod backend has a real per-script
-memory limit (the container's cgroup). A manager that is not root should run under a user of its
-own, since its other processes count against the same budget.
+What remains: memory is limited per process, not per script, so a script may hold up to 8 x
+ROCKBOT_SCRIPTS_MEMORY (plus its /tmp and /dev/shm). Only the pod backend has a real per-script
+memory limit (the container's cgroup).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
-from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation, detect, make_work_dir
-from rockbot.scripts_manager.packages import PackageCache
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
+from rockbot.scripts_manager.backends import isolation as isolations
+from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
+from rockbot.scripts_manager.backends.job_dirs import HOOK, INPUT, SCRIPT, JobDir, reap
+from rockbot.scripts_manager.packages import PackageCache, default_root
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, quantity_bytes
+
+log = logging.getLogger(__name__)
 
 _READ_CHUNK = 64 * 1024
 _AFTER_KILL_SECONDS = 2.0
-#: Processes per concurrency slot (the shared RLIMIT_NPROC budget; the sandbox itself takes 2 or 3).
-_PROCESSES_PER_SLOT = 8
+#: Processes (and threads) of one script, bubblewrap's init and the interpreter included.
+_PROCESSES = 8
+#: Readable by every user on Debian: the interpreter tried when this process's own does not start.
+SYSTEM_PYTHON = "/usr/bin/python3"
+_PROBE_SECONDS = 30.0
 #: How a script ends when it dies of an uncaught MemoryError (128 + SIGKILL, like an OOM-killed container).
 OOM_EXIT_CODE = 137
 #: Installed as the script's `sitecustomize`: an uncaught MemoryError ends the process like the OOM killer would.
@@ -59,6 +72,10 @@ def _oom_on_memory_error(kind, value, traceback, _default=sys.excepthook):
 sys.excepthook = _oom_on_memory_error
 """
 _MAX_OPEN_FILES = 256
+_UNSAFE_HINT = (
+    "only for trusted scripts on a development machine, ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none runs them "
+    "without a sandbox"
+)
 
 
 class LocalBackend:
@@ -83,19 +100,20 @@ class LocalBackend:
 
     @classmethod
     async def create(cls, *, settings: ScriptsManagerSettings, search_path: str | None = None) -> LocalBackend:
-        """Find the interpreter and an isolation that works; `SandboxUnavailable` names the fix if none does."""
-        interpreter = await _interpreter(settings.scripts_local_python)
-        isolation = await detect(
-            mode=settings.scripts_local_isolation, interpreter=interpreter, search_path=search_path
-        )
+        """Find an isolation and an interpreter that starts in it; `SandboxUnavailable` names the fix if none does."""
+        isolation = isolations.find(mode=settings.scripts_local_isolation, search_path=search_path)
+        if removed := await asyncio.to_thread(reap):
+            log.info("removed %d job folders that a killed scripts-manager left behind", removed)
+        interpreter = await _starting_interpreter(isolation=isolation, settings=settings)
         packages = None
         if settings.scripts_allowed_packages:
             packages = PackageCache(
-                root=settings.scripts_package_cache,
+                root=settings.scripts_package_cache or default_root(),
                 python=interpreter.executable,
                 index_url=settings.scripts_pip_index_url,
                 find_links=settings.scripts_pip_find_links,
             )
+            await asyncio.to_thread(packages.check, reader_uid=isolation.script_uid)
         return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages)
 
     async def start(self) -> None:
@@ -110,60 +128,80 @@ class LocalBackend:
             if self._packages is None:
                 raise SandboxFailure("packages were allowed by policy but no package cache is configured")
             packages_dir = await self._packages.ensure(job.packages)
-        job_dir = Path(await asyncio.to_thread(
-            _write_job, job.script, job.input_data, as_nobody=self.isolation.setpriv is not None
-        ))
+        job_dir = await asyncio.to_thread(JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK)
         try:
-            return await self._execute(job=job, job_dir=job_dir, packages_dir=packages_dir)
+            return await self._execute(job=job, job_dir=job_dir.path, packages_dir=packages_dir)
         finally:
-            await asyncio.to_thread(shutil.rmtree, job_dir, True)
+            await asyncio.to_thread(job_dir.remove)
+
+    async def problem(self) -> str | None:
+        """Why a script cannot run here, or None: a trivial one, run the way every script is."""
+        try:
+            probe = ScriptJob(request_id="probe", script="pass", input_data=None, timeout_seconds=_PROBE_SECONDS)
+            result = await self.run(probe)
+        except (SandboxUnavailable, SandboxFailure) as exc:
+            return str(exc)
+        if result.exit_code != 0:
+            return result.stderr.strip()[-300:] or f"exit code {result.exit_code}"
+        return None
 
     async def _execute(self, *, job: ScriptJob, job_dir: Path, packages_dir: Path | None) -> ScriptInvokeResponse:
-        prefix, inner_job, inner_packages, cwd = self.isolation.command(
-            interpreter=self._interpreter, job_dir=job_dir, packages_dir=packages_dir, tmp_bytes=self._tmp_bytes
-        )
-        limits = [
-            str(self._prlimit),
-            f"--as={quantity_bytes(job.memory or self._settings.scripts_memory)}",
-            f"--cpu={math.ceil(job.timeout_seconds) + 1}",
-            f"--nproc={_PROCESSES_PER_SLOT * self._settings.scripts_concurrency}",
-            f"--fsize={self._tmp_bytes}",
-            f"--nofile={_MAX_OPEN_FILES}",
-            "--core=0",
-            "--",
-        ]
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(cwd),
-            "TMPDIR": str(cwd),
-            "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        env["PYTHONPATH"] = ":".join(str(d) for d in (inner_job / "hook", inner_packages) if d is not None)
-        cap = self._settings.scripts_max_output_bytes
-        stdout, stderr = _Capture(cap), _Capture(cap)
-        started = time.monotonic()
-        # Our own pipes (not asyncio's): waiting for the exit must not wait for every holder of the
-        # pipes to go, and we close them ourselves if something outlives the script.
-        process = await _spawn(
-            [*limits, *prefix, self._interpreter.executable, "-s", str(inner_job / "script.py")],
-            cwd=job_dir / "tmp", env=env, stdin_path=job_dir / "input", stdout=stdout, stderr=stderr,
-        )  # fmt: skip
-        timed_out = False
-        try:
+        bwrap = self.isolation.kind == "bwrap"
+        with contextlib.ExitStack() as descriptors:
+            job_fds = {name: _opened(descriptors, job_dir / name) for name in (SCRIPT, HOOK)} if bwrap else {}
+            status_read, status_write = os.pipe()
+            descriptors.callback(os.close, status_read)
+            descriptors.callback(os.close, status_write)
+            sandboxed = self.isolation.sandbox(
+                interpreter=self._interpreter, job_dir=job_dir, job_fds=job_fds, packages_dir=packages_dir,
+                tmp_bytes=self._tmp_bytes, status_fd=status_write,
+            )  # fmt: skip
+            limits = [
+                str(self._prlimit),
+                f"--as={quantity_bytes(job.memory or self._settings.scripts_memory)}",
+                f"--cpu={math.ceil(job.timeout_seconds) + 1}",
+                f"--nproc={_PROCESSES}",
+                f"--fsize={self._tmp_bytes}",
+                f"--nofile={_MAX_OPEN_FILES}",
+                "--core=0",
+                "--",
+            ]
+            env = {
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": str(sandboxed.work_dir),
+                "TMPDIR": str(sandboxed.work_dir),
+                "LANG": "C.UTF-8",
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            }
+            path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
+            env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)
+            cap = self._settings.scripts_max_output_bytes
+            stdout, stderr = _Capture(cap), _Capture(cap)
+            started = time.monotonic()
+            # Our own pipes (not asyncio's): waiting for the exit must not wait for every holder of the
+            # pipes to go, and we close them ourselves if something outlives the script.
+            process = await _spawn(
+                [*sandboxed.argv, *limits, self._interpreter.executable, "-s", str(sandboxed.job_dir / SCRIPT)],
+                cwd=sandboxed.cwd, env=env, stdin_path=job_dir / INPUT, stdout=stdout, stderr=stderr,
+                pass_fds=sandboxed.pass_fds,
+            )  # fmt: skip
+            timed_out = False
             try:
-                async with asyncio.timeout(job.timeout_seconds):
-                    await process.wait()
-            except TimeoutError:
-                timed_out = True
-        finally:
-            _kill_group(process)
-            await process.wait()
-        duration = time.monotonic() - started
-        await asyncio.wait([stdout.done, stderr.done], timeout=_AFTER_KILL_SECONDS)
-        stdout.close()
-        stderr.close()
+                try:
+                    async with asyncio.timeout(job.timeout_seconds):
+                        await process.wait()
+                except TimeoutError:
+                    timed_out = True
+            finally:
+                _kill_group(process)
+                await process.wait()
+            duration = time.monotonic() - started
+            await asyncio.wait([stdout.done, stderr.done], timeout=_AFTER_KILL_SECONDS)
+            stdout.close()
+            stderr.close()
+            if bwrap and not timed_out and b'"exit-code"' not in _read_available(status_read):
+                raise SandboxUnavailable(f"the sandbox did not start: {stderr.text().strip()[-300:]}")
         text_err = stderr.text()
         exit_code = None if timed_out else _exit_code(process.returncode)
         return ScriptInvokeResponse(
@@ -214,18 +252,22 @@ class _Capture:
 
 
 async def _spawn(
-    argv: list[str], *, cwd: Path, env: dict[str, str], stdin_path: Path, stdout: _Capture, stderr: _Capture
+    argv: list[str], *, cwd: Path, env: dict[str, str], stdin_path: Path, stdout: _Capture, stderr: _Capture,
+    pass_fds: tuple[int, ...],
 ) -> asyncio.subprocess.Process:
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     stdin = await asyncio.to_thread(stdin_path.open, "rb")
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env=env, start_new_session=True, stdin=stdin, stdout=out_write, stderr=err_write
-        )
-    except BaseException:
+            *argv, cwd=cwd, env=env, start_new_session=True, stdin=stdin, stdout=out_write, stderr=err_write,
+            pass_fds=pass_fds,
+        )  # fmt: skip
+    except BaseException as exc:
         os.close(out_read)
         os.close(err_read)
+        if isinstance(exc, OSError):
+            raise SandboxUnavailable(f"the sandbox did not start: {exc}") from exc
         raise
     finally:
         stdin.close()
@@ -236,15 +278,50 @@ async def _spawn(
     return process
 
 
-async def _interpreter(configured: str | None) -> Interpreter:
-    executable = configured or _base_python()
+async def _starting_interpreter(*, isolation: Isolation, settings: ScriptsManagerSettings) -> Interpreter:
+    """ROCKBOT_SCRIPTS_LOCAL_PYTHON, else the first default that starts a script in `isolation`; never root's."""
+    configured = settings.scripts_local_python
+    candidates = [configured] if configured else [_base_python(), SYSTEM_PYTHON]
+    problems: list[str] = []
+    tried: set[Interpreter] = set()
+    for candidate in candidates:
+        try:
+            interpreter = await _interpreter(candidate)
+        except (OSError, SandboxFailure) as exc:
+            problems.append(f"{candidate}: {exc}")
+            continue
+        if interpreter in tried:
+            continue
+        tried.add(interpreter)
+        probe = LocalBackend(isolation=isolation, interpreter=interpreter, settings=settings, packages=None)
+        problem = await probe.problem()
+        if problem is None:
+            if problems:
+                log.info("scripts run with %s, since %s", candidate, "; ".join(problems))
+            return interpreter
+        problems.append(f"{candidate}: {problem}")
+    where = f"the {isolation.kind} sandbox" + (" as user nobody" if isolation.setpriv else "")
+    fix = f"a Python every user can read, such as {SYSTEM_PYTHON} (apt-get install -y python3)"
+    if configured:
+        raise SandboxUnavailable(
+            f"ROCKBOT_SCRIPTS_LOCAL_PYTHON={configured} does not start in {where} ({problems[0]}): set it to {fix}, "
+            f"or unset it; {_UNSAFE_HINT}"
+        )
+    raise SandboxUnavailable(
+        f"ROCKBOT_SCRIPTS_LOCAL_ISOLATION={settings.scripts_local_isolation}: no Python starts in {where} "
+        f"({'; '.join(problems)}): set ROCKBOT_SCRIPTS_LOCAL_PYTHON to {fix}; bubblewrap must be 0.8.0 or newer "
+        f"(apt-get install -y bubblewrap); {_UNSAFE_HINT}"
+    )
+
+
+async def _interpreter(executable: str) -> Interpreter:
     process = await asyncio.create_subprocess_exec(
         executable, "-I", "-c", "import os, sys; print(os.path.realpath(sys.prefix), os.path.realpath(sys.executable))",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     out, err = await process.communicate()
     if process.returncode != 0:
-        raise SandboxFailure(f"ROCKBOT_SCRIPTS_LOCAL_PYTHON={executable!r} does not run: {err.decode()[-300:]}")
+        raise SandboxFailure(f"does not run: {err.decode(errors='replace')[-300:]}")
     prefix, real = out.decode().split()
     return Interpreter(executable=real, prefix=prefix)
 
@@ -256,15 +333,20 @@ def _base_python() -> str:
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def _write_job(script: str, input_data: str | None, *, as_nobody: bool) -> str:
-    job_dir = Path(tempfile.mkdtemp(prefix="rockbot-script-"))
-    (job_dir / "script.py").write_text(script, encoding="utf-8")
-    (job_dir / "input").write_text(input_data or "", encoding="utf-8")
-    (job_dir / "hook").mkdir()
-    (job_dir / "hook" / "sitecustomize.py").write_text(_MEMORY_HOOK, encoding="utf-8")
-    make_work_dir(job_dir / "tmp", as_nobody=as_nobody)
-    job_dir.chmod(0o755)
-    return str(job_dir)
+def _opened(descriptors: contextlib.ExitStack, path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    descriptors.callback(os.close, fd)
+    return fd
+
+
+def _read_available(fd: int) -> bytes:
+    """What has been written to a pipe so far (its writers are done, but we hold a write end too)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, _READ_CHUNK):
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,26 +116,27 @@ async def test_a_script_that_only_prints_memory_error_is_not_reported_out_of_mem
     assert (result.exit_code, result.oom_killed) == (1, False)
 
 
+_FORKS = """
+    import os, time
+    children = []
+    for _ in range(40):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(2)
+            os._exit(0)
+        children.append(pid)
+    print(len(children))
+    for pid in children:
+        os.waitpid(pid, 0)
+"""
+
+
 async def test_a_script_cannot_fork_past_the_process_budget(make_settings: MakeSettings) -> None:
-    sandbox = await LocalBackend.create(settings=make_settings(  # a budget of 8, as nobody when root
-        scripts_concurrency=1, scripts_local_python="/usr/bin/python3"
-    ))
-    result = await sandbox.run(job("""
-        import os, time
-        children = []
-        for _ in range(40):
-            try:
-                pid = os.fork()
-            except OSError:
-                break
-            if pid == 0:
-                time.sleep(2)
-                os._exit(0)
-            children.append(pid)
-        print(len(children))
-        for pid in children:
-            os.waitpid(pid, 0)
-    """))
+    sandbox = await LocalBackend.create(settings=make_settings())  # 8 processes, bubblewrap's init included
+    result = await sandbox.run(job(_FORKS))
     assert result.exit_code == 0, result
     assert int(result.stdout) < 8
 
@@ -274,6 +280,27 @@ async def test_packages_are_installed_once_into_the_cache_and_visible_read_only(
     assert second.stdout == "42\nread-only\n", second
 
 
+async def test_packages_install_for_an_interpreter_without_pip(
+    make_settings: MakeSettings, tmp_path: Path, shared_tmp: Path
+) -> None:
+    python = shared_tmp / "python" / "bin" / "python3.11"  # like Debian's python3 without python3-pip
+    python.parent.mkdir(parents=True)
+    shutil.copy2("/usr/bin/python3.11", python)
+    (shared_tmp / "python" / "lib").mkdir()
+    (shared_tmp / "python" / "lib" / "python3.11").symlink_to("/usr/lib/python3.11")
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _make_wheel(wheels, name="rockbot_demo_pkg", version="1.0", module="rockbot_demo", source="ANSWER = 42\n")
+    sandbox = await LocalBackend.create(settings=make_settings(
+        scripts_local_python=str(python), scripts_allowed_packages=["rockbot-demo-pkg"],
+        scripts_pip_find_links=str(wheels),
+    ))  # fmt: skip
+    result = await sandbox.run(job(
+        "import sys, rockbot_demo; print(sys.executable, rockbot_demo.ANSWER)", packages=("rockbot-demo-pkg",)
+    ))
+    assert result.stdout == f"{python} 42\n", result
+
+
 async def test_two_managers_installing_the_same_set_at_once_both_succeed(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -282,6 +309,230 @@ async def test_two_managers_installing_the_same_set_at_once_both_succeed(tmp_pat
         PackageCache(root=tmp_path / "cache", python=sys.executable, index_url=None, find_links=str(wheels))
         for _ in range(2)
     ]  # two managers sharing one cache directory: their locks know nothing of each other
+    caches[0].check(reader_uid=os.geteuid())
     first, second = await asyncio.gather(*(cache.ensure(("rockbot-demo-pkg",)) for cache in caches))
     assert first == second and (first / "rockbot_demo.py").is_file()
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no staging left behind
+
+
+# Hostile scripts (issue 13 §3). Each is bounded by the very limit under test, a timeout, and cleanup.
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root manager runs scripts as another user")
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A folder like /tmp (every user may create in it), so other users' access is what it would be there."""
+    path = Path(tempfile.mkdtemp(prefix="rockbot-test-shared-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_script_can_write_nowhere_but_its_sized_tmp_and_cannot_mount_more(
+    make_settings: MakeSettings,
+) -> None:
+    sandbox = await LocalBackend.create(settings=make_settings(scripts_local_isolation="bwrap"))
+    result = await sandbox.run(job("""
+        import ctypes, os
+        chunk = b"x" * (1 << 20)
+        for folder in ("/", "/etc", "/dev", "/sandbox", "/usr"):
+            written = 0
+            try:
+                with open(os.path.join(folder, "hostile"), "wb") as out:
+                    for _ in range(4):
+                        written += out.write(chunk)
+                        out.flush()
+            except OSError:
+                pass
+            print("wrote", folder, written)
+        for line in open("/proc/self/mountinfo"):
+            mount, super_block = line.split(" - ")
+            mount_point, options = mount.split()[4], mount.split()[5].split(",")
+            fs_type, _, super_options = super_block.split()
+            if "rw" in options and fs_type == "tmpfs" and "size=" not in super_options:
+                print("unsized writable tmpfs", mount_point)
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("new user namespace", libc.unshare(0x10000000) == 0)  # CLONE_NEWUSER
+        print("mounted", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None) == 0)
+    """))
+    assert result.exit_code == 0, result
+    assert result.stdout.splitlines() == [
+        "wrote / 0", "wrote /etc 0", "wrote /dev 0", "wrote /sandbox 0", "wrote /usr 0",
+        "new user namespace False", "mounted False",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def private_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Python only root can reach, like a pyenv or a venv under /root (scripts/setup's venv on such hosts)."""
+    home = tmp_path_factory.mktemp("private-home")
+    home.chmod(0o700)
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(home / "venv")], check=True)
+    return home / "venv"
+
+
+@needs_root
+async def test_scripts_never_run_as_root_when_nobody_cannot_run_the_default_interpreter(
+    make_settings: MakeSettings, private_venv: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "base_prefix", str(private_venv))  # this process's base Python: nobody can't run it
+    sandbox = await LocalBackend.create(settings=make_settings(scripts_concurrency=1))
+    result = await sandbox.run(job("import sys; print(sys.prefix)\n" + textwrap.dedent(_FORKS)))
+    assert result.exit_code == 0, result
+    prefix, children = result.stdout.split()
+    assert prefix == "/usr"  # picked Debian's /usr/bin/python3 by itself
+    assert int(children) < 8
+
+
+@needs_root
+async def test_an_interpreter_nobody_cannot_run_is_refused_with_the_fix(
+    make_settings: MakeSettings, private_venv: Path
+) -> None:
+    python = str(private_venv / "bin" / "python3")
+    with pytest.raises(SandboxUnavailable) as refused:
+        await LocalBackend.create(settings=make_settings(scripts_local_python=python))
+    message = str(refused.value)
+    assert f"ROCKBOT_SCRIPTS_LOCAL_PYTHON={python}" in message and "user nobody" in message
+    assert "/usr/bin/python3" in message and "ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none" in message
+
+
+async def _processes_with(marker: str) -> list[str]:
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and marker.encode() in _cmdline(pid)]
+
+
+async def test_one_scripts_fork_bomb_leaves_a_concurrent_script_its_own_budget(make_settings: MakeSettings) -> None:
+    sandbox = await LocalBackend.create(settings=make_settings(scripts_concurrency=2))
+    marker = f"{uuid.uuid4().int % 10**6 + 10**6}.5"
+    bomb = asyncio.create_task(sandbox.run(job(f"""
+        import os, subprocess
+        while True:
+            try:
+                subprocess.Popen(["sleep", "{marker}"])
+            except OSError:
+                break
+        os.execv("/bin/sleep", ["sleep", "{marker}1"])  # says: no more processes to be had
+    """, timeout=30)))
+    try:
+
+        async def saturated() -> None:
+            assert await _processes_with(f"{marker}1")
+
+        await eventually(saturated)
+        result = await sandbox.run(job("print('unharmed')"))
+        assert (result.stdout, result.exit_code) == ("unharmed\n", 0), result
+    finally:
+        bomb.cancel()
+        await asyncio.gather(bomb, return_exceptions=True)
+
+    async def none_left() -> None:
+        assert await _processes_with(marker) == []
+
+    await eventually(none_left)
+
+
+async def test_processes_the_script_user_already_has_on_the_host_do_not_count_against_a_script(
+    make_settings: MakeSettings,
+) -> None:
+    sandbox = await LocalBackend.create(settings=make_settings(scripts_concurrency=1))
+    as_script_user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"] if os.geteuid() == 0 else []
+    others = [await asyncio.create_subprocess_exec(*as_script_user, "sleep", "30") for _ in range(12)]
+    try:  # the user's other processes: daemons that also run as nobody, or the manager's user's own
+        result = await sandbox.run(job(_FORKS))
+    finally:
+        for other in others:
+            other.kill()
+            await other.wait()
+    assert result.exit_code == 0, result
+    assert 0 < int(result.stdout) < 8
+
+
+async def test_a_sandbox_that_cannot_start_is_unavailable_not_the_scripts_exit_code(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "bwrap").symlink_to("/usr/bin/bwrap")
+    sandbox = await LocalBackend.create(settings=make_settings(), search_path=str(tmp_path))
+    (tmp_path / "bwrap").unlink()  # bubblewrap went away (an upgrade, a cleanup) after the manager started
+    with pytest.raises(SandboxUnavailable, match="sandbox"):
+        await sandbox.run(job("print('never runs')"))
+
+
+_DRIVER = """
+import asyncio, sys
+from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends.local import LocalBackend
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+async def main():
+    backend = await LocalBackend.create(settings=ScriptsManagerSettings(scripts_backend="local"))
+    await backend.run(ScriptJob(
+        request_id="r", script="import time; time.sleep(60)", input_data=sys.argv[1], timeout_seconds=60
+    ))
+
+asyncio.run(main())
+"""
+
+
+async def test_job_files_are_private_and_a_killed_managers_are_removed_by_the_next(
+    make_settings: MakeSettings, shared_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = shared_tmp  # the manager's $TMPDIR
+    secret = f"input-{uuid.uuid4().hex}"
+    manager = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _DRIVER, secret, env={**os.environ, "TMPDIR": str(jobs), "PYTHONSAFEPATH": "1"},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+
+        async def job_written() -> Path:
+            written = [d for d in jobs.iterdir() if _text(d / "input") == secret]
+            assert len(written) == 1
+            return written[0]
+
+        job_dir = await eventually(job_written)
+        if os.geteuid() == 0:  # another local user tries to read it
+            peek = await asyncio.create_subprocess_exec(
+                "setpriv", "--reuid=12345", "--regid=12345", "--clear-groups", "--", "cat", str(job_dir / "input"),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            seen, _ = await peek.communicate()
+            assert secret.encode() not in seen and peek.returncode != 0
+        assert job_dir.stat().st_mode & 0o077 == 0
+    finally:
+        os.killpg(manager.pid, signal.SIGKILL)
+        await manager.wait()
+    assert job_dir.exists()  # a SIGKILLed manager cleans nothing up
+    monkeypatch.setattr(tempfile, "tempdir", str(jobs))
+    await LocalBackend.create(settings=make_settings())
+    assert not job_dir.exists()
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+async def test_a_package_cache_others_can_write_is_refused_before_anything_is_imported_from_it(
+    make_settings: MakeSettings, tmp_path: Path, shared_tmp: Path
+) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _make_wheel(wheels, name="rockbot_demo_pkg", version="1.0", module="rockbot_demo", source="ANSWER = 42\n")
+    cache = shared_tmp / "rockbot-packages"  # like /tmp/rockbot-packages: a name anyone can take first
+    cache.mkdir()
+    cache.chmod(0o777)
+    settings = make_settings(
+        scripts_allowed_packages=["rockbot-demo-pkg"], scripts_pip_find_links=str(wheels), scripts_package_cache=cache
+    )
+    try:
+        sandbox = await LocalBackend.create(settings=settings)
+    except SandboxUnavailable as refused:
+        assert f"ROCKBOT_SCRIPTS_PACKAGE_CACHE={cache}" in str(refused) and "writable by others" in str(refused)
+        return
+    planted = sandbox._packages.path_for(("rockbot-demo-pkg",))  # type: ignore[union-attr]  # the name is predictable
+    planted.mkdir(parents=True)
+    (planted / "rockbot_demo.py").write_text("ANSWER = 'planted'\n")
+    result = await sandbox.run(job("import rockbot_demo; print(rockbot_demo.ANSWER)", packages=("rockbot-demo-pkg",)))
+    assert "planted" not in result.stdout, result
