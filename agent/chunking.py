@@ -1,8 +1,11 @@
 """Split a long text into chunks a model can read one at a time, keeping its structure where it can.
 
-Order of preference: Markdown headings (`#`, `##`, `###`) start a new chunk, so a chunk is a
-section the index can name; a section still too long is cut at blank lines (paragraphs packed
-together up to the limit); a paragraph still too long is cut hard at the limit.
+Order of preference: Markdown headings (`#`, `##`, `###`) start a section, so a chunk can be named
+after the section it starts with; a section too long for one chunk is cut at blank lines (paragraphs
+packed together up to the limit), and a paragraph still too long is cut hard at the limit. Then
+consecutive pieces are packed together up to the limit, so a text of many short sections gives a few
+full chunks, not one tiny chunk per heading: every two neighbouring chunks hold more than `max_chars`,
+so there are fewer than `2 * len(text) / max_chars + 1` of them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ class Chunk(BaseModel):
 
     heading: str
     text: str
+    sections: int = 1  # how many sections (or parts of one) it packs together
+
+    @property
+    def title(self) -> str:
+        return self.heading if self.sections == 1 else f"{self.heading} (+{self.sections - 1} more)"
 
 
 def split_into_chunks(text: str, *, max_chars: int) -> list[Chunk]:
@@ -27,7 +35,11 @@ def split_into_chunks(text: str, *, max_chars: int) -> list[Chunk]:
     chunks: list[Chunk] = []
     for heading, section in _sections(text):
         for piece in _pack(section, max_chars=max_chars):
-            chunks.append(Chunk(heading=heading, text=piece))
+            last = chunks[-1] if chunks else None
+            if last is not None and len(last.text) + len(piece) <= max_chars:
+                chunks[-1] = Chunk(heading=last.heading, text=last.text + piece, sections=last.sections + 1)
+            else:
+                chunks.append(Chunk(heading=heading, text=piece))
     return [
         chunk if chunk.heading else chunk.model_copy(update={"heading": f"Part {n}"})
         for n, chunk in enumerate(chunks)

@@ -2,7 +2,7 @@
 
 A result longer than the model's threshold (`ModelConfig.max_result_chars`, 16,000 characters by
 default) would crowd the context window. It is split (see `chunking`) into entries scoped to the
-session, and the model gets an index table of keys to read with `get_from_working_memory(key)`.
+session, and the model gets an index of keys to read with `get_from_working_memory(key)`.
 Entries expire after `DEFAULT_TTL_SECONDS` (20 minutes): long enough for a turn and its follow-up
 questions, short enough that a busy agent's memory stays bounded; each session also keeps at
 most `max_entries_per_session` entries (oldest dropped first).
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from rockbot.agent.chunking import split_into_chunks
 
 DEFAULT_TTL_SECONDS = 20 * 60
+#: The most chunks one result is split into: more would make the index itself a burden.
+MAX_CHUNKS = 64
 
 
 class WorkingMemory:
@@ -67,26 +69,40 @@ class WorkingMemory:
                 del self._sessions[session_id]
 
     def offload(self, *, session_id: str, tool_name: str, content: str, threshold: int) -> str:
-        """Return `content` if it is short enough, else store it in chunks and return the index table."""
+        """Return `content` if it is short enough, else store it in chunks and return their index.
+
+        Bounded on every side: a chunk is at most `threshold` characters (so reading one back is never
+        chunked again), at most `MAX_CHUNKS` are stored and never more than this session's memory keeps
+        (so every key handed out is still there), and the index stays within `threshold // 4` characters:
+        chunk titles are listed while they fit, the keys always follow one pattern. What does not fit is
+        said, not silently lost."""
         if len(content) <= threshold:
             return content
-        chunks = split_into_chunks(content, max_chars=max(threshold // 2, 1))
+        size = min(threshold, max(threshold // 2, -(-2 * len(content) // MAX_CHUNKS)))
+        chunks = split_into_chunks(content, max_chars=size)
+        kept = chunks[: min(MAX_CHUNKS, self._max_entries)]
         run = secrets.token_hex(3)
-        rows = []
-        for n, chunk in enumerate(chunks):
-            key = f"tool:{tool_name}:{run}:chunk{n}"
+        keys = [f"{run}-{n}" for n in range(len(kept))]
+        for key, chunk in zip(keys, kept, strict=True):
             self.put(session_id=session_id, key=key, value=chunk.text)
-            heading = chunk.heading.replace("|", "\\|")[:80]
-            rows.append(f"| {n} | {heading} | {len(chunk.text)} | `{key}` |")
-        minutes = self._ttl / 60
-        return "\n".join(
-            [
-                f"The result of {tool_name!r} is large ({len(content)} characters), so it was split into "
-                f"{len(chunks)} chunk(s) kept in working memory for {minutes:g} minutes.",
-                "Call get_from_working_memory(key) for each chunk you need before drawing conclusions.",
-                "",
-                "| # | Heading | Characters | Key |",
-                "|---|---------|------------|-----|",
-                *rows,
-            ]
-        )
+        stored = sum(len(chunk.text) for chunk in kept)
+        lines = [
+            f"{tool_name!r} returned {len(content)} characters: {len(kept)} chunk(s) in working memory for "
+            f"{self._ttl / 60:g} minutes, keys `{keys[0]}` to `{keys[-1]}`.",
+            "Read those you need with get_from_working_memory(key) before concluding.",
+        ]
+        if len(kept) < len(chunks):
+            lines.append(f"Only its first {stored} characters fit ({len(chunks) - len(kept)} chunks left out).")
+        budget = threshold // 4 - sum(len(line) + 1 for line in lines)
+        rows = [f"{key}: {chunk.title[:60]} ({len(chunk.text)} chars)" for key, chunk in zip(keys, kept, strict=True)]
+        shown = []
+        for row in rows:
+            if budget - len(row) - 1 < 40:  # room left for the line saying how many rows are not shown
+                break
+            shown.append(row)
+            budget -= len(row) + 1
+        if shown:
+            lines += ["", *shown]
+            if len(shown) < len(rows):
+                lines.append(f"(and {len(rows) - len(shown)} more, up to `{keys[-1]}`)")
+        return "\n".join(lines)

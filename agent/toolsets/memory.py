@@ -24,7 +24,7 @@ GUIDE = Guide(
     document=(
         "# Working memory\n\n"
         "A tool result that is too long for your context is split into chunks and replaced by an index "
-        "table of keys. Call `get_from_working_memory(key)` for each chunk you need, in order, before "
+        "of keys. Call `get_from_working_memory(key)` for each chunk you need, in order, before "
         "answering. Chunks expire after about 20 minutes; call the tool again to get a fresh copy.\n"
     ),
 )
@@ -35,7 +35,7 @@ def reader(memory: WorkingMemory) -> Tool:
 
     @tool(name="get_from_working_memory", description=catalogue_description("get_from_working_memory"))
     async def get_from_working_memory(
-        key: Annotated[str, Field(description="A key from the index table, e.g. `tool:web_browse:ab12cd:chunk0`.")],
+        key: Annotated[str, Field(description="A key from the index, e.g. `ab12cd-0`.")],
         context: ToolContext,
     ) -> str:
         value = memory.get(session_id=context.session_id, key=key)

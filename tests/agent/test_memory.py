@@ -17,7 +17,7 @@ class Clock:
 
 def test_headings_start_chunks_and_name_them():
     text = "intro\n\n# One\nfirst\n## Two\nsecond\n### Three\nthird\n"
-    chunks = split_into_chunks(text, max_chars=1000)
+    chunks = split_into_chunks(text, max_chars=16)
     assert [(c.heading, c.text) for c in chunks] == [
         ("Part 0", "intro\n\n"), ("One", "# One\nfirst\n"), ("Two", "## Two\nsecond\n"), ("Three", "### Three\nthird\n")
     ]
@@ -52,13 +52,43 @@ def test_working_memory_keeps_a_bounded_number_of_entries_per_session():
     assert memory.keys(session_id="s") == ["k2", "k3", "k4"]
 
 
+def test_small_sections_are_packed_together_up_to_the_limit():
+    text = "".join(f"# H{n}\nbody {n}\n" for n in range(10))
+    chunks = split_into_chunks(text, max_chars=40)
+    assert "".join(c.text for c in chunks) == text
+    assert all(len(c.text) <= 40 for c in chunks) and len(chunks) == 4
+    assert [c.title for c in chunks][:2] == ["H0 (+2 more)", "H3 (+2 more)"]
+
+
 def test_offload_returns_short_content_unchanged_and_indexes_long_content():
     memory = WorkingMemory()
-    assert memory.offload(session_id="s", tool_name="t", content="short", threshold=100) == "short"
-    index = memory.offload(session_id="s", tool_name="t", content="# A\n" + "a" * 300, threshold=100)
+    assert memory.offload(session_id="s", tool_name="t", content="short", threshold=1000) == "short"
+    index = memory.offload(session_id="s", tool_name="t", content="# A\n" + "a" * 3000, threshold=1000)
     keys = memory.keys(session_id="s")
-    assert len(keys) == 7 and all(f"`{k}`" in index for k in keys)
-    assert "get_from_working_memory(key)" in index
+    assert len(keys) == 7 and f"`{keys[0]}` to `{keys[-1]}`" in index
+    assert "get_from_working_memory(key)" in index and len(index) <= 1000 // 4
+
+
+def test_thousands_of_short_sections_give_a_few_chunks_and_an_index_far_below_the_threshold():
+    """Issue 12, bug 3: 113 kB under 6,000 headings became 6,001 chunks and a 417,039-character index."""
+    text = "".join(f"## Item {n}\nvalue {n}\n" for n in range(6000))
+    memory = WorkingMemory()
+    index = memory.offload(session_id="s", tool_name="list_items", content=text, threshold=16_000)
+    keys = memory.keys(session_id="s")
+    assert len(keys) <= 64 and len(index) <= 16_000 // 4
+    assert "".join(memory.get(session_id="s", key=k) for k in keys) == text
+    assert all(f"`{key}`" in index or f"{key}:" in index for key in (keys[0], keys[-1]))
+
+
+def test_only_keys_that_memory_still_holds_are_handed_out():
+    memory = WorkingMemory(max_entries_per_session=8)
+    text = "".join(f"# Part {n}\n" + "x" * 900 + "\n" for n in range(40))
+    index = memory.offload(session_id="s", tool_name="big", content=text, threshold=1000)
+    keys = memory.keys(session_id="s")
+    assert len(keys) == 8 and f"`{keys[0]}` to `{keys[-1]}`" in index
+    assert all(memory.get(session_id="s", key=k) for k in keys)
+    assert "Only its first 7280 characters fit (32 chunks left out)." in index
+    assert len(index) <= 1000 // 4
 
 
 def history(turns: int) -> list[dict]:
