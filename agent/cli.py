@@ -2,9 +2,11 @@
 
 The config is the YAML/JSON document the operator renders into the agent's ConfigMap. The bus is
 RabbitMQ at `--bus URL` (default: `$ROCKBOT_AMQP_URL`), or `--bus memory` for a self-contained
-process (no inbox from outside, no scripts-manager). SIGTERM drains: the inbox stops taking
+process (no inbox from outside, no scripts-manager). Until the broker answers, the agent is live
+but not ready (`/readyz` says why) and keeps trying. SIGTERM drains: the inbox stops taking
 messages, in-flight turns get `--drain-seconds` to finish (unfinished ones are redelivered to the
-next pod), then the HTTP server and connections close.
+next pod), then the HTTP server and connections close; a broker that is gone delays none of it
+by more than seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from rockbot.contracts.agent_config import AMQP_URL_ENV, AgentConfig
 from rockbot.logs import setup_logging
 
 log = logging.getLogger("rockbot.agent")
+#: Beyond the drain, how long each step of a stop may wait (for the broker, a tool's server).
+STOP_STEP_SECONDS = 5.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -76,37 +80,62 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(args, config=config, token=token))
 
 
-async def _connect_bus(url: str | None):
-    from rockbot.bus import AmqpBus, MemoryBus
+async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Event):
+    """Connect to the broker, retrying until it answers or `stop` is set (then None).
 
-    if url == "memory":
-        return MemoryBus()
-    if not url:
-        return None
-    return await AmqpBus.connect(url=url)
+    Meanwhile `/healthz` answers on the agent's port and `/readyz` says what it waits for, so the
+    kubelet sees a live pod that is not ready rather than one to restart. Returns the bus and the
+    health server, which the caller stops once the agent's own server listens on the same port.
+    """
+    from rockbot.bus import AmqpBus, BusUnavailable
+    from rockbot.health import HealthServer, Readiness, wait_for_dependency
+
+    readiness = Readiness()
+    health = HealthServer(readiness=readiness)
+    await health.start(host=host, port=port, reuse_port=True)
+    connecting = asyncio.create_task(wait_for_dependency(
+        lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker", retry_on=(BusUnavailable,)
+    ))  # fmt: skip
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        await health.stop()
+        return None, None
+    readiness.waiting("agent", "starting")
+    return connecting.result(), health
 
 
 async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
     from rockbot.agent.inbox import serve_inbox
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
-    from rockbot.bus import BusUnavailable
+    from rockbot.bus import MemoryBus
+    from rockbot.health import stop_within
 
-    try:
-        bus = await _connect_bus(args.bus or os.environ.get(AMQP_URL_ENV))
-    except BusUnavailable as exc:
-        print(f"rockbot agent: {exc}", file=sys.stderr)
-        return 1
-    if bus is None:
-        log.warning("no bus configured (--bus or $%s): serving HTTP only, without inbox or scripts", AMQP_URL_ENV)
-    runtime = AgentRuntime.from_config(config, bus=bus, sandbox=_sandbox(bus, config))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    url = args.bus or os.environ.get(AMQP_URL_ENV)
+    port, waiting = args.port, None
+    if url == "memory":
+        bus = MemoryBus()
+    elif url:
+        bus, waiting = await _wait_for_broker(url, host=args.host, port=args.port, stop=stop)
+        if bus is None:
+            return 0  # stopped before the broker answered
+        port = waiting.port
+    else:
+        bus = None
+        log.warning("no bus configured (--bus or $%s): serving HTTP only, without inbox or scripts", AMQP_URL_ENV)
+    runtime = AgentRuntime.from_config(config, bus=bus, sandbox=_sandbox(bus, config))
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port).start()
+    await web.TCPSite(runner, args.host, port, reuse_port=True).start()
+    if waiting is not None:
+        await waiting.stop()  # after the agent's server listens: the port is never closed in between
     port = runner.addresses[0][1]  # the bound one: `--port 0` asks the system for a free port
     log.info("agent %s/%s listening on %s:%d", config.namespace, config.name, args.host, port)
     subscription = None
@@ -118,11 +147,12 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         log.info("stopping: draining in-flight work for up to %g s", args.drain_seconds)
     finally:
         if subscription is not None:
-            await subscription.close(drain_seconds=args.drain_seconds)
+            drain = args.drain_seconds
+            await stop_within(drain + STOP_STEP_SECONDS, subscription.close(drain_seconds=drain), what="draining")
         await runner.cleanup()
-        await runtime.close()
+        await stop_within(STOP_STEP_SECONDS, runtime.close(), what="closing the tools")
         if bus is not None:
-            await bus.close()
+            await stop_within(STOP_STEP_SECONDS, bus.close(), what="closing the broker connection")
     return 0
 
 

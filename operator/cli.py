@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--liveness",
         metavar="URL",
         default="http://0.0.0.0:8080/healthz",
-        help="serve liveness on this URL (default: %(default)s); 'off' disables it",
+        help="serve /healthz (liveness) and /readyz (readiness, with what it waits for) on this URL's host and "
+        "port (default: %(default)s); 'off' disables them",
     )
 
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(log_format=settings.log_format, level=logging.INFO)
     liveness = None if args.liveness == "off" else args.liveness
     try:
-        asyncio.run(run_operator(settings, liveness_endpoint=liveness))
+        asyncio.run(run_operator(settings, health_endpoint=liveness))
     except KubeConfigError as exc:
         return _fail(str(exc))
     return 0

@@ -7,20 +7,25 @@ import logging
 import os
 import socket
 import threading
+import urllib.parse
 from typing import Any
 
 import kopf
 
+from rockbot.health import HealthServer, Readiness
 from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
 
 Flag = asyncio.Event | threading.Event | asyncio.Future[Any]
+#: What readiness waits for until kopf has run every start-up handler.
+STARTING = "operator"
 
 
-def build_registry(runtime: handlers.Runtime) -> kopf.OperatorRegistry:
+def build_registry(runtime: handlers.Runtime, readiness: Readiness | None = None) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    readiness = readiness or Readiness()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -36,7 +41,12 @@ def build_registry(runtime: handlers.Runtime) -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
 
     handlers.register(registry, runtime)
-    register_scheduling(registry, runtime)
+    register_scheduling(registry, runtime, readiness=readiness)
+
+    @kopf.on.startup(registry=registry)
+    def started(**_: Any) -> None:  # registered last: runs after every other startup handler
+        readiness.done(STARTING)
+
     return registry
 
 
@@ -45,21 +55,34 @@ async def run_operator(
     *,
     stop_flag: Flag | None = None,
     ready_flag: Flag | None = None,
-    liveness_endpoint: str | None = None,
+    health_endpoint: str | None = None,
 ) -> None:
-    """Run until stopped; watches `settings.namespaces`, or the whole cluster when empty."""
-    async with await KubeClient.from_environment() as kube:
-        runtime = handlers.Runtime(settings=settings, kube=kube)
-        await kopf.operator(
-            registry=build_registry(runtime),
-            standalone=True,
-            clusterwide=not settings.namespaces,
-            namespaces=settings.namespaces,
-            stop_flag=stop_flag,
-            ready_flag=ready_flag,
-            liveness_endpoint=liveness_endpoint,
-            identity=own_identity(),
-        )
+    """Run until stopped; watches `settings.namespaces`, or the whole cluster when empty.
+
+    With `health_endpoint` (a URL), `/healthz` and `/readyz` are served on its host and port from
+    the start, before kopf's own start-up, so a probe never finds the port closed while the
+    operator waits for something.
+    """
+    readiness = Readiness()
+    readiness.waiting(STARTING, "starting up")
+    health = HealthServer(readiness=readiness)
+    if health_endpoint:
+        url = urllib.parse.urlsplit(health_endpoint)
+        await health.start(host=url.hostname or "0.0.0.0", port=url.port or 8080)
+    try:
+        async with await KubeClient.from_environment() as kube:
+            runtime = handlers.Runtime(settings=settings, kube=kube)
+            await kopf.operator(
+                registry=build_registry(runtime, readiness),
+                standalone=True,
+                clusterwide=not settings.namespaces,
+                namespaces=settings.namespaces,
+                stop_flag=stop_flag,
+                ready_flag=ready_flag,
+                identity=own_identity(),
+            )
+    finally:
+        await health.stop()
 
 
 def own_identity() -> str:

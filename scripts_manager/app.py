@@ -1,4 +1,9 @@
-"""The scripts-manager process: bus, backend, consumer and health server, started and stopped together."""
+"""The scripts-manager process: bus, backend, consumer and health server, started and stopped together.
+
+The health server comes first: while the broker is not reachable yet the manager is live but not
+ready (`/readyz` says why) and keeps trying; SIGTERM stops it at any point, within seconds even
+when the broker is gone.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +11,16 @@ import asyncio
 import logging
 import os
 
-from rockbot.bus import AmqpBus, Bus
+from rockbot.bus import AmqpBus, Bus, BusUnavailable
+from rockbot.health import HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.scripts_manager.backends import ScriptBackend
-from rockbot.scripts_manager.health import HealthServer
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 log = logging.getLogger("rockbot.scripts_manager")
+#: Beyond the drain, how long each step of a stop may wait (for the broker, the API server).
+STOP_STEP_SECONDS = 5.0
 
 
 def backend_name(settings: ScriptsManagerSettings) -> str:
@@ -43,9 +50,12 @@ class ScriptsManager:
         self._own_bus = bus is None
         self._backend: ScriptBackend | None = None
         self._service: ScriptService | None = None
-        self.health = HealthServer(
-            registry=self.metrics.registry, ready=lambda: self._service is not None and self._service.consuming
-        )
+        self.readiness = Readiness()
+        self.readiness.check(self._consuming)
+        self.health = HealthServer(readiness=self.readiness, registry=self.metrics.registry)
+
+    def _consuming(self) -> str | None:
+        return None if self._service is not None and self._service.consuming else "not consuming script requests"
 
     async def start(self) -> None:
         settings = self.settings
@@ -55,7 +65,11 @@ class ScriptsManager:
         if self._bus is None:
             if settings.amqp_url is None:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the scripts-manager needs the broker's URL")
-            self._bus = await AmqpBus.connect(url=settings.amqp_url.get_secret_value())
+            url = settings.amqp_url.get_secret_value()
+            self._bus = await wait_for_dependency(
+                lambda: AmqpBus.connect(url=url), readiness=self.readiness, dependency="broker",
+                retry_on=(BusUnavailable,),
+            )  # fmt: skip
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics)
         await self._service.start()
         log.info("scripts-manager consuming with backend %s, concurrency %d, health on port %s",
@@ -63,19 +77,29 @@ class ScriptsManager:
 
     async def stop(self) -> None:
         """Stop taking requests, give in-flight scripts ROCKBOT_DRAIN_SECONDS, then close everything."""
+        drain = self.settings.drain_seconds
         if self._service is not None:
-            await self._service.stop(drain_seconds=self.settings.drain_seconds)
+            await stop_within(drain + STOP_STEP_SECONDS, self._service.stop(drain_seconds=drain),
+                              what="draining script requests")
         if self._backend is not None:
-            await self._backend.close()
+            await stop_within(STOP_STEP_SECONDS, self._backend.close(), what="closing the sandbox backend")
         if self._own_bus and self._bus is not None:
-            await self._bus.close()
+            await stop_within(STOP_STEP_SECONDS, self._bus.close(), what="closing the broker connection")
         await self.health.stop()
 
 
 async def serve(*, settings: ScriptsManagerSettings, stop: asyncio.Event) -> None:
+    """Run until `stop` is set, also while still starting (waiting for the broker)."""
     manager = ScriptsManager(settings=settings)
+    starting = asyncio.create_task(manager.start())
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await manager.start()
-        await stop.wait()
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # a start-up error ends the process
+            await stopping
     finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
         await manager.stop()

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,11 +29,14 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from tests.fixtures.rabbitmq import RabbitBroker
 
 ROCKBOT = Path(sys.executable).with_name("rockbot")
 VOLUMES = "/tmp/volumes"
+#: Where a test puts the kubeconfig that stands in for the pod's service account.
+KUBECONFIG = f"{VOLUMES}/kubeconfig"
 
 
 class PodProcess:
@@ -118,6 +122,31 @@ class PodProcess:
         shutil.rmtree(self._folder, ignore_errors=True)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kubeconfig_for(emulator: Any, *, token: str) -> str:
+    """A kubeconfig for the emulated API server, logging in with `token` (so requests can be told apart)."""
+    return yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": str(emulator.url).rstrip("/")}}],
+        "users": [{"name": "pod", "user": {"token": token}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "pod"}}],
+        "current-context": "emulator",
+    })
+
+
+def chart_pod_spec(manifests: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    """The pod spec of the chart's Deployment of `component` (operator, scripts-manager)."""
+    (deployment,) = [m for m in manifests if m["kind"] == "Deployment"
+                     and m["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+    return deployment["spec"]["template"]["spec"]
+
+
 def container_command(
     pod_spec: Mapping[str, Any], *, values_from: Mapping[str, str], extra_args: list[str] | None = None
 ) -> tuple[list[str], dict[str, str], int]:
@@ -136,11 +165,23 @@ def container_command(
             env[name] = values_from[name]
         elif "valueFrom" in entry:
             raise AssertionError(f"the manifest takes {name} from {entry['valueFrom']}: give its value in values_from")
-    args = [str(arg) for arg in container.get("args") or []]
-    for mount in container.get("volumeMounts") or []:
-        args = [arg.replace(mount["mountPath"], VOLUMES + mount["mountPath"]) for arg in args]
+    relocated = [mount["mountPath"] for mount in _file_mounts(pod_spec)]
+    args = [_relocate(str(arg), relocated) for arg in container.get("args") or []]
     uid = int((container.get("securityContext") or {}).get("runAsUser") or pod_spec["securityContext"]["runAsUser"])
     return [str(ROCKBOT), *args, *(extra_args or [])], env, uid
+
+
+def _file_mounts(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The container's mounts of volumes with files (ConfigMaps, Secrets); an emptyDir at /tmp is the tmpfs."""
+    with_files = {v["name"] for v in pod_spec.get("volumes") or [] if "emptyDir" not in v}
+    return [m for m in pod_spec["containers"][0].get("volumeMounts") or [] if m["name"] in with_files]
+
+
+def _relocate(arg: str, mount_paths: list[str]) -> str:
+    for path in mount_paths:
+        if arg == path or arg.startswith(path + "/"):
+            return VOLUMES + arg
+    return arg
 
 
 def start(
@@ -158,9 +199,8 @@ def start(
     manifest, such as a kubeconfig standing in for the pod's service account.
     """
     command, env, uid = container_command(pod_spec, values_from=values_from or {}, extra_args=extra_args)
-    (container,) = pod_spec["containers"]
     files = dict(files or {})
-    for mount in container.get("volumeMounts") or []:
+    for mount in _file_mounts(pod_spec):
         for key, text in (volumes or {}).get(mount["name"], {}).items():
             files[f"{VOLUMES}{mount['mountPath']}/{key}"] = text
     return PodProcess(command=command, env={**env, **(extra_env or {})}, uid=uid, files=files)
@@ -196,6 +236,34 @@ async def http_get(url: str) -> tuple[int, str] | None:
             return response.status, await response.text()
     except (aiohttp.ClientError, TimeoutError):
         return None
+
+
+class Probes:
+    """A process's `/healthz` and `/readyz` on 127.0.0.1:`port`, as the kubelet probes them."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    async def live(self) -> bool:
+        answer = await http_get(f"{self.base}/healthz")
+        return answer is not None and answer[0] == 200
+
+    async def readiness(self) -> tuple[int, str] | None:
+        return await http_get(f"{self.base}/readyz")
+
+    async def ready(self) -> bool:
+        answer = await self.readiness()
+        return answer is not None and answer[0] == 200
+
+
+def waiting_for_the_broker(probes: Probes) -> Any:
+    """A probe for `wait_until`: the (503, reason) answer once readiness says it cannot reach the broker."""
+
+    async def probe() -> tuple[int, str] | None:
+        answer = await probes.readiness()
+        return answer if answer is not None and answer[0] == 503 and "cannot reach the broker" in answer[1] else None
+
+    return probe
 
 
 @pytest.fixture

@@ -1,17 +1,22 @@
 """kopf glue: start the scheduler and the agents' request consumer with the operator, stop them with it.
 
 The scheduler watches ScheduledTasks and Agents itself (see `watching`), so kopf only owns its
-lifetime: one `on.startup` and one `on.cleanup` handler on the operator's registry.
+lifetime: one `on.startup` and one `on.cleanup` handler on the operator's registry. The broker may
+come up after the operator (a fresh `helm install`): scheduling then starts once it answers, the
+operator meanwhile reconciles Agents and reports itself not ready, saying why. Stopping waits for
+the broker only briefly, so SIGTERM ends the operator in seconds even when the broker is gone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Protocol
 
 import kopf
 
-from rockbot.bus import AmqpBus, Bus
+from rockbot.bus import AmqpBus, Bus, BusUnavailable
+from rockbot.health import Readiness, stop_within, wait_for_dependency
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.clock import Clock, SystemClock
@@ -19,6 +24,8 @@ from rockbot.operator.scheduling.firing import Scheduler
 from rockbot.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+#: How long stopping scheduling may take: the scheduler's steps in flight, then the broker connection.
+STOP_SECONDS = 5.0
 
 
 class RuntimeLike(Protocol):
@@ -27,29 +34,24 @@ class RuntimeLike(Protocol):
 
 
 def register_scheduling(
-    registry: kopf.OperatorRegistry, runtime: RuntimeLike, *, bus: Bus | None = None, clock: Clock | None = None
+    registry: kopf.OperatorRegistry,
+    runtime: RuntimeLike,
+    *,
+    bus: Bus | None = None,
+    clock: Clock | None = None,
+    readiness: Readiness | None = None,
 ) -> None:
     """Fire ScheduledTasks and serve the agents' scheduling tools while the operator runs.
 
-    Without `bus`, the operator connects to `settings.amqp_url` at startup; when that is not set
-    (an operator run for Agents only), scheduling stays off and says so in the log.
+    Without `bus`, the operator connects to `settings.amqp_url` after startup, retrying until the
+    broker answers (`readiness` says so meanwhile); when that is not set (an operator run for
+    Agents only), scheduling stays off and says so in the log.
     """
     parts: list[Scheduler | SchedulingRequests] = []
     opened: list[Bus] = []
+    starting: list[asyncio.Task[None]] = []
 
-    @kopf.on.startup(registry=registry)
-    async def start_scheduling(**_: Any) -> None:
-        connection = bus
-        if connection is None:
-            url = runtime.settings.amqp_url
-            if not url:
-                log.warning(
-                    "scheduling is off: amqp_url is not set, so ScheduledTasks will not fire "
-                    "and agents' scheduling tools get no answer; set ROCKBOT_AMQP_URL"
-                )
-                return
-            connection = await AmqpBus.connect(url=url)
-            opened.append(connection)
+    async def start(connection: Bus) -> None:
         now = clock or SystemClock()
         scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)
@@ -58,9 +60,42 @@ def register_scheduling(
             parts.append(part)
         log.info("scheduling started")
 
+    async def connect_then_start(url: str, readiness: Readiness) -> None:
+        connection = await wait_for_dependency(
+            lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker", retry_on=(BusUnavailable,)
+        )
+        opened.append(connection)
+        try:
+            await start(connection)
+        except Exception as exc:  # the operator keeps reconciling; not ready says scheduling is down
+            log.exception("scheduling failed to start")
+            readiness.waiting("scheduling", f"failed to start: {exc!r}; restart the operator")
+
+    @kopf.on.startup(registry=registry)
+    async def start_scheduling(**_: Any) -> None:
+        if bus is not None:
+            await start(bus)
+            return
+        url = runtime.settings.amqp_url
+        if not url:
+            log.warning(
+                "scheduling is off: amqp_url is not set, so ScheduledTasks will not fire "
+                "and agents' scheduling tools get no answer; set ROCKBOT_AMQP_URL"
+            )
+            return
+        connecting = connect_then_start(url, readiness or Readiness())
+        starting.append(asyncio.create_task(connecting, name="connect to the broker"))
+
     @kopf.on.cleanup(registry=registry)
     async def stop_scheduling(**_: Any) -> None:
-        while parts:
-            await parts.pop().stop()
-        while opened:
-            await opened.pop().close()
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
+        await stop_within(STOP_SECONDS, _stop_all(parts, opened), what="stopping scheduling")
+
+
+async def _stop_all(parts: list[Scheduler | SchedulingRequests], opened: list[Bus]) -> None:
+    while parts:
+        await parts.pop().stop()
+    while opened:
+        await opened.pop().close()

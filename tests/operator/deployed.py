@@ -9,62 +9,36 @@ server in place of 8080.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
 from tests.kubeapi import KubeApiEmulator
-from tests.pod_process import PodProcess, http_get, start, wait_until
+from tests.pod_process import (
+    KUBECONFIG,
+    PodProcess,
+    Probes,
+    chart_pod_spec,
+    free_port,
+    kubeconfig_for,
+    start,
+    wait_until,
+)
 
 #: The release namespace of `helm template` (the operator watches it by default).
 NAMESPACE = "rockbot"
 #: The bearer token in the operator's kubeconfig: its requests carry it, the test's own carry none.
 OPERATOR_TOKEN = "operator-service-account"
-KUBECONFIG = "/tmp/volumes/kubeconfig"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def operator_pod_spec(render: Callable[..., list[dict[str, Any]]], values: dict[str, Any] | None = None) -> dict:
-    manifests = render(values or {})
-    (deployment,) = [m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("operator")]
-    return deployment["spec"]["template"]["spec"]
-
-
-def kubeconfig_for(emulator: KubeApiEmulator) -> str:
-    return yaml.safe_dump({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": str(emulator.url).rstrip("/")}}],
-        "users": [{"name": "operator", "user": {"token": OPERATOR_TOKEN}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "operator"}}],
-        "current-context": "emulator",
-    })
 
 
 class DeployedOperator:
-    """A started operator process and its health server's URLs."""
+    """A started operator process and its probes."""
 
     def __init__(self, process: PodProcess, *, port: int) -> None:
         self.process = process
-        self.healthz = f"http://127.0.0.1:{port}/healthz"
-        self.readyz = f"http://127.0.0.1:{port}/readyz"
-
-    async def live(self) -> bool:
-        answer = await http_get(self.healthz)
-        return answer is not None and answer[0] == 200
-
-    async def readiness(self) -> tuple[int, str] | None:
-        return await http_get(self.readyz)
+        self.probes = Probes(port)
 
     async def wait_live(self, *, within: float = 30) -> None:
-        await wait_until(self.live, within=within, what="live (/healthz 200)", process=self.process)
+        await wait_until(self.probes.live, within=within, what="live (/healthz 200)", process=self.process)
 
 
 def start_operator(
@@ -78,11 +52,11 @@ def start_operator(
 ) -> DeployedOperator:
     port = free_port()
     process = start(
-        operator_pod_spec(render, values),
+        chart_pod_spec(render(values or {}), "operator"),
         values_from={"ROCKBOT_AMQP_URL": amqp_url},
         extra_args=["--liveness", f"http://127.0.0.1:{port}/healthz"],
         extra_env={"KUBECONFIG": KUBECONFIG, **(extra_env or {})},
-        files={KUBECONFIG: kubeconfig_for(emulator)},
+        files={KUBECONFIG: kubeconfig_for(emulator, token=OPERATOR_TOKEN)},
     )
     pods.append(process)
     return DeployedOperator(process, port=port)

@@ -3,6 +3,7 @@ read-only root filesystem, HOME on /tmp, PID 1; a broker that comes late or goes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -13,6 +14,7 @@ from tests.operator.deployed import NAMESPACE, start_operator
 from tests.operator.harness import condition
 from tests.operator.samples import agent_body, tool_body
 from tests.operator.test_operator_e2e import secret
+from tests.pod_process import wait_until, waiting_for_the_broker
 from tests.waiting import eventually
 
 NS = NAMESPACE
@@ -60,3 +62,29 @@ async def test_json_logs_keep_every_per_object_record(kube_api, kube, render, po
     about_the_agent = [r for r in records if (r.get("object") or {}).get("name") == "analyst"]
     assert about_the_agent, "kopf's records about the Agent are in the log, with the object they are about"
     assert all(r["object"]["kind"] == "Agent" and r["object"]["namespace"] == NS for r in about_the_agent)
+
+
+async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(kube_api, kube, render, pods,
+                                                                             late_rabbitmq):
+    operator = start_operator(render, kube_api, pods, amqp_url=late_rabbitmq.url)
+    await operator.wait_live()
+    _, reason = await wait_until(waiting_for_the_broker(operator.probes), within=30,
+                                 what="not ready, waiting for the broker", process=operator.process)
+    assert "cannot reach the broker at amqp://guest:***@127.0.0.1" in reason  # says why, without the password
+    await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS))
+    await eventually(lambda: deployed(kube), within=30)  # Agents do not wait for the broker
+    await asyncio.to_thread(late_rabbitmq.start)
+    await wait_until(operator.probes.ready, within=30, what="ready once the broker answers", process=operator.process)
+    assert await operator.probes.live()
+
+
+async def test_sigterm_stops_the_operator_within_seconds_when_the_broker_is_gone(kube_api, kube, render, pods,
+                                                                                late_rabbitmq):
+    await asyncio.to_thread(late_rabbitmq.start)
+    operator = start_operator(render, kube_api, pods, amqp_url=late_rabbitmq.url)
+    await wait_until(lambda: "scheduling started" in operator.process.output(), within=30,
+                     what="scheduling started", process=operator.process)
+    await asyncio.to_thread(late_rabbitmq.stop_server)
+    operator.process.terminate()
+    code = await operator.process.exited(within=STOP_WITHIN)
+    assert code == 0, f"still running {STOP_WITHIN} s after SIGTERM (exit {code}):\n{operator.process.output()[-3000:]}"

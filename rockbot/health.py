@@ -1,0 +1,128 @@
+"""Liveness and readiness for every process, over HTTP (`/healthz`, `/readyz`, optionally `/metrics`).
+
+A dependency that is not reachable yet (the broker still starting after `helm install`) makes a
+process not ready, never dead: liveness answers as long as the event loop does, while the process
+retries; `/readyz` answers 503 with what it waits for and why, for `kubectl describe pod`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: Pauses between attempts to reach a dependency; the last one repeats.
+RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0)
+
+
+class Readiness:
+    """What the process still waits for, by dependency; ready when nothing is pending and every check passes."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, str] = {}
+        self._checks: list[Callable[[], str | None]] = []
+
+    def waiting(self, dependency: str, why: str) -> None:
+        self._pending[dependency] = why
+
+    def done(self, dependency: str) -> None:
+        self._pending.pop(dependency, None)
+
+    def check(self, probe: Callable[[], str | None]) -> None:
+        """Add a live check: it returns None when all is well, else why the process is not ready."""
+        self._checks.append(probe)
+
+    def reasons(self) -> list[str]:
+        found = [f"{dependency}: {why}" for dependency, why in self._pending.items()]
+        return found + [reason for probe in self._checks if (reason := probe()) is not None]
+
+    @property
+    def ready(self) -> bool:
+        return not self.reasons()
+
+
+async def wait_for_dependency(
+    connect: Callable[[], Awaitable[T]],
+    *,
+    readiness: Readiness,
+    dependency: str,
+    retry_on: tuple[type[BaseException], ...],
+) -> T:
+    """`connect()` until it succeeds; meanwhile `readiness` says why (the error) and when the next try is."""
+    attempt = 0
+    readiness.waiting(dependency, "connecting")
+    while True:
+        try:
+            result = await connect()
+        except retry_on as exc:
+            delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
+            attempt += 1
+            readiness.waiting(dependency, f"{exc} (attempt {attempt}, next in {delay:g} s)")
+            log.warning("%s not reachable yet (%s); trying again in %g s", dependency, exc, delay)
+            await asyncio.sleep(delay)
+            continue
+        readiness.done(dependency)
+        if attempt:
+            log.info("%s reachable after %d failed attempts", dependency, attempt)
+        return result
+
+
+class HealthServer:
+    """Live while the event loop answers; ready as `readiness` says; Prometheus metrics when given a registry."""
+
+    def __init__(self, *, readiness: Readiness, registry: CollectorRegistry | None = None) -> None:
+        self.readiness = readiness
+        self._registry = registry
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self, *, host: str, port: int, reuse_port: bool = False) -> None:
+        """Listen; with `reuse_port`, another server may take over the port before this one stops."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        if self._registry is not None:
+            app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host=host, port=port, reuse_port=reuse_port or None)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        reasons = self.readiness.reasons()
+        if not reasons:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        assert self._registry is not None
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def stop_within(seconds: float, step: Awaitable[object], *, what: str) -> None:
+    """Await one step of a shutdown for at most `seconds`: a dependency that is gone must not hold SIGTERM.
+
+    A step that times out is cancelled and logged; the shutdown goes on with the next step.
+    """
+    try:
+        async with asyncio.timeout(seconds):
+            await step
+    except TimeoutError:
+        log.warning("%s did not finish within %g s; stopping without it", what, seconds)
