@@ -364,12 +364,11 @@ def _resolve_tool(
             return None, f'Tool "{name}": agent "{spec.agent.name}" not found: create it or fix spec.agent.name'
         backend = cfg.AgentBackend(namespace=tool.metadata["namespace"], name=spec.agent.name)
     source = f"mcp:{spec.mcp.server}" if spec.mcp is not None else f"tool:{name}"
+    parameters = spec.parameters
+    if spec.agent is not None and not parameters.get("properties"):
+        parameters = SUBAGENT_PARAMETERS  # what the callee needs; a Tool's own parameters are sent as JSON instead
     definition = cfg.ToolDefinition(
-        function=cfg.FunctionDefinition(
-            name=tool.function_name,
-            description=spec.description,
-            parameters=spec.parameters,
-        )
+        function=cfg.FunctionDefinition(name=tool.function_name, description=spec.description, parameters=parameters)
     )
     return cfg.ResolvedTool(
         definition=definition, source=source, backend=backend, timeout_seconds=float(spec.timeout_seconds)

@@ -10,6 +10,7 @@ session at the callee (`<caller>:<session>`), so follow-up questions keep their 
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Any
 
@@ -35,13 +36,16 @@ def refusal(*, chain: tuple[str, ...], target: str) -> str | None:
 
 
 def _instruction(args: dict[str, Any]) -> str:
-    for key in ("message", "instruction", "task", "input", "query"):
-        if isinstance(args.get(key), str) and args[key].strip():
-            return args[key]
-    raise ToolFailure(
-        "give the agent a non-empty 'message' saying what to do, with all the context it needs",
-        code=ErrorCode.INVALID_ARGUMENTS,
-    )
+    """What the other agent is asked: the `message` of the default schema, or else the arguments as JSON (a Tool
+    with its own `parameters` offers those, so whatever the model filled in is what the callee reads)."""
+    if set(args) == {"message"} and isinstance(args["message"], str):
+        if not args["message"].strip():
+            raise ToolFailure(
+                "give the agent a non-empty 'message' saying what to do, with all the context it needs",
+                code=ErrorCode.INVALID_ARGUMENTS,
+            )
+        return args["message"]
+    return json.dumps(args, ensure_ascii=False)
 
 
 def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
