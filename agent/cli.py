@@ -122,6 +122,9 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     port, waiting = args.port, None
     if url == "memory":
         bus = MemoryBus()
+        if "scripts" in config.builtin_tools:
+            log.warning("--bus memory: no scripts-manager shares this process's bus, so execute_python_script answers "
+                        "Unavailable at once; give --bus an AMQP URL with a scripts-manager on it to run scripts")
     elif url:
         bus, waiting = await _wait_for_broker(url, host=args.host, port=args.port, stop=stop)
         if bus is None:
@@ -130,7 +133,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     else:
         bus = None
         log.warning("no bus configured (--bus or $%s): serving HTTP only, without inbox or scripts", AMQP_URL_ENV)
-    runtime = AgentRuntime.from_config(config, bus=bus, sandbox=_sandbox(bus, config))
+    runtime = AgentRuntime.from_config(config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config))
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()

@@ -73,12 +73,19 @@ class ToolLoop:
     ) -> LoopResult:
         """Run until a final answer; `history` (without the system prompt) is extended in place."""
 
+        wrote = {"before": False, "this round": False}  # text streamed in an earlier round / in this one
+
         async def on_text(text: str) -> None:
+            if wrote["before"] and not wrote["this round"]:
+                await emit(on_event, TextDelta(text="\n\n"))  # what the model said before its tool calls stays apart
+            wrote["this round"] = True
             await emit(on_event, TextDelta(text=text))
 
         called: list[str] = []
         prefix = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         for iteration in range(1, self.settings.max_iterations + 1):
+            wrote["before"] = wrote["before"] or wrote["this round"]
+            wrote["this round"] = False
             completion = await self.llm.complete(
                 messages=prefix + history,
                 tools=self.registry.openai_tools() or None,

@@ -2,8 +2,13 @@
 
 `POST /v1/chat/completions` (streaming and not) and `GET /v1/models` let any OpenAI client or chat
 UI talk to the agent. The endpoint follows OpenAI's semantics: the client sends the whole
-history each time, so nothing is kept between requests except working memory, scoped by the
-optional `X-Session-Id` header. While streaming, tool activity is sent as SSE comment lines
+history each time, so nothing is kept between requests except working memory (the chunks of large
+tool results), scoped by a session: the `X-Session-Id` header when the client sends one, else one
+derived from how the conversation starts (its system messages and first user message, which a client
+resends unchanged with every turn), so a conversation keeps its working memory without the header.
+Every answer says in `X-Session-Id` which session it used. Clients share the agent's one bearer
+token, so two conversations that start with the same words share their working memory; send the
+header to keep them apart. While streaming, tool activity is sent as SSE comment lines
 (`: tool web_search started`), which OpenAI clients ignore and curl users can read.
 
 The endpoint can run scripts on someone's behalf, so `/v1/*` requires `Authorization: Bearer
@@ -14,6 +19,7 @@ and `/metrics` are open: they reveal no conversation and probes must reach them.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -27,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmAuthError, LlmError
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.resources.checking import describe
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +99,20 @@ def _bearer_auth(token: str | None):
 
 async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamResponse:
     try:
-        body = ChatRequest.model_validate(await request.json())
+        data = await request.json()
+    except ValueError as exc:
+        return _error(400, f"invalid request: the body is not JSON ({exc})", "invalid_request_error")
+    try:
+        body = ChatRequest.model_validate(data)
         messages = [_message(n, m) for n, m in enumerate(body.messages)]
-    except (ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        return _error(400, f"invalid request: {'; '.join(describe(exc))}", "invalid_request_error")
+    except ValueError as exc:
         return _error(400, f"invalid request: {exc}", "invalid_request_error")
     if not runtime.ready:
         return _error(503, "the agent is still starting; try again shortly", "unavailable")
-    session_id = request.headers.get("X-Session-Id") or f"http-{secrets.token_hex(8)}"
+    session_id = request.headers.get("X-Session-Id") or conversation_session(messages)
+    session_header = {"X-Session-Id": session_id}
     model = runtime.config.name
     completion_id = f"chatcmpl-{secrets.token_hex(12)}"
     if not body.stream:
@@ -106,7 +120,7 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
             result = await runtime.complete(messages, session_id=session_id)
         except LlmError as exc:
             return _error(502 if not isinstance(exc, LlmAuthError) else 503, str(exc), "upstream_error")
-        return web.json_response({
+        return web.json_response(headers=session_header, data={
             "id": completion_id,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -115,7 +129,9 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
                          "finish_reason": "stop"}],
         })
 
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **session_header}
+    )
     await response.prepare(request)
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
@@ -147,6 +163,15 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def conversation_session(messages: list[dict[str, Any]]) -> str:
+    """A session id for a client that sends none: the same for every turn of one conversation (derived from its
+    system messages and first user message, which each turn resends), different for another conversation."""
+    first_user = next((n for n, m in enumerate(messages) if m["role"] == "user"), len(messages) - 1)
+    opening = [m for m in messages[: first_user + 1] if m["role"] in ("system", "user")]
+    digest = hashlib.sha256(json.dumps(opening, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return f"http-{digest[:24]}"
 
 
 def _message(index: int, message: dict[str, Any]) -> dict[str, Any]:

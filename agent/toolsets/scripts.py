@@ -67,7 +67,8 @@ async def run_script(
 ) -> str:
     if kit.sandbox is None:
         raise ToolFailure(
-            "this agent has no sandbox client, so it cannot run scripts (no bus connection to the scripts-manager)",
+            "this agent cannot run scripts: it has no sandbox, since no scripts-manager is in reach (it has no bus, or "
+            "only an in-memory one of its own); answer without running code",
             code=ErrorCode.UNAVAILABLE,
         )
     reply = await kit.sandbox.execute_python_script(

@@ -67,7 +67,7 @@ async def test_chat_completion_streams_text_and_tool_progress(agent_url, scripte
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert text == "Checking. Nothing stored."
+    assert text == "Checking. \n\nNothing stored."  # the text before a tool call does not run into the answer
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert ": tool get_from_working_memory started" in raw
     assert ": tool get_from_working_memory finished InvalidArguments" in raw
@@ -104,7 +104,12 @@ async def test_without_a_configured_token_the_endpoint_is_closed(scripted_llm):
 async def test_bad_requests_name_the_field(agent_url):
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{agent_url}/v1/chat/completions", json={"messages": []}, headers=auth()) as response:
-            assert response.status == 400 and "messages" in (await response.json())["error"]["message"]
+            message = (await response.json())["error"]["message"]
+            assert response.status == 400 and message == (
+                "invalid request: messages: List should have at least 1 item after validation, not 0")
+        async with http.post(f"{agent_url}/v1/chat/completions", data="{", headers=auth()) as response:
+            message = (await response.json())["error"]["message"]
+            assert response.status == 400 and message.startswith("invalid request: the body is not JSON")
         bad_role = {"messages": [{"role": "wizard", "content": "x"}]}
         async with http.post(f"{agent_url}/v1/chat/completions", json=bad_role, headers=auth()) as response:
             assert response.status == 400 and "messages[0].role" in (await response.json())["error"]["message"]
@@ -135,3 +140,19 @@ async def test_health_readiness_models_and_metrics(agent_url, scripted_llm):
     assert "# TYPE rockbot_tool_invoke_duration_seconds histogram" in metrics
     assert "# TYPE rockbot_tool_invocations_total counter" in metrics
     assert 'rockbot_llm_requests_total{model="scripted-model",status="200"} 1.0' in metrics
+
+
+async def test_without_a_session_header_a_conversation_keeps_one_session_and_is_told_it(agent_url, scripted_llm):
+    scripted_llm.play(Turn(text="First."), Turn(text="Second."), Turn(text="Other."), Turn(text="Named."))
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello?"}]
+    follow_up = [*first, {"role": "assistant", "content": "First."}, {"role": "user", "content": "And?"}]
+    other = [{"role": "user", "content": "Something else"}]
+    sessions = []
+    async with aiohttp.ClientSession() as http:
+        for messages, headers in ((first, {}), (follow_up, {}), (other, {}), (first, {"X-Session-Id": "mine"})):
+            async with http.post(f"{agent_url}/v1/chat/completions", json={"messages": messages},
+                                 headers={**auth(), **headers}) as response:
+                assert response.status == 200
+                sessions.append(response.headers["X-Session-Id"])
+    assert sessions[0] == sessions[1] != sessions[2]
+    assert sessions[3] == "mine"

@@ -88,7 +88,7 @@ async def test_single_tool_call_round_trip(scripted_llm):
     ]
     assert second.messages[-1] == {"role": "tool", "tool_call_id": "call_0_0", "content": "5"}
     text = "".join(e.text for e in events if isinstance(e, TextDelta))
-    assert text == "Let me add.2 + 3 = 5."
+    assert text == "Let me add.\n\n2 + 3 = 5."  # a paragraph break between rounds
     kinds = [type(e).__name__ for e in events if not isinstance(e, TextDelta)]
     assert kinds == ["ToolStarted", "ToolFinished"]
 
