@@ -8,6 +8,7 @@ one broken Tool should not take a working agent down, and the status lists exact
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -231,9 +232,7 @@ def resolve_agent(
         max_iterations=spec.max_iterations,
         script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
         web_search=web_search,
-        web_browse=cfg.WebBrowseConfig(
-            allowed_networks=spec.web_browse.allowed_networks if spec.web_browse is not None else []
-        ),
+        web_browse=_resolve_web_browse(agent, problems=problems),
         http_token=http_token,
         mcp_catalog=catalog,
     )
@@ -299,6 +298,30 @@ def _resolve_web_search(agent: Agent, *, secrets: _SecretWiring, problems: list[
             problems.append(secrets.problem(search.api_key_secret_ref, field="spec.webSearch.apiKeySecretRef"))
             return None
     return cfg.WebSearchConfig(provider=search.provider, url=search.url, api_key=api_key)
+
+
+def _resolve_web_browse(agent: Agent, *, problems: list[str]) -> cfg.WebBrowseConfig:
+    """Where web_browse may go; a network that does not parse is left out and named (the schema's pattern
+    cannot tell 10.0.0.300/8 or 10.0.0.1/8 from a network), so one typo never fails the whole reconcile."""
+    browse = agent.spec.web_browse
+    if browse is None:
+        return cfg.WebBrowseConfig()
+    networks = []
+    for index, text in enumerate(browse.allowed_networks):
+        try:
+            networks.append(ipaddress.ip_network(text))
+        except ValueError as error:
+            problems.append(f"spec.webBrowse.allowedNetworks[{index}]: {text!r} is not a network ({error}): "
+                            f"{_cidr_fix(text)}; web_browse is given the others")
+    github = {"github_api_url": browse.github_api_url} if browse.github_api_url else {}
+    return cfg.WebBrowseConfig(allowed_networks=networks, **github)
+
+
+def _cidr_fix(text: str) -> str:
+    try:
+        return f"write {ipaddress.ip_network(text, strict=False)}"
+    except ValueError:
+        return "write an address and prefix length, e.g. 10.20.0.0/16"
 
 
 class _SecretWiring:

@@ -9,6 +9,11 @@ URL: it must not reach loopback, cluster services or the cloud metadata endpoint
 directly nor through a redirect. A long page is not cut here: the loop splits any long result into
 working memory chunks (headings first), so the model reads it section by section.
 
+GitHub issue and pull-request URLs (`github.com/<owner>/<repo>/issues/<n>`, `.../pull/<n>`) are read
+through GitHub's REST API instead (`web_browse.github_api_url`, https://api.github.com by default):
+title, state, author, labels and body, not a page rendered for people. Public repositories need no
+token; the same egress checks apply.
+
 Search providers are pluggable (`SearchProvider`): SearXNG's JSON API (`url` = the instance) and
 Brave's Web Search API (key from the Secret-backed env var; `url` overrides the endpoint). With
 no `web_search` config the tool is not offered at all.
@@ -16,7 +21,8 @@ no `web_search` config the tool is not offered at all.
 
 from __future__ import annotations
 
-from typing import Annotated, Protocol
+import re
+from typing import Annotated, Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -34,6 +40,7 @@ from rockbot.contracts.errors import ErrorCode
 MAX_PAGE_BYTES = 5 * 1024 * 1024
 BROWSE_TIMEOUT_SECONDS = 60.0
 BRAVE_URL = "https://api.search.brave.com/res/v1/web/search"
+_GITHUB_PAGE = re.compile(r"^/(?P<owner>[\w.-]+)/(?P<repo>[\w.-]+)/(?P<kind>issues|pull)/(?P<number>\d+)(/.*)?$")
 _NOISE = ["script", "style", "noscript", "nav", "header", "footer", "aside", "form", "iframe", "svg", "template"]
 
 GUIDE = Guide(
@@ -119,6 +126,13 @@ async def _get_json(session: aiohttp.ClientSession, url: str, *, params: dict[st
         ) from exc
 
 
+async def _github_reason(response: aiohttp.ClientResponse) -> str:
+    try:
+        return str((await response.json(content_type=None))["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.reason or "no reason given"
+
+
 def html_to_markdown(html: str) -> str:
     """The page's readable content as Markdown, noise removed."""
     soup = BeautifulSoup(html, "html.parser")
@@ -138,6 +152,31 @@ def html_to_markdown(html: str) -> str:
     return f"# {title}\n\n{text}" if title and not text.startswith("# ") else text
 
 
+def github_item(url: str) -> tuple[str, str, int] | None:
+    """(`owner/repo`, `issues` or `pulls`, number) for a GitHub issue or pull-request URL, else None."""
+    parts = urlsplit(url)
+    match = _GITHUB_PAGE.match(parts.path) if parts.hostname in ("github.com", "www.github.com") else None
+    if match is None:
+        return None
+    endpoint = "pulls" if match["kind"] == "pull" else "issues"
+    return f"{match['owner']}/{match['repo']}", endpoint, int(match["number"])
+
+
+def github_markdown(item: dict[str, Any], *, repository: str, endpoint: str) -> str:
+    """An issue or pull request from the REST API as Markdown: title, state, author, labels, body."""
+    kind = "Pull request" if endpoint == "pulls" or "pull_request" in item else "Issue"
+    state = "merged" if item.get("merged") else "draft" if item.get("draft") else item.get("state", "unknown")
+    facts = [kind, state, f"by @{(item.get('user') or {}).get('login', 'unknown')}"]
+    if endpoint == "pulls":
+        facts.append(f"{(item.get('base') or {}).get('ref', '?')} ← {(item.get('head') or {}).get('ref', '?')}")
+    labels = [label["name"] for label in item.get("labels") or [] if isinstance(label, dict) and "name" in label]
+    if labels:
+        facts.append(f"labels: {', '.join(labels)}")
+    facts += [f"{item.get('comments', 0)} comments", f"opened {item.get('created_at', '?')}"]
+    body = (item.get("body") or "").strip() or "(no description)"
+    return f"# {item.get('title', '')} ({repository}#{item.get('number')})\n\n{' · '.join(facts)}\n\n{body}"
+
+
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     policy = EgressPolicy(allowed_networks=kit.config.web_browse.allowed_networks)
     browsing = aiohttp.ClientSession(
@@ -146,6 +185,24 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         headers={"User-Agent": "rockbot-agent"},
     )
     kit.closers.append(browsing.close)
+    github_api = kit.config.web_browse.github_api_url.rstrip("/")
+
+    async def read_github(url: str, repository: str, endpoint: str, number: int) -> str:
+        api_url = f"{github_api}/repos/{repository}/{endpoint}/{number}"
+        async with browsing.get(api_url, headers={"Accept": "application/vnd.github+json"}) as response:
+            if response.status == 200:
+                return github_markdown(await response.json(content_type=None), repository=repository,
+                                       endpoint=endpoint)
+            reason = await _github_reason(response)
+        what = "pull request" if endpoint == "pulls" else "issue"
+        if response.status == 404:
+            raise ToolFailure(f"GitHub has no {what} {repository}#{number} (or it is private): {reason}")
+        retryable = response.status in (403, 429) or response.status >= 500  # 403/429: GitHub's rate limits
+        raise ToolFailure(
+            f"GitHub's API answered HTTP {response.status} for {url}: {reason}",
+            code=ErrorCode.UNAVAILABLE if retryable else ErrorCode.EXECUTION_FAILED,
+            retryable=retryable,
+        )
 
     @tool(name="web_browse", description=catalogue_description("web_browse"))
     async def web_browse(url: Annotated[str, Field(description="An absolute http:// or https:// URL.")]) -> str:
@@ -155,7 +212,10 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                 f"web_browse only fetches absolute http(s) URLs; {url!r} is not one (give e.g. https://example.org/page)",
                 code=ErrorCode.INVALID_ARGUMENTS,
             )
+        item = github_item(url)
         try:
+            if item is not None:
+                return await read_github(url, *item)
             async with browsing.get(url, headers={"Accept": "text/html, text/plain;q=0.9, */*;q=0.5"}) as response:
                 if response.status >= 400:
                     raise ToolFailure(

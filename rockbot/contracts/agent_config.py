@@ -147,6 +147,8 @@ class WebBrowseConfig(Contract):
     """
 
     allowed_networks: list[IPvAnyNetwork] = Field(default_factory=list)
+    #: Where GitHub issue and pull-request URLs are read instead of their HTML pages.
+    github_api_url: str = "https://api.github.com"
 
 
 class AgentConfig(Contract):

@@ -121,9 +121,22 @@ class WebSearchSpec(Schema):
 class WebBrowseSpec(Schema):
     """Where `web_browse` may connect besides the public internet (it refuses private addresses)."""
 
+    rules = (
+        Rule(
+            cel="!has(self.githubApiUrl) || self.githubApiUrl.startsWith('http://') "
+            "|| self.githubApiUrl.startsWith('https://')",
+            message="githubApiUrl must be an http:// or https:// URL, e.g. https://api.github.com",
+            holds=lambda w: w.github_api_url is None or w.github_api_url.startswith(("http://", "https://")),
+        ),
+    )
+
     allowed_networks: Annotated[
         list[Annotated[str, Field(pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]], Field(max_length=64)
     ] = Field(default_factory=list, description="CIDRs web_browse may reach although not public, e.g. 10.20.0.0/16.")
+    github_api_url: Annotated[str, Field(max_length=2048)] | None = Field(
+        default=None,
+        description="GitHub issue and pull-request URLs are read through this REST API (default https://api.github.com).",
+    )
 
 
 class ScriptLimitsSpec(Schema):

@@ -19,6 +19,10 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "namespace-not-dns": ({"scripts": {"namespace": "Rockbot_Scripts"}}, "scripts.namespace"),
     "agent-namespace-not-dns": ({"agentNamespaces": ["Team A"]}, "agentNamespaces.0"),
     "llm-cidr": ({"agents": {"egress": {"llmCIDRs": ["api.openai.com"]}}}, "agents.egress.llmCIDRs.0"),
+    "llm-cidr-octet": ({"agents": {"egress": {"llmCIDRs": ["10.0.0.300/8"]}}}, "agents.egress.llmCIDRs.0"),
+    "llm-cidr-prefix": ({"agents": {"egress": {"llmCIDRs": ["203.0.113.10/33"]}}}, "agents.egress.llmCIDRs.0"),
+    "broker-cidr": ({"rabbitmq": {"enabled": False}, "externalBroker": {
+        "url": "amqp://u:p@broker:5672/", "cidrs": ["10.1.2.256/24"]}}, "externalBroker.cidrs.0"),
     "broker-url-scheme": ({"rabbitmq": {"enabled": False}, "externalBroker": {"url": "http://broker"}},
                           "externalBroker.url"),
     "pull-policy": ({"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),

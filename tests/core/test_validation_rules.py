@@ -73,6 +73,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Agent", {"spec.env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
                                                         "fieldRef": {"fieldPath": "metadata.name"}}}]}),
     ("Agent", {"spec.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}),
+    ("Agent", {"spec.webBrowse": {"githubApiUrl": "ftp://api.example"}}),
+    ("Agent", {"spec.webBrowse": {"githubApiUrl": "https://ghe.example/api/v3", "allowedNetworks": ["10.0.0.0/8"]}}),
     ("Agent", {"spec.maxIterations": 0}),
     ("Agent", {"spec.builtinTools": ["scripts", "telepathy"]}),
     ("Agent", {"spec.scriptLimits": {"cpu": "1.2.3"}}),

@@ -209,3 +209,17 @@ def test_the_mcp_set_lists_the_namespaces_other_servers_for_attaching():
     without = resolve(agent(tools=["mine"]), tools, secrets=secrets)
     assert without.config.mcp_catalog == [] and "mcp_register_server" not in {t.name for t in without.tools}
     assert "mcp-token" not in referenced_secrets(agent(tools=["mine"]), tools=tools, bus=BUS)
+
+
+def test_a_network_that_does_not_parse_is_named_and_left_out_not_a_failed_reconcile():
+    spec = {"allowedNetworks": ["10.0.0.300/8", "10.0.0.1/8", "10.20.0.0/16"], "githubApiUrl": "https://ghe.example/api/v3"}
+    result = resolve(agent(builtinTools=["web"], webBrowse=spec))
+    assert [str(net) for net in result.config.web_browse.allowed_networks] == ["10.20.0.0/16"]
+    assert result.config.web_browse.github_api_url == "https://ghe.example/api/v3"
+    assert [problem.split(" (")[0] for problem in result.tool_problems] == [
+        "spec.webBrowse.allowedNetworks[0]: '10.0.0.300/8' is not a network",
+        "spec.webBrowse.allowedNetworks[1]: '10.0.0.1/8' is not a network",
+    ]
+    assert result.tool_problems[0].endswith("write an address and prefix length, e.g. 10.20.0.0/16; web_browse is "
+                                            "given the others")
+    assert "write 10.0.0.0/8" in result.tool_problems[1]
