@@ -29,7 +29,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The key comes only from the environment: a flag would show it in the process list.
+    # The keys come only from the environment: a flag would show them in the process list. The management
+    # key (OPENROUTER_MANAGEMENT_KEY) is optional: without it the two key-listing tools say how to set it.
     api_key = os.environ.get("OPENROUTER_API_KEY", "").strip()
     if not api_key:
         print(
@@ -38,16 +39,18 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    asyncio.run(_serve(args, api_key=SecretStr(api_key)))
+    management = os.environ.get("OPENROUTER_MANAGEMENT_KEY", "").strip()
+    asyncio.run(_serve(args, api_key=SecretStr(api_key), management_key=SecretStr(management) if management else None))
     return 0
 
 
-async def _serve(args: argparse.Namespace, *, api_key: SecretStr) -> None:
+async def _serve(args: argparse.Namespace, *, api_key: SecretStr, management_key: SecretStr | None) -> None:
     from rockbot.openrouter_mcp.client import OpenRouterClient
     from rockbot.openrouter_mcp.server import build_server
 
     client = OpenRouterClient(base_url=args.base_url, api_key=api_key)
-    server = build_server(client=client)
+    management = OpenRouterClient(base_url=args.base_url, api_key=management_key) if management_key else None
+    server = build_server(client=client, management=management)
     try:
         if args.transport == "stdio":
             await server.run_stdio_async()
@@ -55,3 +58,5 @@ async def _serve(args: argparse.Namespace, *, api_key: SecretStr) -> None:
             await server.run_streamable_http_async(host=args.host, port=args.port)
     finally:
         await client.close()
+        if management is not None:
+            await management.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -88,6 +89,24 @@ class Generation(_Answer):
     finish_reason: str | None = None
 
 
+class ApiKey(_Answer):
+    """One API key of the account as the management API describes it (never the key itself)."""
+
+    hash: str = Field(description="The key's id: what get_api_key takes.")
+    name: str | None = None
+    label: str | None = Field(default=None, description="A shortened form of the key, safe to show.")
+    disabled: bool = False
+    limit: float | None = Field(default=None, description="Spending limit; null means unlimited.")
+    limit_remaining: float | None = None
+    limit_reset: str | None = None
+    usage: float = 0.0
+    usage_daily: float | None = None
+    usage_weekly: float | None = None
+    usage_monthly: float | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+
+
 class OpenRouterClient:
     """GETs against the OpenRouter API with the account's key; one HTTP session for its lifetime."""
 
@@ -131,6 +150,13 @@ class OpenRouterClient:
 
     async def generation(self, generation_id: str) -> Generation:
         return Generation.model_validate(await self._get("/generation", params={"id": generation_id}))
+
+    async def api_keys(self) -> list[ApiKey]:
+        """Needs a management key (OpenRouter refuses it to an ordinary one)."""
+        return [ApiKey.model_validate(item) for item in await self._get("/keys")]
+
+    async def api_key(self, key_hash: str) -> ApiKey:
+        return ApiKey.model_validate(await self._get(f"/keys/{quote(key_hash, safe='')}"))
 
 
 async def _reason(response: aiohttp.ClientResponse) -> str:

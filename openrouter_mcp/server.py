@@ -1,4 +1,9 @@
-"""The MCP server: four read-only tools over an OpenRouter account, answers as structured data."""
+"""The MCP server: six read-only tools over an OpenRouter account, answers as structured data.
+
+`list_api_keys` and `get_api_key` read OpenRouter's key-management API, which answers only a
+management key: the server holds it separately (`OPENROUTER_MANAGEMENT_KEY`) and uses it for these two
+GETs and nothing else, so the key that can create and delete keys is never used to do so here.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,15 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-from rockbot.openrouter_mcp.client import PER_MILLION, Generation, KeyInfo, ModelInfo, OpenRouterClient, OpenRouterError
+from rockbot.openrouter_mcp.client import (
+    PER_MILLION,
+    ApiKey,
+    Generation,
+    KeyInfo,
+    ModelInfo,
+    OpenRouterClient,
+    OpenRouterError,
+)
 
 T = TypeVar("T")
 
@@ -18,8 +31,13 @@ READ_ONLY = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotent
 
 INSTRUCTIONS = (
     "Read-only facts about the OpenRouter account behind this deployment: credits left, the API key's "
-    "limit and spending, the models with their context lengths and prices, and what a past generation "
-    "cost. Amounts are US dollars. Nothing here can change the account."
+    "limit and spending, the models with their context lengths and prices, what a past generation "
+    "cost, and the account's API keys with their limits and usage. Amounts are US dollars. Nothing here "
+    "can change the account."
+)
+NO_MANAGEMENT_KEY = (
+    "reading API keys needs an OpenRouter management key, which this server was not given: set "
+    "OPENROUTER_MANAGEMENT_KEY (in the chart: openrouterMcp.managementKeySecret)"
 )
 
 
@@ -51,13 +69,18 @@ class ModelSummary(BaseModel):
         )
 
 
+class ApiKeyList(BaseModel):
+    keys: list[ApiKey]
+
+
 class ModelList(BaseModel):
     total_matches: int = Field(description="Models matching the search; at most max_results are listed.")
     models: list[ModelSummary]
 
 
-def build_server(*, client: OpenRouterClient) -> MCPServer:
-    """An MCP server whose every tool only reads from OpenRouter through `client`."""
+def build_server(*, client: OpenRouterClient, management: OpenRouterClient | None = None) -> MCPServer:
+    """An MCP server whose every tool only reads from OpenRouter: through `client`, and through `management`
+    (the management key's client, if any) for the two key tools."""
     server = MCPServer(name="openrouter", instructions=INSTRUCTIONS)
 
     @server.tool(annotations=READ_ONLY)
@@ -92,6 +115,22 @@ def build_server(*, client: OpenRouterClient) -> MCPServer:
     ) -> Generation:
         """One past generation's model, token counts (as billed and native) and total cost in US dollars."""
         return await _ask(client.generation(generation_id))
+
+    @server.tool(annotations=READ_ONLY)
+    async def list_api_keys() -> ApiKeyList:
+        """The account's API keys (by hash and shortened label, never the keys): limits, spend, whether disabled."""
+        if management is None:
+            raise ToolError(NO_MANAGEMENT_KEY)
+        return ApiKeyList(keys=await _ask(management.api_keys()))
+
+    @server.tool(annotations=READ_ONLY)
+    async def get_api_key(
+        key_hash: str = Field(min_length=1, max_length=256, description="A key's hash from list_api_keys."),
+    ) -> ApiKey:
+        """One API key's limit, what is left of it, its daily/weekly/monthly spend and whether it is disabled."""
+        if management is None:
+            raise ToolError(NO_MANAGEMENT_KEY)
+        return await _ask(management.api_key(key_hash))
 
     return server
 

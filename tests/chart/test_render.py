@@ -244,3 +244,10 @@ def test_openrouter_mcp_reads_its_key_from_a_secret_and_serves_agents_only(rende
     agents_egress = find(manifests, "NetworkPolicy", "rockbot-agent-egress")["spec"]["egress"]
     assert any(rule["ports"] == [{"protocol": "TCP", "port": 8080}] for rule in agents_egress)
     assert not [m for m in render() if "openrouter" in m["metadata"]["name"]]
+    assert "OPENROUTER_MANAGEMENT_KEY" not in env_of(deployment)
+
+
+def test_openrouter_mcp_gets_a_management_key_only_from_a_secret_named_for_it(render: Render) -> None:
+    values = {"openrouterMcp": {"enabled": True, "managementKeySecret": {"name": "or-admin", "key": "mk"}}}
+    deployment = find(render(values), "Deployment", "rockbot-openrouter-mcp")
+    assert env_of(deployment)["OPENROUTER_MANAGEMENT_KEY"] == {"secretKeyRef": {"name": "or-admin", "key": "mk"}}

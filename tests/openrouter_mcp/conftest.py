@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 API_KEY = "sk-or-v1-test-key-0123456789"
+MANAGEMENT_KEY = "sk-or-v1-management-key-9876543210"
 
 MODELS = [
     {"id": "openai/gpt-4o-mini", "name": "OpenAI: GPT-4o-mini", "context_length": 128000,
@@ -36,6 +37,18 @@ GENERATION = {
     "native_tokens_reasoning": 0, "total_cost": 0.0000363, "cache_discount": None, "latency": 412.0,
     "generation_time": 820.0, "finish_reason": "stop", "upstream_id": "chatcmpl-xyz",
 }
+
+KEYS = [
+    {"hash": "f01d52606dc8f0a8303a7b5cc3fa07109c2e346cec7c0a16b40de462992ce943", "name": "agents", "label":
+     "sk-or-v1-f01...943", "disabled": False, "limit": 100.0, "limit_remaining": 74.5, "limit_reset": "monthly",
+     "include_byok_in_limit": False, "usage": 25.5, "usage_daily": 1.5, "usage_weekly": 8.0, "usage_monthly": 25.5,
+     "created_at": "2026-08-24T10:30:00Z", "updated_at": "2026-11-20T15:45:00Z"},
+    {"hash": "0e6f44a47a05f1dad2ad7e88c4c1d6b77688157716fb1a5271146f7464951c96", "name": "old", "label":
+     "sk-or-v1-0e6...c96", "disabled": True, "limit": None, "limit_remaining": None, "limit_reset": None,
+     "usage": 3.25, "created_at": "2025-01-02T00:00:00Z", "updated_at": None},
+]
+MANAGEMENT: dict[str, Any] = {"/api/v1/keys": {"data": KEYS}} | {f"/api/v1/keys/{key['hash']}": {"data": key}
+                                                                  for key in KEYS}
 
 ANSWERS: dict[str, Any] = {
     "/api/v1/credits": {"data": {"total_credits": 50.0, "total_usage": 12.5}},
@@ -67,9 +80,15 @@ class FakeOpenRouter:
 
             def do_GET(self) -> None:
                 fake.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                url = urlsplit(self.path)
+                if url.path.startswith("/api/v1/keys"):  # key management answers the management key only
+                    if self.headers.get("Authorization") != f"Bearer {MANAGEMENT_KEY}":
+                        return self._answer(401, {"error": {"code": 401, "message": "Invalid management key"}})
+                    if url.path in MANAGEMENT:
+                        return self._answer(200, MANAGEMENT[url.path])
+                    return self._answer(404, {"error": {"code": 404, "message": "Key not found"}})
                 if self.headers.get("Authorization") != f"Bearer {API_KEY}":
                     return self._answer(401, {"error": {"code": 401, "message": "No auth credentials found"}})
-                url = urlsplit(self.path)
                 if url.path == "/api/v1/generation":
                     if parse_qs(url.query).get("id") == [GENERATION["id"]]:
                         return self._answer(200, {"data": GENERATION})
@@ -116,7 +135,8 @@ def _free_port() -> int:
 def mcp_url(openrouter: FakeOpenRouter) -> Iterator[str]:
     """The MCP server as a process (the same CLI the pod runs), pointed at the fake OpenRouter."""
     port = _free_port()
-    env = {**os.environ, "OPENROUTER_API_KEY": API_KEY, "OPENROUTER_BASE_URL": openrouter.base_url}
+    env = {**os.environ, "OPENROUTER_API_KEY": API_KEY, "OPENROUTER_MANAGEMENT_KEY": MANAGEMENT_KEY,
+           "OPENROUTER_BASE_URL": openrouter.base_url}
     process = run_cli("--host", "127.0.0.1", "--port", str(port), env=env)
     try:
         deadline = time.monotonic() + 30

@@ -9,9 +9,11 @@ from mcp import Client
 from pydantic import SecretStr
 
 from rockbot.openrouter_mcp.client import OpenRouterClient, OpenRouterError
-from tests.openrouter_mcp.conftest import API_KEY, GENERATION, FakeOpenRouter, run_cli
+from rockbot.openrouter_mcp.server import build_server
+from tests.openrouter_mcp.conftest import API_KEY, GENERATION, KEYS, MANAGEMENT_KEY, FakeOpenRouter, run_cli
 
-TOOLS = {"get_credits", "get_key_usage", "list_models", "get_generation"}
+TOOLS = {"get_credits", "get_key_usage", "list_models", "get_generation", "list_api_keys", "get_api_key"}
+ARGUMENTS = {"get_generation": {"generation_id": GENERATION["id"]}, "get_api_key": {"key_hash": KEYS[0]["hash"]}}
 
 
 async def test_every_tool_is_declared_read_only(mcp_url: str) -> None:
@@ -79,7 +81,7 @@ async def test_unknown_generation_is_a_tool_error_with_openrouters_reason(mcp_ur
 async def test_openrouter_only_ever_receives_reads(mcp_url: str, openrouter: FakeOpenRouter) -> None:
     async with Client(mcp_url) as client:
         for name in sorted(TOOLS):
-            await client.call_tool(name, {"generation_id": GENERATION["id"]} if name == "get_generation" else {})
+            await client.call_tool(name, ARGUMENTS.get(name, {}))
     assert openrouter.requests
     assert {method for method, _, _ in openrouter.requests} == {"GET"}
 
@@ -102,3 +104,35 @@ def test_cli_without_a_key_stops_with_a_clear_message() -> None:
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "OPENROUTER_API_KEY is not set" in stderr
+
+
+async def test_api_keys_are_listed_with_the_management_key_only(mcp_url: str, openrouter: FakeOpenRouter) -> None:
+    async with Client(mcp_url) as client:
+        result = await client.call_tool("list_api_keys", {})
+    keys = result.structured_content["keys"]
+    assert [(key["name"], key["disabled"], key["usage"]) for key in keys] == [
+        ("agents", False, 25.5), ("old", True, 3.25)]
+    assert keys[0]["hash"] == KEYS[0]["hash"] and keys[0]["limit_remaining"] == 74.5
+    assert ("GET", "/api/v1/keys", f"Bearer {MANAGEMENT_KEY}") in openrouter.requests
+    assert not any(path.startswith("/api/v1/keys") and auth != f"Bearer {MANAGEMENT_KEY}"
+                   for _, path, auth in openrouter.requests)
+
+
+async def test_one_api_key_is_read_by_its_hash(mcp_url: str) -> None:
+    async with Client(mcp_url) as client:
+        found = await client.call_tool("get_api_key", {"key_hash": KEYS[1]["hash"]})
+        missing = await client.call_tool("get_api_key", {"key_hash": "feedface"})
+    assert found.structured_content["name"] == "old" and found.structured_content["limit"] is None
+    assert missing.is_error and "404" in missing.content[0].text and "Key not found" in missing.content[0].text
+
+
+async def test_without_a_management_key_the_key_tools_say_how_to_set_one(openrouter: FakeOpenRouter) -> None:
+    client = OpenRouterClient(base_url=openrouter.base_url, api_key=SecretStr(API_KEY))
+    try:
+        async with Client(build_server(client=client, management=None)) as mcp:
+            listed = await mcp.call_tool("list_api_keys", {})
+            one = await mcp.call_tool("get_api_key", {"key_hash": KEYS[0]["hash"]})
+    finally:
+        await client.close()
+    for result in (listed, one):
+        assert result.is_error and "OPENROUTER_MANAGEMENT_KEY" in result.content[0].text
