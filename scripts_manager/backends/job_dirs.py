@@ -56,12 +56,13 @@ class JobDir:
         os.close(self._lock)
 
 
-def reap() -> int:
-    """Remove the job folders this user's killed managers left in the temporary directory; how many."""
-    removed = 0
+def reap() -> list[str]:
+    """Remove the job folders this user's killed managers left in the temporary directory; their names."""
+    removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         with contextlib.suppress(OSError):
-            removed += _remove_if_abandoned(path)
+            if _remove_if_abandoned(path):
+                removed.append(path.name)
     return removed
 
 

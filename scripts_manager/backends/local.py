@@ -21,9 +21,11 @@ Out of memory: at the address-space limit Python raises `MemoryError`. A `sitecu
 text on stderr decides nothing. A script that exits 137 or SIGKILLs itself on purpose is reported
 as out of memory too.
 
-What remains: memory is limited per process, not per script, so a script may hold up to 8 x
-ROCKBOT_SCRIPTS_MEMORY (plus its /tmp and /dev/shm). Only the pod backend has a real per-script
-memory limit (the container's cgroup).
+Memory: where the manager may make memory cgroups (root on a cgroup v1 host, `cgroups.py`) each
+run gets its own, so a script's processes and its /tmp and /dev/shm are held to
+ROCKBOT_SCRIPTS_MEMORY together, and an OOM kill there is reported as `oom_killed`. Elsewhere (not
+root, or cgroup v2) memory is limited per process only: a script may hold up to 8 x
+ROCKBOT_SCRIPTS_MEMORY plus its tmpfs mounts.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends import isolation as isolations
+from rockbot.scripts_manager.backends.cgroups import MemoryCgroups
 from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
 from rockbot.scripts_manager.backends.job_dirs import HOOK, INPUT, SCRIPT, JobDir, reap
 from rockbot.scripts_manager.packages import PackageCache, default_root
@@ -88,11 +91,13 @@ class LocalBackend:
         interpreter: Interpreter,
         settings: ScriptsManagerSettings,
         packages: PackageCache | None,
+        cgroups: MemoryCgroups | None,
     ) -> None:
         self.isolation = isolation
         self._interpreter = interpreter
         self._settings = settings
         self._packages = packages
+        self._cgroups = cgroups
         self._tmp_bytes = quantity_bytes(settings.scripts_tmp_size)
         self._prlimit = shutil.which("prlimit")
         if self._prlimit is None:
@@ -102,9 +107,12 @@ class LocalBackend:
     async def create(cls, *, settings: ScriptsManagerSettings, search_path: str | None = None) -> LocalBackend:
         """Find an isolation and an interpreter that starts in it; `SandboxUnavailable` names the fix if none does."""
         isolation = isolations.find(mode=settings.scripts_local_isolation, search_path=search_path)
+        cgroups = await asyncio.to_thread(MemoryCgroups.find)
         if removed := await asyncio.to_thread(reap):
-            log.info("removed %d job folders that a killed scripts-manager left behind", removed)
-        interpreter = await _starting_interpreter(isolation=isolation, settings=settings)
+            log.info("removed %d job folders that a killed scripts-manager left behind", len(removed))
+            for name in removed if cgroups is not None else ():
+                await cgroups.remove(cgroups.base / name)
+        interpreter = await _starting_interpreter(isolation=isolation, settings=settings, cgroups=cgroups)
         packages = None
         if settings.scripts_allowed_packages:
             packages = PackageCache(
@@ -114,7 +122,7 @@ class LocalBackend:
                 find_links=settings.scripts_pip_find_links,
             )
             await asyncio.to_thread(packages.check, reader_uid=isolation.script_uid)
-        return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages)
+        return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages, cgroups=cgroups)
 
     async def start(self) -> None:
         return None
@@ -128,10 +136,18 @@ class LocalBackend:
             if self._packages is None:
                 raise SandboxFailure("packages were allowed by policy but no package cache is configured")
             packages_dir = await self._packages.ensure(job.packages)
+        memory = quantity_bytes(job.memory or self._settings.scripts_memory)
         job_dir = await asyncio.to_thread(JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK)
+        cgroup = None
         try:
-            return await self._execute(job=job, job_dir=job_dir.path, packages_dir=packages_dir)
+            if self._cgroups is not None:
+                cgroup = await asyncio.to_thread(self._cgroups.create, job_dir.path.name, limit_bytes=memory)
+            return await self._execute(
+                job=job, job_dir=job_dir.path, packages_dir=packages_dir, memory=memory, cgroup=cgroup
+            )
         finally:
+            if cgroup is not None and self._cgroups is not None:
+                await self._cgroups.remove(cgroup)
             await asyncio.to_thread(job_dir.remove)
 
     async def problem(self) -> str | None:
@@ -145,7 +161,9 @@ class LocalBackend:
             return result.stderr.strip()[-300:] or f"exit code {result.exit_code}"
         return None
 
-    async def _execute(self, *, job: ScriptJob, job_dir: Path, packages_dir: Path | None) -> ScriptInvokeResponse:
+    async def _execute(
+        self, *, job: ScriptJob, job_dir: Path, packages_dir: Path | None, memory: int, cgroup: Path | None
+    ) -> ScriptInvokeResponse:
         bwrap = self.isolation.kind == "bwrap"
         with contextlib.ExitStack() as descriptors:
             job_fds = {name: _opened(descriptors, job_dir / name) for name in (SCRIPT, HOOK)} if bwrap else {}
@@ -158,7 +176,7 @@ class LocalBackend:
             )  # fmt: skip
             limits = [
                 str(self._prlimit),
-                f"--as={quantity_bytes(job.memory or self._settings.scripts_memory)}",
+                f"--as={memory}",
                 f"--cpu={math.ceil(job.timeout_seconds) + 1}",
                 f"--nproc={_PROCESSES}",
                 f"--fsize={self._tmp_bytes}",
@@ -181,8 +199,9 @@ class LocalBackend:
             started = time.monotonic()
             # Our own pipes (not asyncio's): waiting for the exit must not wait for every holder of the
             # pipes to go, and we close them ourselves if something outlives the script.
+            join = [] if cgroup is None else MemoryCgroups.join(cgroup)
             process = await _spawn(
-                [*sandboxed.argv, *limits, self._interpreter.executable, "-s", str(sandboxed.job_dir / SCRIPT)],
+                [*join, *sandboxed.argv, *limits, self._interpreter.executable, "-s", str(sandboxed.job_dir / SCRIPT)],
                 cwd=sandboxed.cwd, env=env, stdin_path=job_dir / INPUT, stdout=stdout, stderr=stderr,
                 pass_fds=sandboxed.pass_fds,
             )  # fmt: skip
@@ -202,6 +221,7 @@ class LocalBackend:
             stderr.close()
             if bwrap and not timed_out and b'"exit-code"' not in _read_available(status_read):
                 raise SandboxUnavailable(f"the sandbox did not start: {stderr.text().strip()[-300:]}")
+            oom_kills = 0 if cgroup is None else await asyncio.to_thread(MemoryCgroups.oom_kills, cgroup)
         text_err = stderr.text()
         exit_code = None if timed_out else _exit_code(process.returncode)
         return ScriptInvokeResponse(
@@ -210,7 +230,7 @@ class LocalBackend:
             stderr=text_err,
             exit_code=exit_code,
             timed_out=timed_out,
-            oom_killed=exit_code == OOM_EXIT_CODE,
+            oom_killed=exit_code == OOM_EXIT_CODE or oom_kills > 0,
             output_truncated=stdout.truncated or stderr.truncated,
             duration_seconds=round(duration, 4),
         )
@@ -278,7 +298,9 @@ async def _spawn(
     return process
 
 
-async def _starting_interpreter(*, isolation: Isolation, settings: ScriptsManagerSettings) -> Interpreter:
+async def _starting_interpreter(
+    *, isolation: Isolation, settings: ScriptsManagerSettings, cgroups: MemoryCgroups | None
+) -> Interpreter:
     """ROCKBOT_SCRIPTS_LOCAL_PYTHON, else the first default that starts a script in `isolation`; never root's."""
     configured = settings.scripts_local_python
     candidates = [configured] if configured else [_base_python(), SYSTEM_PYTHON]
@@ -293,7 +315,9 @@ async def _starting_interpreter(*, isolation: Isolation, settings: ScriptsManage
         if interpreter in tried:
             continue
         tried.add(interpreter)
-        probe = LocalBackend(isolation=isolation, interpreter=interpreter, settings=settings, packages=None)
+        probe = LocalBackend(
+            isolation=isolation, interpreter=interpreter, settings=settings, packages=None, cgroups=cgroups
+        )
         problem = await probe.problem()
         if problem is None:
             if problems:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rockbot.scripts_manager.backends import SandboxUnavailable, ScriptJob
+from rockbot.scripts_manager.backends.cgroups import MemoryCgroups
 from rockbot.scripts_manager.backends.local import LocalBackend
 from rockbot.scripts_manager.packages import PackageCache
 from tests.scripts_manager.conftest import MakeSettings
@@ -447,6 +448,34 @@ async def test_processes_the_script_user_already_has_on_the_host_do_not_count_ag
     assert 0 < int(result.stdout) < 8
 
 
+@pytest.mark.skipif(MemoryCgroups.find() is None, reason="no memory cgroup for the manager here (not root, or v2)")
+async def test_a_scripts_processes_are_held_to_its_memory_limit_together(make_settings: MakeSettings) -> None:
+    sandbox = await LocalBackend.create(settings=make_settings(scripts_memory="128Mi"))
+    result = await sandbox.run(job("""
+        import os, signal, time
+        children = []
+        for _ in range(3):  # each child holds 80 MiB, under the per-process limit: 240 MiB together
+            ready, held = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                data = b"x" * (80 << 20)
+                os.write(held, b"1")
+                time.sleep(30)
+                os._exit(0)
+            os.close(held)
+            os.read(ready, 1)
+            children.append(pid)
+        killed = 0
+        for pid in children:
+            os.kill(pid, signal.SIGTERM)
+            killed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == -signal.SIGKILL
+        print(killed)
+    """))
+    assert result.exit_code == 0, result
+    assert int(result.stdout) >= 2  # the kernel's OOM killer took the older ones
+    assert result.oom_killed is True
+
+
 async def test_a_sandbox_that_cannot_start_is_unavailable_not_the_scripts_exit_code(
     make_settings: MakeSettings, tmp_path: Path
 ) -> None:
@@ -502,9 +531,12 @@ async def test_job_files_are_private_and_a_killed_managers_are_removed_by_the_ne
         os.killpg(manager.pid, signal.SIGKILL)
         await manager.wait()
     assert job_dir.exists()  # a SIGKILLed manager cleans nothing up
+    cgroups = MemoryCgroups.find()
+    assert cgroups is None or (cgroups.base / job_dir.name).exists()
     monkeypatch.setattr(tempfile, "tempdir", str(jobs))
     await LocalBackend.create(settings=make_settings())
     assert not job_dir.exists()
+    assert cgroups is None or not (cgroups.base / job_dir.name).exists()
 
 
 def _text(path: Path) -> str | None:
