@@ -87,14 +87,15 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
     kubelet sees a live pod that is not ready rather than one to restart. Returns the bus and the
     health server, which the caller stops once the agent's own server listens on the same port.
     """
-    from rockbot.bus import AmqpBus, BusUnavailable
+    from rockbot.bus import AccessRefused, AmqpBus, BusUnavailable
     from rockbot.health import HealthServer, Readiness, wait_for_dependency
 
     readiness = Readiness()
     health = HealthServer(readiness=readiness)
     await health.start(host=host, port=port, reuse_port=True)
     connecting = asyncio.create_task(wait_for_dependency(
-        lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker", retry_on=(BusUnavailable,)
+        lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker",
+        retry_on=(BusUnavailable, AccessRefused),  # the operator may be creating this agent's login right now
     ))  # fmt: skip
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -111,7 +112,8 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.inbox import serve_inbox
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
-    from rockbot.bus import MemoryBus
+    from rockbot.bus import MemoryBroker, Principal
+    from rockbot.bus.admin import ensure_principal
     from rockbot.health import stop_within
 
     stop = asyncio.Event()
@@ -120,8 +122,11 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         loop.add_signal_handler(sig, stop.set)
     url = args.bus or os.environ.get(AMQP_URL_ENV)
     port, waiting = args.port, None
-    if url == "memory":
-        bus = MemoryBus()
+    me = Principal.agent(namespace=config.namespace, name=config.name)
+    if url == "memory":  # a broker of its own, where this agent is the one principal
+        broker = MemoryBroker()
+        await ensure_principal(broker, me, password="")
+        bus = broker.connect(me.user)
         if "scripts" in config.builtin_tools:
             log.warning("--bus memory: no scripts-manager shares this process's bus, so execute_python_script answers "
                         "Unavailable at once; give --bus an AMQP URL with a scripts-manager on it to run scripts")
@@ -130,6 +135,15 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         if bus is None:
             return 0  # stopped before the broker answered
         port = waiting.port
+        if bus.user != me.user:
+            await bus.close()
+            await waiting.stop()
+            print(
+                f"rockbot agent: the bus URL logs in as {bus.user!r}, but this agent is {me.user!r}: every agent has "
+                f"a login of its own (the operator keeps it in the Secret rockbot-{config.name}-bus)",
+                file=sys.stderr,
+            )
+            return 1
     else:
         bus = None
         log.warning("no bus configured (--bus or $%s): serving HTTP only, without inbox or scripts", AMQP_URL_ENV)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rockbot.bus import BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
+from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import SCRIPT_INVOKE, script_result
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -95,6 +95,7 @@ class ScriptSandbox:
                 reply_queue=self.reply_queue,
                 correlation_id=request_id,
                 timeout_seconds=wait,
+                responder=SCRIPTS_MANAGER,
             )
             return reply.decode(SCRIPT_INVOKE_REPLY)
         except RequestTimeout:

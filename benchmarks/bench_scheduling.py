@@ -6,7 +6,10 @@ real time from that moment until its trigger reaches the agent's inbox: everythi
 does for 200 simultaneous slots (plan, conditional status write, publish). A fake agent answers
 at once, so each run also costs its completion write.
 
-    python -m benchmarks.bench_scheduling [--tasks 200] [--minutes 5] [--amqp-url amqp://...]
+    python -m benchmarks.bench_scheduling [--tasks 200] [--minutes 5] [--amqp-url amqp://admin@...]
+
+The operator and the agent each connect as themselves (with --amqp-url, an administrator's URL:
+their users are provisioned through the management API, as `rockbot local` does).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import time
 import kmock
 import yaml
 
-from rockbot.bus import AmqpBus, Bus, Delivery, MemoryBus
+from rockbot.bus import OPERATOR, Delivery, Principal
 from rockbot.bus.topology import agent_inbox
+from rockbot.contracts.agent_config import AgentConfig, ModelConfig
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient
+from rockbot.local import broker
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
@@ -60,11 +65,20 @@ async def wait_for(condition, *, within: float = 60.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def run(*, tasks: int, minutes: int, amqp_url: str | None) -> None:
+async def run(*, tasks: int, minutes: int, amqp_url: str | None, management_url: str | None) -> None:
     emulator = KubeApiEmulator()
+    model = ModelConfig(base_url="https://llm.example/v1", name="m")
+    helper = AgentConfig(name="helper", namespace="default", model=model)
+    if amqp_url:
+        connect = await broker.on_rabbitmq(
+            [helper], amqp_url=amqp_url, management_url=management_url, scheduler=OPERATOR
+        )
+    else:
+        connect = await broker.in_memory([helper], scheduler=OPERATOR)
     async with emulator, kmock.Server(emulator), client_for(emulator) as kube:
         await setup(kube, tasks)
-        bus: Bus = await AmqpBus.connect(url=amqp_url) if amqp_url else MemoryBus()
+        bus = await connect(Principal.agent(namespace="default", name="helper"))
+        operator_bus = await connect(OPERATOR)
         clock = ManualClock(START)
         arrivals: list[float] = []
 
@@ -75,7 +89,7 @@ async def run(*, tasks: int, minutes: int, amqp_url: str | None) -> None:
                                                          session_id=request.session_id, answer="ok"))
 
         inbox = await bus.consume(queue=agent_inbox(namespace="default", name="helper"), handler=agent, prefetch=256)
-        scheduler = Scheduler(kube=kube, bus=bus, clock=clock, namespaces=["default"])
+        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=clock, namespaces=["default"])
         await scheduler.start()
 
         async def all_planned(minute: int) -> bool:
@@ -100,6 +114,7 @@ async def run(*, tasks: int, minutes: int, amqp_url: str | None) -> None:
         await scheduler.stop()
         await inbox.close()
         await bus.close()
+        await operator_bus.close()
     lags.sort()
     runs = tasks * minutes
     print(f"bus: {'RabbitMQ' if amqp_url else 'in-memory'}; {tasks} tasks x {minutes} minutes = {runs} runs")
@@ -112,9 +127,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--minutes", type=int, default=5)
-    parser.add_argument("--amqp-url", default=None)
+    parser.add_argument("--amqp-url", default=None, help="an administrator's URL of a RabbitMQ broker")
+    parser.add_argument("--management-url", default=None, help="its management API (default: AMQP host, port 15672)")
     args = parser.parse_args()
-    asyncio.run(run(tasks=args.tasks, minutes=args.minutes, amqp_url=args.amqp_url))
+    asyncio.run(
+        run(tasks=args.tasks, minutes=args.minutes, amqp_url=args.amqp_url, management_url=args.management_url)
+    )
 
 
 if __name__ == "__main__":

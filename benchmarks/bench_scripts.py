@@ -3,7 +3,8 @@
 1. The local sandbox (bubblewrap + rlimits, the real backend) running `pass`, p50/p95 over
    --runs runs, against a bare `python -c pass` of the same interpreter (goal: at most 1.5x).
 2. The bus round trip through a real RabbitMQ broker (a private one is started unless
-   --amqp-url is given): request/reply to an echo consumer, p50 and p95 (goal: under 5 ms p50).
+   --amqp-url, an administrator's URL, is given): an agent's request on `script.invoke` answered
+   by an echoing scripts-manager, each logged in as itself, p50 and p95 (goal: under 5 ms p50).
 3. Scripts per second through the whole path (agent client -> broker -> scripts-manager with
    concurrency --concurrency -> local sandbox -> reply), --scripts scripts in flight at once.
 
@@ -19,25 +20,20 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import AmqpBus, Delivery, Queue
-from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.bus import SCRIPTS_MANAGER, Delivery, Principal
+from rockbot.bus.topology import SCRIPT_INVOKE
+from rockbot.contracts.agent_config import AgentConfig, ModelConfig
+from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
+from rockbot.local.broker import Connect, on_rabbitmq
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.local import LocalBackend
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.fixtures.rabbitmq import RabbitBroker
-
-
-class Ping(BaseModel):
-    schema_version: Literal[1] = 1
-    n: int
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -78,19 +74,22 @@ async def sandbox_latency(runs: int) -> None:
     print(f"  ratio p50 {p50_box / p50_bare:.2f}x (goal <= 1.5x)")
 
 
-async def bus_round_trip(url: str, runs: int) -> None:
-    queue, replies = Queue(name=f"bench.{uuid.uuid4().hex}"), Queue(name=f"bench.r.{uuid.uuid4().hex}")
-    async with await AmqpBus.connect(url=url) as server, await AmqpBus.connect(url=url) as client:
-        async def echo(delivery: Delivery) -> None:
-            await server.reply(to=delivery, body=delivery.decode(Ping))
+BENCH = Principal.agent(namespace="default", name="bench")
 
-        await server.consume(queue=queue, handler=echo, prefetch=8)
-        counter = iter(range(10**9))
+
+async def bus_round_trip(connect: Connect, runs: int) -> None:
+    async with await connect(SCRIPTS_MANAGER) as server, await connect(BENCH) as client:
+        async def echo(delivery: Delivery) -> None:
+            request = delivery.decode(ScriptInvokeRequest)
+            await server.reply(to=delivery, body=ScriptInvokeResponse(
+                request_id=request.request_id, stdout=request.script, stderr="", exit_code=0, duration_seconds=0))
+
+        await server.consume(queue=SCRIPT_INVOKE, handler=echo, prefetch=8)
+        sandbox = ScriptSandbox(bus=client, namespace=BENCH.namespace, agent=BENCH.name)
 
         async def call() -> None:
-            n = next(counter)
-            await client.request(queue=queue, body=Ping(n=n), reply_queue=replies,
-                                 correlation_id=f"c{n}", timeout_seconds=10)
+            answer = await sandbox.execute_python_script(script="pass", request_id=uuid.uuid4().hex)
+            assert isinstance(answer, ScriptInvokeResponse), answer
 
         samples = await timed(runs, call)
     print(f"bus request/reply through RabbitMQ, {runs} round trips:")
@@ -98,16 +97,17 @@ async def bus_round_trip(url: str, runs: int) -> None:
     print(f"  p50 {p50 * 1000:.2f} ms   p95 {p95 * 1000:.2f} ms (goal p50 < 5 ms)")
 
 
-async def throughput(url: str, *, concurrency: int, scripts: int) -> None:
+async def throughput(connect: Connect, *, concurrency: int, scripts: int) -> None:
     settings = ScriptsManagerSettings(
-        amqp_url=url, scripts_backend="local", scripts_concurrency=concurrency, health_host="127.0.0.1",
+        scripts_backend="local", scripts_concurrency=concurrency, health_host="127.0.0.1",
         health_port=0, drain_seconds=0, scripts_package_cache=Path(tempfile.mkdtemp()),
     )  # fmt: skip
-    manager = ScriptsManager(settings=settings)
+    manager_bus = await connect(SCRIPTS_MANAGER)
+    manager = ScriptsManager(settings=settings, bus=manager_bus)
     await manager.start()
     try:
-        async with await AmqpBus.connect(url=url) as bus:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="bench", reply_grace_seconds=60)
+        async with await connect(BENCH) as bus:
+            sandbox = ScriptSandbox(bus=bus, namespace=BENCH.namespace, agent=BENCH.name, reply_grace_seconds=60)
             await sandbox.execute_python_script(script="pass")
             started = time.perf_counter()
             results = await asyncio.gather(*(
@@ -116,30 +116,33 @@ async def throughput(url: str, *, concurrency: int, scripts: int) -> None:
             elapsed = time.perf_counter() - started
     finally:
         await manager.stop()
+        await manager_bus.close()
     assert all(isinstance(r, ScriptInvokeResponse) and r.exit_code == 0 for r in results), results
     print(f"end to end, {scripts} scripts, manager concurrency {concurrency}:")
     print(f"  {scripts / elapsed:.1f} scripts/s ({elapsed:.2f} s)")
 
 
-@contextlib.contextmanager
-def broker(url: str | None) -> Iterator[str]:
+@contextlib.asynccontextmanager
+async def broker(url: str | None, management_url: str | None) -> AsyncIterator[Connect]:
+    """Logins for the scripts-manager and the benchmark's agent on the given broker, or on a private one."""
+    bench = AgentConfig(name=BENCH.name, namespace=BENCH.namespace, model=ModelConfig(base_url="http://-", name="-"))
     if url:
-        yield url
+        yield await on_rabbitmq([bench], amqp_url=url, management_url=management_url)
         return
     with tempfile.TemporaryDirectory(prefix="rockbot-bench-rabbit-") as root:
         rabbit = RabbitBroker(root=Path(root))
-        rabbit.start()
+        await asyncio.to_thread(rabbit.start)
         try:
-            yield rabbit.url
+            yield await on_rabbitmq([bench], amqp_url=rabbit.url, management_url=rabbit.management_url)
         finally:
-            rabbit.stop()
+            await asyncio.to_thread(rabbit.stop)
 
 
 async def main(args: argparse.Namespace) -> None:
     await sandbox_latency(args.runs)
-    with broker(args.amqp_url) as url:
-        await bus_round_trip(url, args.round_trips)
-        await throughput(url, concurrency=args.concurrency, scripts=args.scripts)
+    async with broker(args.amqp_url, args.management_url) as connect:
+        await bus_round_trip(connect, args.round_trips)
+        await throughput(connect, concurrency=args.concurrency, scripts=args.scripts)
 
 
 if __name__ == "__main__":
@@ -148,5 +151,6 @@ if __name__ == "__main__":
     parser.add_argument("--round-trips", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--scripts", type=int, default=40)
-    parser.add_argument("--amqp-url", default=None, help="an existing broker (default: start a private one)")
+    parser.add_argument("--amqp-url", default=None, help="an administrator's URL of a broker (default: a private one)")
+    parser.add_argument("--management-url", default=None, help="its management API (default: AMQP host, port 15672)")
     asyncio.run(main(parser.parse_args()))

@@ -1,4 +1,4 @@
-"""Start every part of a local run on one bus, and stop them in reverse order."""
+"""Start every part of a local run, each on its own bus connection (its principal), and stop them in reverse order."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
-from rockbot.bus import Bus
+from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
 from rockbot.local.assembly import AssembledAgent
+from rockbot.local.broker import Connect
 from rockbot.local.scheduler import LocalScheduler, Report
 from rockbot.resources import ScheduledTask
 from rockbot.scripts_manager.app import ScriptsManager
@@ -26,7 +27,7 @@ class LocalRun:
 @contextlib.asynccontextmanager
 async def running(
     *,
-    bus: Bus,
+    connect: Connect,
     agents: dict[str, AssembledAgent],
     tasks: list[ScheduledTask],
     report: Report,
@@ -34,11 +35,16 @@ async def running(
 ) -> AsyncIterator[LocalRun]:
     """The scripts-manager (local sandbox), every agent with its inbox, and the scheduler."""
     async with contextlib.AsyncExitStack() as stack:
-        manager = ScriptsManager(settings=scripts, bus=bus)
+
+        async def connected(principal: Principal):
+            return await stack.enter_async_context(await connect(principal))
+
+        manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER))
         await manager.start()
         stack.push_async_callback(manager.stop)
         runtimes = {}
         for name, assembled in agents.items():
+            bus = await connected(Principal.agent(namespace=assembled.config.namespace, name=name))
             sandbox = ScriptSandbox.for_agent(bus=bus, config=assembled.config)
             runtime = AgentRuntime.from_config(
                 assembled.config, bus=bus, sandbox=sandbox, env={**os.environ, **assembled.env}
@@ -47,7 +53,7 @@ async def running(
             inbox = await serve_inbox(runtime=runtime, bus=bus)
             stack.push_async_callback(inbox.close)
             runtimes[name] = runtime
-        scheduler = LocalScheduler(bus=bus, tasks=tasks, report=report)
+        scheduler = LocalScheduler(bus=await connected(LOCAL), tasks=tasks, report=report)
         scheduler.start()
         stack.push_async_callback(scheduler.close)
         yield LocalRun(agents=runtimes)

@@ -38,7 +38,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("OPENAI_MODEL"),
         help="model name for every agent (default: $OPENAI_MODEL, else each Agent's own)",
     )
-    parser.add_argument("--amqp-url", help="use this RabbitMQ instead of the in-memory bus")
+    parser.add_argument(
+        "--amqp-url",
+        help="use this RabbitMQ instead of the in-memory bus; it must log in as an administrator, who creates a "
+        "login per agent for this run",
+    )
+    parser.add_argument(
+        "--management-url",
+        help="RabbitMQ's management API for --amqp-url (default: the AMQP host on port 15672)",
+    )
     parser.add_argument(
         "--unsafe-no-sandbox",
         action="store_true",
@@ -90,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log_file=None) -> int:
-    from rockbot.bus import AmqpBus, BusUnavailable, MemoryBus
+    from rockbot.bus import BusError
+    from rockbot.local import broker
     from rockbot.local.app import running
     from rockbot.local.chat import Printer, ask, banner
     from rockbot.resources import ScheduledTask
@@ -104,12 +113,18 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log
     )
     tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
     printer = Printer()
+    configs = [assembled.config for assembled in agents.values()]
     try:
-        bus = await AmqpBus.connect(url=args.amqp_url) if args.amqp_url else MemoryBus()
-    except BusUnavailable as error:
+        if args.amqp_url:
+            connect = await broker.on_rabbitmq(configs, amqp_url=args.amqp_url, management_url=args.management_url)
+        else:
+            connect = await broker.in_memory(configs)
+    except BusError as error:
         print(f"rockbot local: {error}", file=sys.stderr)
         return 1
-    async with bus, running(bus=bus, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts) as local:
+    async with running(
+        connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts
+    ) as local:
         agent = local.agents[chosen]
         print(banner(chosen, agent, base_url=args.base_url), file=sys.stderr)
         if log_file is not None and log_file.warnings:

@@ -14,7 +14,7 @@ import secrets
 import uuid
 from collections.abc import Callable
 
-from rockbot.bus import Bus
+from rockbot.bus import Bus, Principal
 from rockbot.bus.topology import agent_inbox, local_scheduler_replies
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.local.manifests import NAMESPACE
@@ -85,6 +85,7 @@ class LocalScheduler:
                 reply_queue=self._replies,
                 correlation_id=request.request_id,
                 timeout_seconds=task.spec.run_timeout_seconds,
+                responder=Principal.agent(namespace=NAMESPACE, name=task.spec.agent_ref.name),
             )
             self._report(name, delivery.decode(InboxReply), None)
         except Exception as error:  # a failed run is reported, and the next slot still fires

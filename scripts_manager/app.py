@@ -1,8 +1,9 @@
 """The scripts-manager process: bus, backend, consumer and health server, started and stopped together.
 
-The health server comes first: while the broker is not reachable yet the manager is live but not
-ready (`/readyz` says why) and keeps trying; SIGTERM stops it at any point, within seconds even
-when the broker is gone.
+The health server comes first: while the broker is not reachable yet (or refuses the login, or
+`script.invoke` is not declared: the operator creates the manager's user and the queue at its
+start-up) the manager is live but not ready (`/readyz` says why) and keeps trying; SIGTERM stops it
+at any point, within seconds even when the broker is gone.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import logging
 import os
 
-from rockbot.bus import AmqpBus, Bus, BusUnavailable
+from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable, NoRoute
 from rockbot.health import HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.scripts_manager.backends import ScriptBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
@@ -68,10 +69,12 @@ class ScriptsManager:
             url = settings.amqp_url.get_secret_value()
             self._bus = await wait_for_dependency(
                 lambda: AmqpBus.connect(url=url), readiness=self.readiness, dependency="broker",
-                retry_on=(BusUnavailable,),
+                retry_on=(BusUnavailable, AccessRefused),
             )  # fmt: skip
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics)
-        await self._service.start()
+        await wait_for_dependency(
+            self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
+        )
         log.info("scripts-manager consuming with backend %s, concurrency %d, health on port %s",
                  self.metrics.backend, settings.scripts_concurrency, self.health.port)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rockbot.agent.registry import ToolContext, ToolFailure
 from rockbot.agent.toolsets.kit import ToolKit
-from rockbot.bus import BusError, BusUnavailable, NoRoute, RequestTimeout
+from rockbot.bus import BusError, BusUnavailable, NoRoute, Principal, RequestTimeout
 from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.agent_config import AgentBackend, ResolvedTool
 from rockbot.contracts.errors import ErrorCode
@@ -52,6 +52,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
     backend = resolved.backend
     assert isinstance(backend, AgentBackend)
     target = f"{backend.namespace}/{backend.name}"
+    callee = Principal.agent(namespace=backend.namespace, name=backend.name)
     inbox = agent_inbox(namespace=backend.namespace, name=backend.name)
     replies = agent_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
     wait = max(resolved.timeout_seconds * 0.95, resolved.timeout_seconds - 1.0)
@@ -74,7 +75,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
         try:
             delivery = await kit.bus.request(
                 queue=inbox, body=request, reply_queue=replies, correlation_id=request.request_id,
-                timeout_seconds=wait,
+                timeout_seconds=wait, responder=callee,
             )
         except RequestTimeout:
             raise ToolFailure(

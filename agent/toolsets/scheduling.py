@@ -23,7 +23,7 @@ from pydantic import Field
 from rockbot.agent.defining import tool
 from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
-from rockbot.bus import BusError, BusUnavailable, RequestTimeout
+from rockbot.bus import OPERATOR, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.errors import ErrorCode
@@ -77,7 +77,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         try:
             delivery = await kit.bus.request(
                 queue=OPERATOR_SCHEDULING, body=request, reply_queue=replies,
-                correlation_id=correlation_id, timeout_seconds=REQUEST_TIMEOUT_SECONDS,
+                correlation_id=correlation_id, timeout_seconds=REQUEST_TIMEOUT_SECONDS, responder=OPERATOR,
             )
         except RequestTimeout:
             raise ToolFailure(f"the operator did not answer within {REQUEST_TIMEOUT_SECONDS:g} s",

@@ -28,8 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from rockbot.bus import BadMessage, Bus, BusError, Delivery, Queue, Subscription
-from rockbot.bus.topology import agent_inbox
+from rockbot.bus import BadMessage, Bus, BusError, Delivery, Subscription
+from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
 from rockbot.operator.scheduling.clock import Clock
@@ -45,8 +45,6 @@ from rockbot.operator.scheduling.watching import mirror
 
 log = logging.getLogger(__name__)
 
-#: Where agents answer scheduled runs; any operator replica may complete any run.
-RUN_REPLIES = Queue(name="operator.scheduling.runs")
 WRITE_ATTEMPTS = 5
 ERROR_BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
 #: Failures a step is expected to meet now and then; anything else is logged as a bug, with its traceback.
@@ -79,7 +77,7 @@ class Scheduler:
         self._replies: Subscription | None = None
 
     async def start(self) -> None:
-        self._replies = await self._bus.consume(queue=RUN_REPLIES, handler=self._on_reply, prefetch=16)
+        self._replies = await self._bus.consume(queue=OPERATOR_RUNS, handler=self._on_reply, prefetch=16)
         mirrored = [
             (AGENTS, self._agent_changed, self._agent_deleted),
             (SCHEDULED_TASKS, self._task_changed, self._task_deleted),
@@ -230,7 +228,7 @@ class Scheduler:
             request_id=trigger.request_id,
             session_id=trigger.request_id,
             content=trigger.prompt,
-            reply_to=RUN_REPLIES.name,
+            reply_to=OPERATOR_RUNS.name,
         )
         try:
             await self._bus.publish(
@@ -238,7 +236,7 @@ class Scheduler:
                 body=request,
                 message_id=trigger.request_id,
                 correlation_id=trigger.request_id,
-                reply_to=RUN_REPLIES.name,
+                reply_to=OPERATOR_RUNS.name,
             )
         except BusError as exc:
             log.warning("could not send run %s to agent %s: %s", trigger.run_id, trigger.agent, exc)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import kopf
 
-from rockbot.bus import AmqpBus, Bus, BusUnavailable
+from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable
 from rockbot.health import Readiness, stop_within, wait_for_dependency
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
@@ -62,7 +62,8 @@ def register_scheduling(
 
     async def connect_then_start(url: str, readiness: Readiness) -> None:
         connection = await wait_for_dependency(
-            lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker", retry_on=(BusUnavailable,)
+            lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker",
+            retry_on=(BusUnavailable, AccessRefused),
         )
         opened.append(connection)
         try:

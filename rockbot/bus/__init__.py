@@ -1,17 +1,33 @@
 """The message bus shared by every rockbot process (see `interface` for the delivery rules).
 
-`MemoryBus` runs inside one process (local mode, tests); `AmqpBus` on RabbitMQ. Queue names live
-in `topology`.
+`MemoryBroker` (and its per-principal `MemoryBus` connections) runs inside one process (local
+mode, tests); `AmqpBus` on RabbitMQ. Who may do what is `identity` and `permissions`; queue names
+live in `topology`; creating users and queues is `admin`.
 """
 
 from rockbot.bus.amqp import AmqpBus
-from rockbot.bus.errors import BadMessage, BusError, BusUnavailable, NoRoute, RequestTimeout
+from rockbot.bus.errors import (
+    AccessRefused,
+    BadMessage,
+    BusError,
+    BusUnavailable,
+    NoRoute,
+    Refused,
+    RequestTimeout,
+    TooLarge,
+)
+from rockbot.bus.identity import LOCAL, OPERATOR, SCRIPTS_MANAGER, Principal
 from rockbot.bus.interface import Bus, Handler, Subscription
-from rockbot.bus.memory import MemoryBus
+from rockbot.bus.memory import MemoryBroker, MemoryBus
 from rockbot.bus.messages import Delivery
+from rockbot.bus.permissions import Permissions, permissions_for
 from rockbot.bus.topology import Queue
 
 __all__ = [
+    "LOCAL",
+    "OPERATOR",
+    "SCRIPTS_MANAGER",
+    "AccessRefused",
     "AmqpBus",
     "BadMessage",
     "Bus",
@@ -19,10 +35,15 @@ __all__ = [
     "BusUnavailable",
     "Delivery",
     "Handler",
+    "MemoryBroker",
     "MemoryBus",
     "NoRoute",
+    "Permissions",
+    "Principal",
     "Queue",
+    "Refused",
     "RequestTimeout",
     "Subscription",
+    "TooLarge",
+    "permissions_for",
 ]
-

@@ -1,28 +1,37 @@
 """The RabbitMQ bus (production), on aio-pika's robust connection.
 
-`connect_robust` reconnects after a broker restart and restores queues, prefetch and consumers.
-Publishing waits for the broker's confirm and, while the connection is being re-established,
-retries until `publish_timeout` before giving up with `BusUnavailable`; `mandatory` publishing
-turns a message to a missing queue into `NoRoute` instead of silence. Each subscription has its
-own channel, so closing it returns that consumer's unacked messages to the queue at once.
+The connection's user is the principal (see `identity`): it comes from the URL, and every message
+is published with it as `user_id` to the topic exchange `rockbot`, routed by the queue's name.
+`connect_robust` reconnects after a broker restart and restores queues, bindings, prefetch and
+consumers. Publishing waits for the broker's confirm and, while the connection is being
+re-established, retries until `publish_timeout` before giving up with `BusUnavailable`;
+`mandatory` publishing turns a message to a missing queue into `NoRoute` instead of silence, and
+what the user's permissions forbid is `AccessRefused`. Each subscription has its own channel, so
+closing it returns that consumer's unacked messages to the queue at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 
 import aio_pika
 import aiormq.exceptions
-from aio_pika.abc import AbstractIncomingMessage, AbstractQueue, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+)
 from yarl import URL
 
-from rockbot.bus.errors import BusError, BusUnavailable, NoRoute
+from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, SCHEMA_VERSION_HEADER, Delivery, Outgoing
-from rockbot.bus.topology import Queue
+from rockbot.bus.topology import EXCHANGE, Queue
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +48,26 @@ def redact(url: str) -> str:
     return str(parsed.with_password("***")) if parsed.password else url
 
 
+def user_of(url: str) -> str:
+    """The broker user an AMQP URL logs in as (RabbitMQ's default, `guest`, when it names none)."""
+    return URL(url).user or "guest"
+
+
 class AmqpBus(Bus):
     def __init__(
-        self, *, connection: AbstractRobustConnection, channel: AbstractRobustChannel, publish_timeout: float
+        self,
+        *,
+        connection: AbstractRobustConnection,
+        channel: AbstractRobustChannel,
+        exchange: AbstractExchange,
+        user: str,
+        publish_timeout: float,
     ) -> None:
-        super().__init__()
+        super().__init__(user=user)
         self._connection = connection
         self._channel = channel
+        self._exchange = exchange
         self._publish_timeout = publish_timeout
-        self._declared: set[tuple[str, str]] = set()
 
     @classmethod
     async def connect(
@@ -58,48 +78,91 @@ class AmqpBus(Bus):
             connection = await aio_pika.connect_robust(
                 url, timeout=connect_timeout, reconnect_interval=reconnect_interval
             )
+        except aiormq.exceptions.ProbableAuthenticationError as exc:
+            raise AccessRefused(
+                f"the broker at {redact(url)} refused the login of user {user_of(url)!r}: wrong password, or no such "
+                "user (the operator creates each principal's user)"
+            ) from exc
         except (*_TRANSIENT, aio_pika.exceptions.AMQPConnectionError) as exc:
             raise BusUnavailable(f"cannot reach the broker at {redact(url)}: {exc}") from exc
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        return cls(connection=connection, channel=channel, publish_timeout=publish_timeout)  # type: ignore[arg-type]
+        exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+        return cls(
+            connection=connection, channel=channel, exchange=exchange, user=user_of(url),  # type: ignore[arg-type]
+            publish_timeout=publish_timeout,
+        )  # fmt: skip
 
-    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
-        await self._send(routing_key=queue.name, message=message, declare=queue)
-
-    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
-        await self._send(routing_key=queue_name, message=message, declare=None)
+    async def declare(self, queue: Queue) -> None:
+        channel = await self._connection.channel(publisher_confirms=False)
+        try:
+            await self._declare_on(channel, queue)
+        finally:
+            with contextlib.suppress(*_TRANSIENT):
+                await channel.close()
 
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch} must be at least 1")
         channel = await self._connection.channel(publisher_confirms=False)
-        await channel.set_qos(prefetch_count=prefetch)
-        amqp_queue = await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
-        subscription = _AmqpSubscription(channel=channel, queue=amqp_queue, handler=handler)  # type: ignore[arg-type]
-        await subscription.start()
+        try:
+            await channel.set_qos(prefetch_count=prefetch)
+            amqp_queue = await self._declare_on(channel, queue)
+            subscription = _AmqpSubscription(channel=channel, queue=amqp_queue, handler=handler)  # type: ignore[arg-type]
+            await subscription.start()
+        except BaseException:
+            with contextlib.suppress(*_TRANSIENT):
+                await channel.close()
+            raise
         return subscription
+
+    async def _declare_on(self, channel: AbstractChannel, queue: Queue) -> AbstractQueue:
+        try:
+            if queue.provisioned:
+                return await channel.declare_queue(queue.name, passive=True)
+            declared = await channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
+            await declared.bind(EXCHANGE, routing_key=queue.name)
+            return declared
+        except aiormq.exceptions.ChannelNotFoundEntity as exc:
+            if queue.provisioned:
+                raise NoRoute(
+                    f"no queue named {queue.name!r}: the operator declares it (see rockbot.bus.topology)"
+                ) from exc
+            raise BusError(f"cannot bind {queue.name!r}: {exc} (the operator declares the exchange)") from exc
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            raise AccessRefused(f"user {self.user!r} may not declare, bind or read {queue.name!r}: {exc}") from exc
+        except aiormq.exceptions.ChannelPreconditionFailed as exc:
+            raise BusError(f"queue {queue.name!r} exists with other arguments: {exc}") from exc
+
+    async def _put(self, *, queue_name: str, message: Outgoing) -> None:
+        await self._send(routing_key=queue_name, message=message)
 
     async def _close_transport(self) -> None:
         await self._connection.close()
 
-    async def _send(self, *, routing_key: str, message: Outgoing, declare: Queue | None) -> None:
+    async def _send(self, *, routing_key: str, message: Outgoing) -> None:
         last_error: BaseException | None = None
         try:
             async with asyncio.timeout(self._publish_timeout):
                 while True:
                     try:
-                        if declare is not None:
-                            await self._declare(declare)
-                        await self._channel.default_exchange.publish(
-                            _to_amqp(message), routing_key=routing_key, mandatory=True
+                        await self._exchange.publish(
+                            _to_amqp(message, user_id=self.user), routing_key=routing_key, mandatory=True
                         )
                         return
                     except aio_pika.exceptions.PublishError as exc:
                         raise NoRoute(f"no queue named {routing_key!r}") from exc
                     except aio_pika.exceptions.DeliveryError as exc:
                         raise BusError(f"the broker refused a message for {routing_key!r}: {exc}") from exc
+                    except aiormq.exceptions.ChannelAccessRefused as exc:
+                        raise AccessRefused(f"user {self.user!r} may not publish to {routing_key!r}: {exc}") from exc
                     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-                        raise BusError(f"queue {routing_key!r} exists with other arguments: {exc}") from exc
+                        if "max size" in str(exc):
+                            raise TooLarge(f"the broker refused a message for {routing_key!r}: {exc}") from exc
+                        raise BusError(f"the broker refused a message for {routing_key!r}: {exc}") from exc
+                    except aiormq.exceptions.ChannelNotFoundEntity as exc:
+                        raise BusError(
+                            f"cannot publish to {routing_key!r}: {exc} (the operator declares the exchange)"
+                        ) from exc
                     except _TRANSIENT as exc:
                         last_error = exc
                         log.info("publishing to %s failed (%r); retrying while the connection recovers",
@@ -111,14 +174,8 @@ class AmqpBus(Bus):
                 + (f": {last_error!r}" if last_error else "")
             ) from exc
 
-    async def _declare(self, queue: Queue) -> None:
-        key = (queue.name, json.dumps(queue.arguments, sort_keys=True))
-        if key not in self._declared:
-            await self._channel.declare_queue(queue.name, durable=True, arguments=queue.arguments)
-            self._declared.add(key)
 
-
-def _to_amqp(message: Outgoing) -> aio_pika.Message:
+def _to_amqp(message: Outgoing, *, user_id: str) -> aio_pika.Message:
     return aio_pika.Message(
         message.body,
         content_type=CONTENT_TYPE,
@@ -129,6 +186,7 @@ def _to_amqp(message: Outgoing) -> aio_pika.Message:
         type=message.message_type,
         headers={SCHEMA_VERSION_HEADER: message.schema_version},
         expiration=message.expires_after_seconds,
+        user_id=user_id,
     )
 
 
@@ -160,6 +218,7 @@ class _AmqpSubscription(Subscription):
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
                 redelivered=bool(message.redelivered),
+                user_id=message.user_id,
             )
             try:
                 outcome = await run_handler(handler=self._handler, delivery=delivery)

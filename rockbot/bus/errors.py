@@ -17,5 +17,20 @@ class RequestTimeout(BusError):
     """No reply arrived before the request's deadline."""
 
 
+class AccessRefused(BusError):
+    """The broker refused this connection's user something its permissions do not allow."""
+
+
 class BadMessage(BusError):
-    """A received message is not a JSON body this code understands."""
+    """A received message is not a JSON body this code understands; it is dead-lettered, never retried."""
+
+
+class TooLarge(BadMessage):
+    """A body over the size its reader accepts, refused before it is parsed (or before it is sent)."""
+
+
+class Refused(BusError):
+    """A consumer will not handle this message (wrong sender, no reply queue of the sender's own, ...).
+
+    The bus dead-letters it with a log line naming the reason; it is never requeued.
+    """

@@ -1,15 +1,22 @@
 """The bus every rockbot process talks through: publish, consume with manual ack, request/reply.
 
-A handler's message is acked only after the handler returns, so anything it publishes (its reply)
-is confirmed first. What happens to the message of a handler that raises depends on why:
-- a transient bus error (`BusUnavailable`, or a plain `BusError` such as the broker refusing a
-  publish or the bus closing) requeues it every time, after a short pause: the work may well be
-  done and only its reply failed to go out, so dropping it would lose the request;
-- `BadMessage` drops it at once with an error log: the same bytes will never parse;
-- anything else (a bug, `NoRoute`, `RequestTimeout`) requeues it once and then drops it with an
-  error log, so a poison message cannot loop forever.
-A consumer that stops mid-handle leaves its messages to be redelivered. Request/reply is built
-here once on top of `publish` and `consume`, so both implementations share it.
+Each connection acts as one principal (`user`, see `identity`) and stamps it on every message it
+publishes; a message that arrives without a sender the bus recognises is refused before any
+handler sees it. A handler's message is acked only after the handler returns, so anything it
+publishes (its reply) is confirmed first. What happens to the message of a handler that raises
+depends on why:
+- a transient bus error (`BusUnavailable`, or a plain `BusError` such as the broker restarting or
+  the bus closing) requeues it, after a short pause: the work may well be done and only its reply
+  failed to go out, so dropping it would lose the request;
+- `BadMessage` (unreadable, `TooLarge`) and `Refused` (the consumer will not handle it) drop it at
+  once with a log line: the same bytes will never be handled;
+- anything else (a bug, `NoRoute`, `AccessRefused`, `RequestTimeout`) requeues it once and then
+  drops it with an error log.
+A dropped message of a work queue is dead-lettered (see `topology`), and a work queue dead-letters
+a message it has delivered more than `DELIVERY_LIMIT` + 1 times, so no message loops forever, even
+one whose consumer crashes on it. A consumer that stops mid-handle leaves its messages to be
+redelivered. Request/reply is built here once on top of `publish` and `consume`, so both
+implementations share it; a requester takes a reply only from the principal it asked.
 """
 
 from __future__ import annotations
@@ -22,9 +29,10 @@ from typing import Literal, Self
 
 from pydantic import BaseModel
 
-from rockbot.bus.errors import BadMessage, BusError, NoRoute, RequestTimeout
+from rockbot.bus.errors import AccessRefused, BadMessage, BusError, NoRoute, Refused, RequestTimeout, TooLarge
+from rockbot.bus.identity import Principal
 from rockbot.bus.messages import Delivery, Outgoing, encode
-from rockbot.bus.topology import Queue
+from rockbot.bus.topology import MAX_MESSAGE_BYTES, Queue
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +46,22 @@ TRANSIENT_PAUSE_SECONDS = 0.5
 
 async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
     """Run a handler and say what to do with its message (cancellation propagates: no ack)."""
+    if delivery.sender is None:
+        log.warning("refusing message %s on %s: its sender %r is not a rockbot principal (user_id); dead-lettering it",
+                    delivery.message_id, delivery.queue, delivery.user_id)
+        return "drop"
     try:
         await handler(delivery)
+    except Refused as exc:
+        log.warning("refusing message %s on %s from %s: %s; dead-lettering it",
+                    delivery.message_id, delivery.queue, delivery.user_id, exc)
+        return "drop"
     except BadMessage:
-        log.exception("message %s on %s cannot be read; dropping it", delivery.message_id, delivery.queue)
+        log.exception("message %s on %s from %s cannot be read; dead-lettering it",
+                      delivery.message_id, delivery.queue, delivery.user_id)
         return "drop"
     except BusError as exc:
-        if isinstance(exc, NoRoute | RequestTimeout):
+        if isinstance(exc, NoRoute | RequestTimeout | AccessRefused):
             return _after_failure(delivery)
         log.warning("handler for %s hit a bus error (%s); requeueing message %s",
                     delivery.queue, exc, delivery.message_id)
@@ -74,9 +91,16 @@ class Subscription(ABC):
 
 
 class Bus(ABC):
-    def __init__(self) -> None:
+    def __init__(self, *, user: str, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        #: The broker user (principal) this connection acts as; stamped on every message it publishes.
+        self.user = user
+        self.max_message_bytes = max_message_bytes
         self._reply_routers: dict[str, _ReplyRouter] = {}
         self._router_lock = asyncio.Lock()
+
+    @property
+    def principal(self) -> Principal | None:
+        return Principal.parse(self.user)
 
     async def publish(
         self,
@@ -88,9 +112,11 @@ class Bus(ABC):
         reply_to: str | None = None,
         expires_after_seconds: float | None = None,
     ) -> None:
-        """Declare `queue` if needed and put a persistent message on it; returns once confirmed.
+        """Put a persistent message on `queue` (which its owner declared); returns once confirmed.
 
-        A message with `expires_after_seconds` that no consumer has taken by then is discarded.
+        `NoRoute` if the queue does not exist, `AccessRefused` if this principal may not write to it,
+        `TooLarge` over `max_message_bytes`. A message with `expires_after_seconds` that no consumer
+        has taken by then is discarded (dead-lettered on a work queue).
         """
         message = encode(
             body=body,
@@ -99,25 +125,37 @@ class Bus(ABC):
             reply_to=reply_to,
             expires_after_seconds=expires_after_seconds,
         )
-        await self._put(queue=queue, message=message)
+        await self._put(queue_name=queue.name, message=self._checked(message))
 
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
         if not to.reply_to:
             raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
-        await self._put_reply(queue_name=to.reply_to, message=encode(body=body, correlation_id=to.correlation_id))
+        message = encode(body=body, correlation_id=to.correlation_id)
+        await self._put(queue_name=to.reply_to, message=self._checked(message))
+
+    def _checked(self, message: Outgoing) -> Outgoing:
+        if len(message.body) > self.max_message_bytes:
+            raise TooLarge(
+                f"a {message.message_type} of {len(message.body)} bytes is over the bus's limit of "
+                f"{self.max_message_bytes} bytes: send less (e.g. a smaller script input)"
+            )
+        return message
 
     @abstractmethod
-    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
-        """Declare `queue` if needed and put `message` on it, confirmed."""
+    async def _put(self, *, queue_name: str, message: Outgoing) -> None:
+        """Put `message` (as this connection's user) on the existing queue `queue_name`, confirmed."""
 
     @abstractmethod
-    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
-        """Put `message` on an existing queue (never declared by the replier); `NoRoute` if it is gone."""
+    async def declare(self, queue: Queue) -> None:
+        """Make sure `queue` exists and is routed to: declare and bind it (its owner), or only check it (provisioned).
+
+        A provisioned queue that does not exist is a `NoRoute` naming who declares it.
+        """
 
     @abstractmethod
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
-        """Run `handler` for each message, at most `prefetch` at a time, acking after each returns."""
+        """`declare` the queue, then run `handler` for each message, at most `prefetch` at a time, acking after each."""
 
     @abstractmethod
     async def _close_transport(self) -> None: ...
@@ -130,13 +168,16 @@ class Bus(ABC):
         reply_queue: Queue,
         correlation_id: str,
         timeout_seconds: float,
+        responder: Principal,
     ) -> Delivery:
-        """Publish `body` and wait for the reply carrying `correlation_id`; `RequestTimeout` after `timeout_seconds`.
+        """Publish `body` and wait for `responder`'s reply carrying `correlation_id`; `RequestTimeout` after
+        `timeout_seconds`.
 
-        The request expires undelivered with the wait: no consumer starts work nobody will read.
+        A reply from anybody else is dropped with a warning. The request expires undelivered with the
+        wait: no consumer starts work nobody will read.
         """
         router = await self._router(reply_queue)
-        future = router.expect(correlation_id)
+        future = router.expect(correlation_id, responder=responder)
         try:
             async with asyncio.timeout(timeout_seconds):
                 await self.publish(
@@ -185,21 +226,25 @@ class _ReplyRouter:
     subscription: Subscription
 
     def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[Delivery]] = {}
+        self._waiting: dict[str, tuple[Principal, asyncio.Future[Delivery]]] = {}
 
-    def expect(self, correlation_id: str) -> asyncio.Future[Delivery]:
+    def expect(self, correlation_id: str, *, responder: Principal) -> asyncio.Future[Delivery]:
         if correlation_id in self._waiting:
             raise BusError(f"a request with correlation id {correlation_id!r} is already waiting for its reply")
         future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
-        self._waiting[correlation_id] = future
+        self._waiting[correlation_id] = (responder, future)
         return future
 
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
     async def on_reply(self, delivery: Delivery) -> None:
-        future = self._waiting.get(delivery.correlation_id or "")
+        responder, future = self._waiting.get(delivery.correlation_id or "", (None, None))
         if future is None or future.done():
             log.info("dropping a reply on %s that nobody waits for (%s)", delivery.queue, delivery.correlation_id)
+            return
+        if delivery.sender != responder:
+            log.warning("dropping a reply to %s on %s from %s: the request went to %s",
+                        delivery.correlation_id, delivery.queue, delivery.user_id, responder)
             return
         future.set_result(delivery)

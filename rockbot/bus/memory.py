@@ -1,69 +1,203 @@
 """The in-memory bus: one process, no broker; for local mode and fast tests.
 
-It keeps the broker's delivery rules (manual ack, prefetch, redelivery with the `redelivered` flag,
-no route to an undeclared queue, conflicting declarations refused) so code tested on it behaves
-the same on RabbitMQ. Messages do not survive the process.
+A `MemoryBroker` plays RabbitMQ: it holds the queues, the users and their `Permissions`, and each
+`MemoryBus` is one principal's connection to it, so identity works as on the broker: every
+message carries its sender's user name, and declaring, binding, publishing and consuming are
+checked against the same permission expressions RabbitMQ enforces (`AccessRefused` otherwise).
+It keeps the broker's delivery rules too: manual ack, prefetch, redelivery with the `redelivered`
+flag, no route to a missing queue, conflicting declarations refused, per-message expiry, and work
+queues that dead-letter what is dropped, expires or exceeds its delivery limit. Messages do not
+survive the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from rockbot.bus.errors import BusError, NoRoute
+from rockbot.bus.admin import DeadLetter
+from rockbot.bus.errors import AccessRefused, BusError, NoRoute
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing
-from rockbot.bus.topology import Queue
+from rockbot.bus.permissions import Action, Permissions
+from rockbot.bus.topology import DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, MAX_MESSAGE_BYTES, Queue
 
 
 class _Stored(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     message: Outgoing
-    redelivered: bool = False
+    user_id: str
+    #: How often it went back to its queue (RabbitMQ's `x-delivery-count`).
+    returns: int = 0
     #: The event loop's clock reading after which the message is discarded undelivered.
     expires_at: float | None = None
 
     @classmethod
-    def of(cls, message: Outgoing) -> _Stored:
+    def of(cls, message: Outgoing, *, user_id: str) -> _Stored:
         ttl = message.expires_after_seconds
-        return cls(message=message, expires_at=None if ttl is None else asyncio.get_running_loop().time() + ttl)
+        expires_at = None if ttl is None else asyncio.get_running_loop().time() + ttl
+        return cls(message=message, user_id=user_id, expires_at=expires_at)
 
     def expired(self) -> bool:
         return self.expires_at is not None and asyncio.get_running_loop().time() >= self.expires_at
 
 
 class _MemoryQueue:
-    def __init__(self, spec: Queue) -> None:
+    def __init__(self, spec: Queue, *, broker: MemoryBroker) -> None:
         self.spec = spec
+        self.bound = False
         self.ready: asyncio.Queue[_Stored] = asyncio.Queue()
+        self._broker = broker
+
+    def put_back(self, stored: _Stored) -> None:
+        """A delivered message returns (requeued, or its consumer went away): count it, maybe give up on it."""
+        returned = stored.model_copy(update={"returns": stored.returns + 1})
+        limit = self.spec.arguments.get("x-delivery-limit")
+        if limit is not None and returned.returns > limit:
+            self.dead_letter(returned, reason="delivery_limit")
+        else:
+            self.ready.put_nowait(returned)
+
+    def dead_letter(self, stored: _Stored, *, reason: str) -> None:
+        if self.spec.arguments.get("x-dead-letter-exchange"):
+            self._broker.dead_letter(stored, queue=self.spec.name, reason=reason)
+
+    async def next_live(self) -> _Stored:
+        """The next message that has not expired; expired ones are dead-lettered, like the broker does."""
+        while True:
+            stored = await self.ready.get()
+            if not stored.expired():
+                return stored
+            self.dead_letter(stored, reason="expired")
+
+
+class MemoryBroker:
+    """Queues, users and permissions in one process; `connect(user)` gives that principal's `MemoryBus`.
+
+    It administers itself like `RabbitAdmin` administers RabbitMQ (see `admin.BrokerAdmin`), and is
+    born provisioned: the exchange, the fixed work queues and the dead-letter queue exist.
+    """
+
+    def __init__(self, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.max_message_bytes = max_message_bytes
+        self._queues: dict[str, _MemoryQueue] = {}
+        self._users: dict[str, tuple[Permissions, tuple[str, ...]]] = {}
+        self._dead: deque[DeadLetter] = deque(maxlen=int(DEAD_LETTERS.arguments["x-max-length"]))
+        for queue in FIXED_QUEUES:
+            self._provision(queue)
+
+    def connect(self, user: str) -> MemoryBus:
+        """A connection acting as `user`; `AccessRefused` for a user the broker does not know."""
+        if user not in self._users:
+            raise AccessRefused(f"the broker has no user {user!r}: provision it first")
+        return MemoryBus(broker=self, user=user)
+
+    # ---- administration (the same operations `RabbitAdmin` offers)
+
+    async def ensure_topology(self) -> None:
+        for queue in FIXED_QUEUES:
+            self._provision(queue)
+
+    async def ensure_queue(self, queue: Queue) -> bool:
+        existed = queue.name in self._queues
+        self._provision(queue)
+        return not existed
+
+    async def ensure_user(
+        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
+    ) -> bool:
+        wanted = (permissions, tuple(tags))
+        if self._users.get(user) == wanted:
+            return False
+        self._users[user] = wanted
+        return True
+
+    async def delete_user(self, user: str) -> bool:
+        return self._users.pop(user, None) is not None
+
+    async def users(self, *, tag: str) -> set[str]:
+        return {user for user, (_, tags) in self._users.items() if tag in tags}
+
+    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
+        return list(self._dead)[:count]
+
+    # ---- what connections use
+
+    def check(self, user: str, action: Action, resource: str) -> None:
+        permissions, _ = self._users.get(user, (Permissions(), ()))
+        if not permissions.allows(action, resource):
+            what = {"topic_write": "publish with routing key", "topic_read": "bind with key"}.get(action, action)
+            raise AccessRefused(f"user {user!r} may not {what} {resource!r}")
+
+    def queue(self, name: str) -> _MemoryQueue | None:
+        return self._queues.get(name)
+
+    def declare(self, spec: Queue) -> _MemoryQueue:
+        existing = self._queues.get(spec.name)
+        if existing is None:
+            existing = self._queues[spec.name] = _MemoryQueue(spec, broker=self)
+        elif existing.spec.arguments != spec.arguments:
+            raise BusError(
+                f"queue {spec.name!r} exists with arguments {existing.spec.arguments}, not {spec.arguments}"
+            )
+        return existing
+
+    def dead_letter(self, stored: _Stored, *, queue: str, reason: str) -> None:
+        message = stored.message
+        self._dead.append(DeadLetter(
+            queue=queue, reason=reason, user_id=stored.user_id, message_id=message.message_id,
+            message_type=message.message_type, body=message.body,
+        ))  # fmt: skip
+
+    def _provision(self, spec: Queue) -> None:
+        self.declare(spec).bound = True
 
 
 class MemoryBus(Bus):
-    def __init__(self) -> None:
-        super().__init__()
-        self._queues: dict[str, _MemoryQueue] = {}
+    """One principal's connection to a `MemoryBroker` (get it from `MemoryBroker.connect`)."""
+
+    def __init__(self, *, broker: MemoryBroker, user: str) -> None:
+        super().__init__(user=user, max_message_bytes=broker.max_message_bytes)
+        self._broker = broker
         self._subscriptions: set[_MemorySubscription] = set()
         self._closed = False
 
-    async def _put(self, *, queue: Queue, message: Outgoing) -> None:
+    async def _put(self, *, queue_name: str, message: Outgoing) -> None:
         self._check_open()
-        self._declare(queue).ready.put_nowait(_Stored.of(message))
-
-    async def _put_reply(self, *, queue_name: str, message: Outgoing) -> None:
-        self._check_open()
-        target = self._queues.get(queue_name)
-        if target is None:
+        self._broker.check(self.user, "write", EXCHANGE)
+        self._broker.check(self.user, "topic_write", queue_name)
+        target = self._broker.queue(queue_name)
+        if target is None or not target.bound:
             raise NoRoute(f"no queue named {queue_name!r}")
-        target.ready.put_nowait(_Stored.of(message))
+        target.ready.put_nowait(_Stored.of(message, user_id=self.user))
+
+    async def declare(self, queue: Queue) -> None:
+        self._check_open()
+        if queue.provisioned:
+            if self._broker.queue(queue.name) is None:
+                raise NoRoute(f"no queue named {queue.name!r}: the operator declares it (see rockbot.bus.topology)")
+            return
+        self._broker.check(self.user, "configure", queue.name)
+        declared = self._broker.declare(queue)
+        self._broker.check(self.user, "write", queue.name)
+        self._broker.check(self.user, "read", EXCHANGE)
+        self._broker.check(self.user, "topic_read", queue.name)
+        declared.bound = True
 
     async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
         self._check_open()
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch} must be at least 1")
-        subscription = _MemorySubscription(queue=self._declare(queue), handler=handler, prefetch=prefetch)
+        await self.declare(queue)
+        self._broker.check(self.user, "read", queue.name)
+        target = self._broker.queue(queue.name)
+        assert target is not None
+        subscription = _MemorySubscription(queue=target, handler=handler, prefetch=prefetch)
         self._subscriptions.add(subscription)
         return subscription
 
@@ -71,16 +205,6 @@ class MemoryBus(Bus):
         for subscription in list(self._subscriptions):
             await subscription.close()
         self._closed = True
-
-    def _declare(self, spec: Queue) -> _MemoryQueue:
-        existing = self._queues.get(spec.name)
-        if existing is None:
-            existing = self._queues[spec.name] = _MemoryQueue(spec)
-        elif existing.spec.arguments != spec.arguments:
-            raise BusError(
-                f"queue {spec.name!r} exists with arguments {existing.spec.arguments}, not {spec.arguments}"
-            )
-        return existing
 
     def _check_open(self) -> None:
         if self._closed:
@@ -98,9 +222,7 @@ class _MemorySubscription(Subscription):
     async def _dispatch(self) -> None:
         while True:
             await self._slots.acquire()
-            stored = await self._queue.ready.get()
-            while stored.expired():  # like the broker: an expired message is never delivered
-                stored = await self._queue.ready.get()
+            stored = await self._queue.next_live()
             task = asyncio.create_task(self._handle(stored))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
@@ -116,17 +238,20 @@ class _MemorySubscription(Subscription):
             message_id=message.message_id,
             correlation_id=message.correlation_id,
             reply_to=message.reply_to,
-            redelivered=stored.redelivered,
+            redelivered=stored.returns > 0,
+            user_id=stored.user_id,
         )
         try:
             outcome = await run_handler(handler=self._handler, delivery=delivery)
         except asyncio.CancelledError:
-            self._queue.ready.put_nowait(stored.model_copy(update={"redelivered": True}))
+            self._queue.put_back(stored)
             raise
         finally:
             self._slots.release()
         if outcome == "requeue":
-            self._queue.ready.put_nowait(stored.model_copy(update={"redelivered": True}))
+            self._queue.put_back(stored)
+        elif outcome == "drop":
+            self._queue.dead_letter(stored, reason="rejected")
 
     async def close(self, *, drain_seconds: float = 0.0) -> None:
         self._dispatcher.cancel()

@@ -2,6 +2,9 @@
 
 Bodies are JSON (`content_type` `application/json`); the message `type` is the model's class name
 and the `x-schema-version` header its `schema_version`, so a consumer can refuse what it cannot read.
+A received message says who sent it (`user_id`, set by the sending connection and checked by the
+broker, see `identity`); a consumer bounds what it parses with `max_bytes` before reading a byte
+of JSON, so an oversized body never becomes Python objects.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from rockbot.bus.errors import BadMessage
+from rockbot.bus.errors import BadMessage, TooLarge
+from rockbot.bus.identity import Principal
 
 CONTENT_TYPE = "application/json"
 SCHEMA_VERSION_HEADER = "x-schema-version"
@@ -67,25 +71,36 @@ class Delivery(BaseModel):
     correlation_id: str | None = None
     reply_to: str | None = None
     redelivered: bool = False
+    #: The broker user that published it (validated by the broker); None when the sender set none.
+    user_id: str | None = None
 
-    def json(self) -> Any:  # type: ignore[override]
+    @property
+    def sender(self) -> Principal | None:
+        """Who sent it; the bus refuses messages without one before any handler sees them."""
+        return Principal.parse(self.user_id)
+
+    def json(self, *, max_bytes: int | None = None) -> Any:  # type: ignore[override]
         """The body as plain JSON data."""
-        self._check_content_type()
+        self._check(max_bytes)
         try:
             return json.loads(self.body)
         except ValueError as exc:
             raise BadMessage(f"message on {self.queue!r} is not valid JSON: {exc}") from exc
 
-    def decode(self, model: type[M] | TypeAdapter[M]) -> M:
-        """The body validated as `model` (a pydantic model class or a `TypeAdapter`)."""
-        self._check_content_type()
+    def decode(self, model: type[M] | TypeAdapter[M], *, max_bytes: int | None = None) -> M:
+        """The body validated as `model` (a pydantic model class or a `TypeAdapter`); `TooLarge` past `max_bytes`."""
+        self._check(max_bytes)
         adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
         try:
             return adapter.validate_json(self.body)
         except ValidationError as exc:
             raise BadMessage(f"message on {self.queue!r} does not match the contract: {exc}") from exc
 
-    def _check_content_type(self) -> None:
+    def _check(self, max_bytes: int | None) -> None:
+        if max_bytes is not None and len(self.body) > max_bytes:
+            raise TooLarge(
+                f"message on {self.queue!r} has {len(self.body)} bytes, over the {max_bytes} its reader accepts"
+            )
         if self.content_type != CONTENT_TYPE:
             raise BadMessage(
                 f"message on {self.queue!r} has content type {self.content_type!r}, expected {CONTENT_TYPE!r}"

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from rockbot.bus import OPERATOR, Principal
 from rockbot.kube import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, KubeClient
 from rockbot.operator.settings import OperatorSettings
-from tests.fixtures.rabbitmq import RabbitBroker
+from tests.fixtures.rabbitmq import RabbitBroker, login_of, provision_on
 from tests.operator.harness import operator_running
 from tests.operator.samples import agent_body
 from tests.operator.test_operator_e2e import secret
@@ -30,6 +31,7 @@ from tests.waiting import eventually
 
 __all__ = ["late_rabbitmq", "pods"]  # fixtures
 NS = "default"
+ANALYST = Principal.agent(namespace=NS, name="analyst")
 #: How long SIGTERM may take to stop a process: a pod is killed 30 s after it by default.
 STOP_WITHIN = 10.0
 
@@ -71,7 +73,7 @@ async def deployed_agent(kube: KubeClient, *, amqp_url: str) -> AgentPod:
 
 @pytest.fixture
 async def agent_pod(kube_client: KubeClient, late_rabbitmq: RabbitBroker) -> AgentPod:
-    return await deployed_agent(kube_client, amqp_url=late_rabbitmq.url)
+    return await deployed_agent(kube_client, amqp_url=login_of(late_rabbitmq, ANALYST))
 
 
 async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(agent_pod, pods, late_rabbitmq):
@@ -79,13 +81,15 @@ async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(ag
     await wait_until(probes.live, within=30, what="live", process=process)
     _, reason = await wait_until(waiting_for_the_broker(probes), within=30, what="not ready, waiting for the broker",
                                  process=process)
-    assert "cannot reach the broker at amqp://guest:***@127.0.0.1" in reason
+    assert "cannot reach the broker at amqp://agent.default.analyst:***@127.0.0.1" in reason
     await asyncio.to_thread(late_rabbitmq.start)
+    await provision_on(late_rabbitmq, ANALYST, called_by=[OPERATOR])
     await wait_until(probes.ready, within=30, what="ready once the broker answers", process=process)
 
 
 async def test_sigterm_stops_the_agent_within_seconds_when_the_broker_is_gone(agent_pod, pods, late_rabbitmq):
     await asyncio.to_thread(late_rabbitmq.start)
+    await provision_on(late_rabbitmq, ANALYST, called_by=[OPERATOR])
     process, probes = agent_pod.start(pods)
     await wait_until(probes.ready, within=30, what="ready", process=process)
     await asyncio.to_thread(late_rabbitmq.stop_server)

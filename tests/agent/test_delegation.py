@@ -5,7 +5,8 @@ from __future__ import annotations
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import MemoryBus
+from rockbot.bus import LOCAL, MemoryBroker, Principal
+from rockbot.bus.admin import provision_agents
 from rockbot.operator.resolving import resolve_agent
 from rockbot.resources.common import SecretKeyRef
 from tests.agent.configs import API_KEY_ENV, agent_config
@@ -32,12 +33,17 @@ def resolved_config(tool: dict, llm_url: str):
 async def call_expert(scripted_llm, tool: dict, arguments: dict):
     """Call the tool from an analyst whose config the operator resolved; the expert answers from the script."""
     scripted_llm.play(lambda body: Turn(text=f"expert read: {body['messages'][-1]['content']}"))
-    async with MemoryBus() as bus:
-        expert = AgentRuntime.from_config(
-            agent_config(llm_url=scripted_llm.url, name="expert", namespace="default"), bus=bus,
-            env={API_KEY_ENV: "k"})
-        async with expert, AgentRuntime.from_config(resolved_config(tool, scripted_llm.url), bus=bus) as analyst:
-            inbox = await serve_inbox(runtime=expert, bus=bus)
+    broker = MemoryBroker()
+    expert_config = agent_config(llm_url=scripted_llm.url, name="expert", namespace="default")
+    analyst_config = resolved_config(tool, scripted_llm.url)
+    await provision_agents(broker, [expert_config, analyst_config], scheduler=LOCAL, password=lambda _: "")
+    async with (
+        broker.connect(Principal.agent(namespace="default", name="expert").user) as expert_bus,
+        broker.connect(Principal.agent(namespace="default", name="analyst").user) as analyst_bus,
+    ):
+        expert = AgentRuntime.from_config(expert_config, bus=expert_bus, env={API_KEY_ENV: "k"})
+        async with expert, AgentRuntime.from_config(analyst_config, bus=analyst_bus) as analyst:
+            inbox = await serve_inbox(runtime=expert, bus=expert_bus)
             try:
                 offered = analyst.registry.get("expert_tool").parameters
                 return offered, await analyst.registry.invoke("expert_tool", arguments, context=CONTEXT)

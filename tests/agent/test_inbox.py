@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import MemoryBus, Queue
-from rockbot.bus.topology import agent_inbox, agent_replies
-from rockbot.contracts.agent_config import AgentBackend, FunctionDefinition, ResolvedTool, ToolDefinition
+from rockbot.bus import LOCAL, Bus, MemoryBroker, Principal, Queue, Subscription
+from rockbot.bus.admin import provision_agents
+from rockbot.bus.topology import agent_inbox, agent_replies, local_scheduler_replies
+from rockbot.contracts.agent_config import (
+    AgentBackend,
+    AgentConfig,
+    FunctionDefinition,
+    ResolvedTool,
+    ToolDefinition,
+)
 from rockbot.contracts.inbox import MAX_CALL_DEPTH, InboxReply, InboxRequest
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedCall, Turn
 
 PARAMS = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
-CALLER = Queue(name="test.caller.replies")
+#: The test plays `rockbot local`'s scheduler (`service.local`), which may send work to every agent.
+CALLER = local_scheduler_replies(instance="t1")
 
 
 def calls(name: str, target: str) -> ResolvedTool:
@@ -31,61 +40,103 @@ def calls(name: str, target: str) -> ResolvedTool:
     )
 
 
+def agent(name: str) -> Principal:
+    return Principal.agent(namespace="team-a", name=name)
+
+
+Login = Callable[[Principal], Awaitable[Bus]]
+
+
+class Team:
+    """Agents of one namespace, each on its own connection as itself, provisioned from their configs."""
+
+    def __init__(self, *, login: Login, provision: Callable[[list[AgentConfig]], Awaitable[None]]) -> None:
+        self._login = login
+        self._provision = provision
+        self._buses: dict[Principal, Bus] = {}
+        self._running: list[tuple[AgentRuntime, Subscription]] = []
+
+    async def connect(self, principal: Principal) -> Bus:
+        """The principal's one connection (two would compete for its reply queue)."""
+        if principal not in self._buses:
+            self._buses[principal] = await self._login(principal)
+        return self._buses[principal]
+
+    async def start(
+        self, llm, *configs: AgentConfig, run: list[str] | None = None, runtime: type[AgentRuntime] = AgentRuntime,
+        **options,
+    ) -> list[AgentRuntime]:
+        """Provision all `configs` (so callers and callees know each other), then run the agents named in `run`."""
+        await self._provision(list(configs))
+        started = []
+        for config in configs:
+            if run is not None and config.name not in run:
+                continue
+            bus = await self.connect(agent(config.name))
+            agent_runtime = runtime.from_config(config, bus=bus, env={API_KEY_ENV: "k"}, **options)
+            await agent_runtime.start()
+            self._running.append((agent_runtime, await serve_inbox(runtime=agent_runtime, bus=bus)))
+            started.append(agent_runtime)
+        return started
+
+    async def ask(self, *, name: str, request: InboxRequest, sender: Principal = LOCAL) -> InboxReply:
+        bus = await self.connect(sender)
+        replies = CALLER if sender == LOCAL else agent_replies(namespace="team-a", name=sender.name, instance="t1")
+        delivery = await bus.request(
+            queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=replies,
+            correlation_id=request.request_id, timeout_seconds=10, responder=agent(name),
+        )  # fmt: skip
+        return delivery.decode(InboxReply)
+
+    async def close(self) -> None:
+        for agent_runtime, subscription in self._running:
+            await subscription.close()
+            await agent_runtime.close()
+        for bus in self._buses.values():
+            await bus.close()
+
+
+def config(llm, name: str, *tools: ResolvedTool) -> AgentConfig:
+    return agent_config(llm_url=llm.url, name=name, tools=list(tools))
+
+
 @pytest.fixture
-async def bus():
-    async with MemoryBus() as bus:
-        yield bus
+async def team() -> AsyncIterator[Team]:
+    broker = MemoryBroker()
+
+    async def login(principal: Principal) -> Bus:
+        return broker.connect(principal.user)
+
+    async def provision(configs: list[AgentConfig]) -> None:
+        await provision_agents(broker, configs, scheduler=LOCAL, password=lambda _: "")
+
+    opened = Team(login=login, provision=provision)
+    yield opened
+    await opened.close()
 
 
-async def started(llm, bus, name, tools=()):
-    runtime = AgentRuntime.from_config(
-        agent_config(llm_url=llm.url, name=name, tools=list(tools)), bus=bus, env={API_KEY_ENV: "k"}
-    )
-    await runtime.start()
-    subscription = await serve_inbox(runtime=runtime, bus=bus)
-    return runtime, subscription
-
-
-async def ask(bus, *, name, request: InboxRequest) -> InboxReply:
-    delivery = await bus.request(
-        queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=CALLER,
-        correlation_id=request.request_id, timeout_seconds=10,
-    )
-    return delivery.decode(InboxReply)
-
-
-async def test_a_user_message_on_the_inbox_is_answered(scripted_llm, bus):
+async def test_a_user_message_on_the_inbox_is_answered(scripted_llm, team):
     scripted_llm.play(Turn(text="Hello, user."), Turn(text="Still here."))
-    runtime, subscription = await started(scripted_llm, bus, "solo")
-    try:
-        first = await ask(bus, name="solo", request=InboxRequest(
-            kind="user_message", request_id="r1", session_id="chat-1", content="hi", reply_to=CALLER.name))
-        second = await ask(bus, name="solo", request=InboxRequest(
-            kind="scheduled_task", request_id="r2", session_id="chat-1", content="ping", reply_to=CALLER.name))
-    finally:
-        await subscription.close()
-        await runtime.close()
+    await team.start(scripted_llm, config(scripted_llm, "solo"))
+    first = await team.ask(name="solo", request=InboxRequest(
+        kind="user_message", request_id="r1", session_id="chat-1", content="hi", reply_to=CALLER.name))
+    second = await team.ask(name="solo", request=InboxRequest(
+        kind="scheduled_task", request_id="r2", session_id="chat-1", content="ping", reply_to=CALLER.name))
     assert (first.request_id, first.answer, first.error) == ("r1", "Hello, user.", None)
     assert second.answer == "Still here."
     assert [m["content"] for m in scripted_llm.requests[1].messages[1:]] == ["hi", "Hello, user.", "ping"]
 
 
-async def test_an_agent_calls_another_agent_as_a_tool(scripted_llm, bus):
+async def test_an_agent_calls_another_agent_as_a_tool(scripted_llm, team):
     scripted_llm.play(
         Turn(tool_calls=[ScriptedCall(name="ask_researcher", arguments={"message": "Find the capital of France."})]),
         Turn(text="Paris."),  # the researcher's answer
         Turn(text="The researcher says: Paris."),
     )
-    researcher, sub_r = await started(scripted_llm, bus, "researcher")
-    lead, sub_l = await started(scripted_llm, bus, "lead", [calls("ask_researcher", "researcher")])
-    try:
-        reply = await ask(bus, name="lead", request=InboxRequest(
-            kind="user_message", request_id="r1", session_id="u1", content="Capital of France?", reply_to=CALLER.name))
-    finally:
-        for s in (sub_l, sub_r):
-            await s.close()
-        for r in (lead, researcher):
-            await r.close()
+    lead = config(scripted_llm, "lead", calls("ask_researcher", "researcher"))
+    researcher, _ = await team.start(scripted_llm, config(scripted_llm, "researcher"), lead)
+    reply = await team.ask(name="lead", request=InboxRequest(
+        kind="user_message", request_id="r1", session_id="u1", content="Capital of France?", reply_to=CALLER.name))
     assert reply.answer == "The researcher says: Paris." and reply.tools_called == ("ask_researcher",)
     researcher_request = scripted_llm.requests[1]
     assert researcher_request.messages[-1] == {"role": "user", "content": "Find the capital of France."}
@@ -94,75 +145,62 @@ async def test_an_agent_calls_another_agent_as_a_tool(scripted_llm, bus):
     assert researcher.conversations.history("team-a/lead:u1")[-1]["content"] == "Paris."
 
 
-async def test_a_call_that_would_loop_back_is_refused(scripted_llm, bus):
+async def test_a_call_that_would_loop_back_is_refused(scripted_llm, team):
     scripted_llm.play(
         Turn(tool_calls=[ScriptedCall(name="ask_b", arguments={"message": "help"})]),  # a -> b
         Turn(tool_calls=[ScriptedCall(name="ask_a", arguments={"message": "help back"})]),  # b -> a: refused
         Turn(text="b gives up"),
         Turn(text="a is done"),
     )
-    a, sub_a = await started(scripted_llm, bus, "a", [calls("ask_b", "b")])
-    b, sub_b = await started(scripted_llm, bus, "b", [calls("ask_a", "a")])
-    try:
-        reply = await ask(bus, name="a", request=InboxRequest(
-            kind="user_message", request_id="r1", session_id="u", content="go", reply_to=CALLER.name))
-    finally:
-        for s in (sub_a, sub_b):
-            await s.close()
-        for r in (a, b):
-            await r.close()
+    await team.start(
+        scripted_llm, config(scripted_llm, "a", calls("ask_b", "b")), config(scripted_llm, "b", calls("ask_a", "a"))
+    )
+    reply = await team.ask(name="a", request=InboxRequest(
+        kind="user_message", request_id="r1", session_id="u", content="go", reply_to=CALLER.name))
     assert reply.answer == "a is done"
     refusal = json.loads(scripted_llm.requests[2].messages[-1]["content"])["error"]
     assert refusal["code"] == "Rejected" and "team-a/a -> team-a/b -> team-a/a" in refusal["message"]
     assert len(scripted_llm.requests) == 4
 
 
-async def test_the_callee_refuses_cycles_and_depth_itself(scripted_llm, bus):
-    runtime, subscription = await started(scripted_llm, bus, "deep")
+async def test_the_callee_refuses_cycles_and_depth_itself(scripted_llm, team):
+    """Callers that skip their own check (here: the test, as each caller) are refused by the callee."""
+    hops = [config(scripted_llm, f"hop{n}", calls("ask_deep", "deep")) for n in range(MAX_CALL_DEPTH + 1)]
+    other = config(scripted_llm, "other", calls("ask_deep", "deep"))
+    await team.start(scripted_llm, config(scripted_llm, "deep"), other, *hops, run=["deep"])
     chain = tuple(f"team-a/hop{n}" for n in range(MAX_CALL_DEPTH + 1))
-    try:
-        too_deep = await ask(bus, name="deep", request=InboxRequest(
-            kind="agent_call", request_id="r1", session_id="s", content="x", reply_to=CALLER.name, call_chain=chain))
-        looped = await ask(bus, name="deep", request=InboxRequest(
-            kind="agent_call", request_id="r2", session_id="s", content="x", reply_to=CALLER.name,
-            call_chain=("team-a/deep", "team-a/other")))
-    finally:
-        await subscription.close()
-        await runtime.close()
+    too_deep = await team.ask(name="deep", sender=agent(f"hop{MAX_CALL_DEPTH}"), request=InboxRequest(
+        kind="agent_call", request_id="r1", session_id="s", content="x", call_chain=chain))
+    looped = await team.ask(name="deep", sender=agent("other"), request=InboxRequest(
+        kind="agent_call", request_id="r2", session_id="s", content="x", call_chain=("team-a/deep", "team-a/other")))
     assert too_deep.error.code == "Rejected" and f"the limit is {MAX_CALL_DEPTH}" in too_deep.error.message
     assert looped.error.code == "Rejected" and "loop back" in looped.error.message
     assert scripted_llm.requests == []
 
 
-async def test_an_unreadable_message_is_answered_with_an_error(scripted_llm, bus):
-    runtime, subscription = await started(scripted_llm, bus, "strict")
-    try:
-        delivery = await bus.request(
-            queue=agent_inbox(namespace="team-a", name="strict"), body=Queue(name="not-a-request"),
-            reply_queue=CALLER, correlation_id="bad-1", timeout_seconds=10)
-    finally:
-        await subscription.close()
-        await runtime.close()
+async def test_an_unreadable_message_is_answered_with_an_error(scripted_llm, team):
+    await team.start(scripted_llm, config(scripted_llm, "strict"))
+    bus = await team.connect(LOCAL)
+    delivery = await bus.request(
+        queue=agent_inbox(namespace="team-a", name="strict"), body=Queue(name="not-a-request"),
+        reply_queue=CALLER, correlation_id="bad-1", timeout_seconds=10, responder=agent("strict"))
     reply = delivery.decode(InboxReply)
     assert reply.request_id == "bad-1" and reply.error.code == "InvalidArguments"
 
 
-async def test_a_model_failure_is_replied_as_unavailable(scripted_llm, bus):
+async def test_a_model_failure_is_replied_as_unavailable(scripted_llm, team):
     scripted_llm.play(Turn(status=401, error="bad key"))
-    runtime, subscription = await started(scripted_llm, bus, "broken")
-    try:
-        reply = await ask(bus, name="broken", request=InboxRequest(
-            kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name))
-    finally:
-        await subscription.close()
-        await runtime.close()
+    await team.start(scripted_llm, config(scripted_llm, "broken"))
+    reply = await team.ask(name="broken", request=InboxRequest(
+        kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name))
     assert reply.error.code == "Unavailable"
     assert "HTTP 401" in reply.error.message and API_KEY_ENV in reply.error.message
 
 
-async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_same_reply(scripted_llm, bus):
+async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_same_reply(scripted_llm, team):
     scripted_llm.play(Turn(text="Only once.", delay_seconds=0.3), Turn(text="A second run!"))
-    runtime, subscription = await started(scripted_llm, bus, "careful")
+    (runtime,) = await team.start(scripted_llm, config(scripted_llm, "careful"))
+    bus = await team.connect(LOCAL)
     replies: asyncio.Queue = asyncio.Queue()
     answers = await bus.consume(queue=CALLER, handler=replies.put)
     inbox = agent_inbox(namespace="team-a", name="careful")
@@ -176,8 +214,6 @@ async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_
         copies.append((await asyncio.wait_for(replies.get(), 10)).decode(InboxReply))
     finally:
         await answers.close()
-        await subscription.close()
-        await runtime.close()
     assert len(scripted_llm.requests) == 1
     assert copies[0].answer == "Only once." and copies[0] == copies[1] == copies[2]
     assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
@@ -190,34 +226,21 @@ class FaultyRuntime(AgentRuntime):
         raise RuntimeError(f"the conversation store broke on {text!r}")
 
 
-async def test_an_unexpected_failure_is_replied_as_execution_failed_not_left_to_time_out(scripted_llm, bus):
-    runtime = FaultyRuntime.from_config(agent_config(llm_url=scripted_llm.url, name="faulty"), bus=bus, env={})
-    await runtime.start()
-    subscription = await serve_inbox(runtime=runtime, bus=bus)
-    try:
-        reply = await ask(bus, name="faulty", request=InboxRequest(
-            kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name))
-    finally:
-        await subscription.close()
-        await runtime.close()
+async def test_an_unexpected_failure_is_replied_as_execution_failed_not_left_to_time_out(scripted_llm, team):
+    await team.start(scripted_llm, config(scripted_llm, "faulty"), runtime=FaultyRuntime)
+    reply = await team.ask(name="faulty", request=InboxRequest(
+        kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name))
     assert (reply.request_id, reply.error.code, reply.error.retryable) == ("r1", "ExecutionFailed", False)
     assert "RuntimeError: the conversation store broke on 'hi'" in reply.error.message
 
 
-async def test_a_retryable_failure_is_not_remembered_so_a_copy_runs_again(scripted_llm, bus):
+async def test_a_retryable_failure_is_not_remembered_so_a_copy_runs_again(scripted_llm, team):
     scripted_llm.play(Turn(status=503, error="overloaded"), Turn(text="Back again."))
-    runtime = AgentRuntime.from_config(
-        agent_config(llm_url=scripted_llm.url, name="flaky"), bus=bus, env={API_KEY_ENV: "k"}, llm_max_attempts=1)
-    await runtime.start()
-    subscription = await serve_inbox(runtime=runtime, bus=bus)
+    await team.start(scripted_llm, config(scripted_llm, "flaky"), llm_max_attempts=1)
     request = InboxRequest(kind="user_message", request_id="r1", session_id="s", content="hi", reply_to=CALLER.name)
-    try:
-        first = await ask(bus, name="flaky", request=request)
-        second = await ask(bus, name="flaky", request=request)
-        third = await ask(bus, name="flaky", request=request)
-    finally:
-        await subscription.close()
-        await runtime.close()
+    first = await team.ask(name="flaky", request=request)
+    second = await team.ask(name="flaky", request=request)
+    third = await team.ask(name="flaky", request=request)
     assert (first.error.code, first.error.retryable) == ("Unavailable", True) and "HTTP 503" in first.error.message
     assert second.answer == third.answer == "Back again." and len(scripted_llm.requests) == 2
 

@@ -8,37 +8,39 @@ import uuid
 
 from aiohttp import web
 
-from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus import LOCAL, AmqpBus, Bus, Delivery, Principal
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
-from tests.agent.test_inbox import CALLER, ask, calls, started
+from tests.agent.test_inbox import CALLER, Team, agent, calls, config
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
-from tests.fixtures.rabbitmq import RabbitBroker
+from tests.fixtures.rabbitmq import RabbitBroker, Vhost
 from tests.waiting import eventually
 
 
-async def test_an_agent_calls_another_agent_as_a_tool_across_the_broker(scripted_llm, amqp_url):
+def on_broker(vhost: Vhost, *, names: dict[Principal, str] | None = None) -> Team:
+    """Agents on the test's vhost, each logged in as itself; `names` names some connections."""
+
+    async def login(principal: Principal) -> Bus:
+        name = (names or {}).get(principal)
+        return await AmqpBus.connect(url=vhost.url_of(principal, connection_name=name), reconnect_interval=0.2)
+
+    return Team(login=login, provision=vhost.provision)
+
+
+async def test_an_agent_calls_another_agent_as_a_tool_across_the_broker(scripted_llm, vhost):
     scripted_llm.play(
         Turn(tool_calls=[ScriptedCall(name="ask_researcher", arguments={"message": "Find the capital of Peru."})]),
         Turn(text="Lima."),  # the researcher's answer
         Turn(text="The researcher says: Lima."),
     )
-    async with (
-        await AmqpBus.connect(url=amqp_url) as user,
-        await AmqpBus.connect(url=amqp_url) as researcher_bus,
-        await AmqpBus.connect(url=amqp_url) as lead_bus,
-    ):
-        researcher, sub_r = await started(scripted_llm, researcher_bus, "researcher")
-        lead, sub_l = await started(scripted_llm, lead_bus, "lead", [calls("ask_researcher", "researcher")])
-        try:
-            reply = await ask(user, name="lead", request=InboxRequest(
-                kind="user_message", request_id="r1", session_id="u1", content="Capital of Peru?",
-                reply_to=CALLER.name))  # fmt: skip
-        finally:
-            for subscription in (sub_l, sub_r):
-                await subscription.close()
-            for runtime in (lead, researcher):
-                await runtime.close()
+    team = on_broker(vhost)
+    try:
+        lead = config(scripted_llm, "lead", calls("ask_researcher", "researcher"))
+        researcher, _ = await team.start(scripted_llm, config(scripted_llm, "researcher"), lead)
+        reply = await team.ask(name="lead", request=InboxRequest(
+            kind="user_message", request_id="r1", session_id="u1", content="Capital of Peru?", reply_to=CALLER.name))
+    finally:
+        await team.close()
     assert (reply.request_id, reply.answer, reply.error) == ("r1", "The researcher says: Lima.", None)
     assert reply.tools_called == ("ask_researcher",)
     assert scripted_llm.requests[1].messages[-1] == {"role": "user", "content": "Find the capital of Peru."}
@@ -61,7 +63,7 @@ class GatedLLM(ScriptedLLM):
 
 
 async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_asks_the_model_once(
-    rabbitmq: RabbitBroker, amqp_url: str, caplog
+    rabbitmq: RabbitBroker, vhost: Vhost, caplog
 ):
     caplog.set_level(logging.INFO, logger="rockbot.bus.once")
     llm = await GatedLLM().start()
@@ -74,43 +76,40 @@ async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_as
 
     request = InboxRequest(kind="user_message", request_id="dup-1", session_id="s", content="hi", reply_to=CALLER.name)
     inbox = agent_inbox(namespace="team-a", name="careful")
+    team = on_broker(vhost, names={agent("careful"): name})
     try:
-        async with (
-            await AmqpBus.connect(url=amqp_url) as user,
-            await AmqpBus.connect(url=f"{amqp_url}?name={name}", reconnect_interval=0.2) as agent_bus,
-        ):
-            runtime, subscription = await started(llm, agent_bus, "careful")
-            try:
-                await user.consume(queue=CALLER, handler=collect)
-                await user.publish(queue=inbox, body=request, correlation_id=request.request_id, reply_to=CALLER.name)
+        (runtime,) = await team.start(llm, config(llm, "careful"))
+        user = await team.connect(LOCAL)
+        try:
+            await user.consume(queue=CALLER, handler=collect)
+            await user.publish(queue=inbox, body=request, correlation_id=request.request_id, reply_to=CALLER.name)
 
-                async def with_the_model() -> None:
-                    assert llm.arrived == 1
+            async def with_the_model() -> None:
+                assert llm.arrived == 1
 
-                await eventually(with_the_model)
-                # The agent's connection dies while its turn is with the model: the request is un-acked,
-                # so the broker redelivers it once the robust connection is back.
-                await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="agent connection lost")
+            await eventually(with_the_model)
+            # The agent's connection dies while its turn is with the model: the request is un-acked,
+            # so the broker redelivers it once the robust connection is back.
+            await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="agent connection lost")
 
-                async def joined() -> None:
-                    assert any(
-                        r.name == "rockbot.bus.once" and "is being handled" in r.getMessage() for r in caplog.records
-                    ), f"the model was asked {llm.arrived} times"
+            async def joined() -> None:
+                assert any(
+                    r.name == "rockbot.bus.once" and "is being handled" in r.getMessage() for r in caplog.records
+                ), f"the model was asked {llm.arrived} times"
 
-                await eventually(joined, within=30)
-                llm.gate.set()
+            await eventually(joined, within=30)
+            llm.gate.set()
 
-                async def settled() -> None:
-                    assert replies, "no reply yet"
-                    queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
-                    assert queues[inbox.name] == queues[CALLER.name] == (0, 0), queues
+            async def settled() -> None:
+                assert replies, "no reply yet"
+                queues = await asyncio.to_thread(vhost.queues)
+                assert queues[inbox.name] == queues[CALLER.name] == (0, 0), queues
 
-                await eventually(settled, within=30)
-            finally:
-                llm.gate.set()
-                await subscription.close()
-                await runtime.close()
+            await eventually(settled, within=30)
+        finally:
+            llm.gate.set()
     finally:
+        await team.close()
         await llm.stop()
     assert llm.arrived == len(llm.requests) == 1
     # The copy whose connection died was never answered; the redelivered one was, with the one turn's answer.

@@ -6,15 +6,18 @@ import asyncio
 import contextlib
 
 from rockbot.agent.sandbox import ScriptSandbox
-from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus import SCRIPTS_MANAGER, AmqpBus, Delivery, Principal
 from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
+from tests.fixtures.rabbitmq import Vhost
 
 
-async def test_replicas_and_namespaces_never_get_each_others_script_replies(amqp_url: str) -> None:
+async def test_replicas_and_namespaces_never_get_each_others_script_replies(vhost: Vhost) -> None:
+    alices = [Principal.agent(namespace=namespace, name="alice") for namespace in ("default", "other")]
+    logins = [await vhost.url(principal) for principal in (SCRIPTS_MANAGER, *alices)]
     async with contextlib.AsyncExitStack() as stack:
         manager_bus, *process_buses = [
-            await stack.enter_async_context(await AmqpBus.connect(url=amqp_url)) for _ in range(4)
+            await stack.enter_async_context(await AmqpBus.connect(url=url)) for url in (*logins[:2], *logins[1:])
         ]
 
         async def echo(delivery: Delivery) -> None:  # a scripts-manager that answers with who asked

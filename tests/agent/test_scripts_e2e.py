@@ -6,30 +6,32 @@ import pytest
 
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
-from rockbot.bus import MemoryBus
+from rockbot.bus import SCRIPTS_MANAGER, MemoryBroker, Principal
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.buses import login
 from tests.fixtures.llm import ScriptedCall, Turn
 
 SCRIPT = "import json, sys\ndata = json.load(sys.stdin)\nprint(data['a'] * data['b'])\n"
 
 
 @pytest.fixture
-async def bus_with_scripts_manager():
-    async with MemoryBus() as bus:
+async def broker_with_scripts_manager():
+    broker = MemoryBroker()
+    async with await login(broker, SCRIPTS_MANAGER) as bus:
         manager = ScriptsManager(
             settings=ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0), bus=bus
         )
         await manager.start()
         try:
-            yield bus
+            yield broker
         finally:
             await manager.stop()
 
 
-async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, bus_with_scripts_manager):
-    bus = bus_with_scripts_manager
+async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, broker_with_scripts_manager):
+    bus = await login(broker_with_scripts_manager, Principal.agent(namespace="team-a", name="calc"))
     scripted_llm.play(
         Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={
             "script": SCRIPT, "input_data": {"a": 6, "b": 7}})]),

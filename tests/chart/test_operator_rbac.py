@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from rockbot.bus import AmqpBus
+from rockbot.bus import OPERATOR, AmqpBus, Principal
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, SchedulingReply, SchedulingRequest
 from rockbot.kube import (
@@ -35,6 +35,7 @@ from rockbot.operator.settings import OperatorSettings
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
 from tests.fixtures.kubeapi import client_for
+from tests.fixtures.rabbitmq import Vhost
 from tests.kubeapi import KubeApiEmulator
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent_body, tool_body
@@ -109,21 +110,23 @@ async def ask(
     )
     delivery = await bus.request(
         queue=OPERATOR_SCHEDULING, body=request, reply_queue=replies, correlation_id=correlation_id,
-        timeout_seconds=15,
+        timeout_seconds=15, responder=OPERATOR,
     )
     reply = delivery.decode(SchedulingReply)
     assert reply.error is None, reply.error
     return reply
 
 
-async def exercise_the_operator(*, kube: KubeClient, amqp_url: str, namespaces: list[str]) -> None:
+async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: list[str]) -> None:
     """Every path of the operator that talks to the API, once."""
+    analyst = Principal.agent(namespace=NS, name="analyst")
+    agent_url = await vhost.url(analyst, called_by=[OPERATOR])
     await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
-    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": amqp_url}))
+    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": agent_url}))
     await kube.create(TOOLS, namespace=NS, body=tool_body("weather"))
     await kube.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scheduling"]))
-    settings = OperatorSettings(namespaces=namespaces, amqp_url=amqp_url, resync_seconds=3600)
-    async with await AmqpBus.connect(url=amqp_url) as bus, operator_running(settings):
+    settings = OperatorSettings(namespaces=namespaces, amqp_url=await vhost.url(OPERATOR), resync_seconds=3600)
+    async with await AmqpBus.connect(url=agent_url) as bus, operator_running(settings):
         inbox = await FakeAgent(bus=bus, namespace=NS, name="analyst").start()
         try:
             deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
@@ -172,10 +175,10 @@ async def exercise_the_operator(*, kube: KubeClient, amqp_url: str, namespaces: 
 
 @pytest.mark.parametrize("watch_all", [False, True], ids=["release-namespaces", "all-namespaces"])
 async def test_every_request_the_operator_makes_is_granted_by_the_chart(
-    kube_api: KubeApiEmulator, kubeconfig: Any, amqp_url: str, render: Render, watch_all: bool
+    kube_api: KubeApiEmulator, kubeconfig: Any, vhost: Vhost, render: Render, watch_all: bool
 ) -> None:
     async with client_for(kube_api) as kube:
-        await exercise_the_operator(kube=kube, amqp_url=amqp_url, namespaces=[] if watch_all else [NS])
+        await exercise_the_operator(kube=kube, vhost=vhost, namespaces=[] if watch_all else [NS])
     used = operator_requests(kube_api)
     manifests = render({"operator": {"watchAllNamespaces": watch_all}}, namespace=NS)
     grants = grants_of(manifests, account=OPERATOR_SA, account_namespace=NS)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tempfile
 
-from rockbot.bus import MemoryBus
 from rockbot.contracts.inbox import InboxReply
+from rockbot.local import broker
 from rockbot.local.app import running
 from rockbot.local.assembly import LocalModel, assemble
 from rockbot.local.manifests import load
@@ -114,11 +114,10 @@ async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_
     reported = asyncio.Event()
     tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
     scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
-    async with (
-        MemoryBus() as bus,
-        running(
-            bus=bus, agents=agents, tasks=tasks, report=lambda *r: (reports.append(r), reported.set()), scripts=scripts
-        ),
+    connect = await broker.in_memory([assembled.config for assembled in agents.values()])
+    async with running(
+        connect=connect, agents=agents, tasks=tasks, report=lambda *r: (reports.append(r), reported.set()),
+        scripts=scripts,
     ):
         async with asyncio.timeout(10):
             await reported.wait()
@@ -128,15 +127,15 @@ async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_
     assert scripted_llm.requests[0].messages[-1]["content"].startswith("Compare today's EUR rates")
 
 
-async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the_tool_runs(
-    scripted_llm, amqp_url, rabbitmq
-):
+async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the_tool_runs(scripted_llm, vhost):
     scripted_llm.play(*sum_in_the_sandbox([4, 5, 6], answer="The sum is 15."))
     result = await rockbot_local(
         "-f",
         str(EXAMPLES),
         "--amqp-url",
-        amqp_url,
+        vhost.admin_url,
+        "--management-url",
+        vhost.broker.management_url,
         "--prompt",
         "Add 4, 5 and 6.",
         env=model_env(scripted_llm),
@@ -151,9 +150,12 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
     assert started < finished < lines.index("[tools called: execute_python_script]")
     assert lines[finished].endswith(" s) ok")
     # The request and its answer crossed the broker: its queues exist in the test's vhost, drained.
-    queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
+    queues = await asyncio.to_thread(vhost.queues)
     assert queues["script.invoke"] == (0, 0)
     assert any(name.startswith("script.result.local.analyst.") for name in queues), queues
+    # Each part logged in as itself: a user per agent, the scripts-manager and the local scheduler.
+    users = await vhost.admin.users(tag="rockbot-agent") | await vhost.admin.users(tag="rockbot-service")
+    assert {"agent.local.analyst", "service.scripts-manager", "service.local"} <= users
 
 
 def write(folder: pathlib.Path, name: str, text: str) -> pathlib.Path:

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes_asyncio import client as k8s_client
 
-from rockbot.bus import Bus, Delivery, MemoryBus, Subscription
+from rockbot.bus import OPERATOR, Bus, Delivery, MemoryBroker, MemoryBus, Principal, Subscription
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, KubeClient
@@ -20,6 +20,7 @@ from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
 from rockbot.operator.scheduling.agent_requests import token_secret_name
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
+from tests.buses import login
 from tests.fixtures.kubeapi import client_for
 from tests.kubeapi import KubeApiEmulator
 from tests.scheduling.faulty_link import FaultyLink
@@ -145,8 +146,28 @@ def wall_clock() -> ManualClock:
 
 
 @pytest.fixture
-async def bus() -> AsyncIterator[MemoryBus]:
-    async with MemoryBus() as memory:
+def broker() -> MemoryBroker:
+    return MemoryBroker()
+
+
+@pytest.fixture
+async def operator_bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
+    """The operator's connection (it fires tasks and answers scheduling requests)."""
+    async with await login(broker, OPERATOR) as memory:
+        yield memory
+
+
+@pytest.fixture
+async def bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
+    """The connection of agent default/helper, which the operator sends tasks to."""
+    async with await login(broker, Principal.agent(namespace="default", name="helper"), called_by=[OPERATOR]) as memory:
+        yield memory
+
+
+@pytest.fixture
+async def other_bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
+    """The connection of agent default/other."""
+    async with await login(broker, Principal.agent(namespace="default", name="other"), called_by=[OPERATOR]) as memory:
         yield memory
 
 
@@ -159,13 +180,13 @@ async def agent(bus: MemoryBus) -> AsyncIterator[FakeAgent]:
 
 @pytest.fixture
 async def start_scheduler(
-    cluster: Cluster, bus: MemoryBus, clock: ManualClock
+    cluster: Cluster, operator_bus: MemoryBus, clock: ManualClock
 ) -> AsyncIterator[Callable[..., Awaitable[Scheduler]]]:
     """Starts schedulers (replicas, or one after another across a 'restart'); all stop at the end."""
     started: list[Scheduler] = []
 
     async def start(*, kube: KubeClient | None = None) -> Scheduler:
-        scheduler = Scheduler(kube=kube or cluster.kube, bus=bus, clock=clock)
+        scheduler = Scheduler(kube=kube or cluster.kube, bus=operator_bus, clock=clock)
         await scheduler.start()
         started.append(scheduler)
         return scheduler

@@ -15,11 +15,11 @@ from pydantic import BaseModel, RootModel
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import AmqpBus, Delivery, MemoryBus
-from rockbot.bus.topology import OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
+from rockbot.bus import OPERATOR, AmqpBus, Delivery, MemoryBroker, MemoryBus, Principal
+from rockbot.bus.topology import OPERATOR_RUNS, OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
 from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
-from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.contracts.inbox import InboxRequest
 from rockbot.contracts.scheduling import CancelTask, ListTasks, Operation, SchedulingReply, SchedulingRequest
 from rockbot.kube import SCHEDULED_TASKS, SECRETS, NotFound
 from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
@@ -27,7 +27,9 @@ from rockbot.operator.scheduling.agent_requests import SchedulingRequests, token
 from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.buses import login
 from tests.fixtures.llm import Turn
+from tests.fixtures.rabbitmq import Vhost
 from tests.scheduling.conftest import Cluster
 from tests.waiting import eventually
 
@@ -51,11 +53,11 @@ class RecordingBus:
 
 @pytest.fixture
 async def operator_side(
-    cluster: Cluster, bus: MemoryBus, clock: ManualClock, wall_clock: ManualClock, start_scheduler
+    cluster: Cluster, operator_bus: MemoryBus, clock: ManualClock, wall_clock: ManualClock, start_scheduler
 ) -> AsyncIterator[None]:
     await cluster.agent()
     await cluster.agent("other")
-    requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock, wall_clock=wall_clock)
+    requests = SchedulingRequests(kube=cluster.kube, bus=operator_bus, clock=clock, wall_clock=wall_clock)
     await requests.start()
     await start_scheduler()
     yield
@@ -84,7 +86,7 @@ def _runtime(scripted_llm, *, bus: Any, token: str | None) -> AgentRuntime:
 
 async def send(bus: MemoryBus, request: BaseModel, *, reply_to: Queue, correlation_id: str) -> SchedulingReply:
     delivery = await bus.request(queue=OPERATOR_SCHEDULING, body=request, reply_queue=reply_to,
-                                 correlation_id=correlation_id, timeout_seconds=5)
+                                 correlation_id=correlation_id, timeout_seconds=5, responder=OPERATOR)
     return delivery.decode(SchedulingReply)
 
 
@@ -213,37 +215,42 @@ async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime,
     assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.sneaky"))["spec"]["prompt"] == "p"
 
 
-async def test_a_request_answered_elsewhere_than_its_own_queue_is_refused(
-    bus: MemoryBus, cluster: Cluster, operator_side: None
+async def test_a_request_answered_elsewhere_than_its_own_queue_is_dead_lettered_unanswered(
+    bus: MemoryBus, other_bus: MemoryBus, broker: MemoryBroker, cluster: Cluster, operator_side: None
 ) -> None:
     reply_queue = scheduling_replies(namespace="default", name="other", instance="abc1")
+    answers: list[Delivery] = []
+    await other_bus.consume(queue=reply_queue, handler=lambda delivery: _append(answers, delivery))
     request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(),
                      reply_to=reply_queue, correlation_id="c1")
-    reply = await send(bus, request, reply_to=reply_queue, correlation_id="c1")
-    assert reply.error is not None and reply.error.code == "Rejected"
-    assert "its own scheduling queue" in reply.error.message
+    await bus.publish(queue=OPERATOR_SCHEDULING, body=request, correlation_id="c1", reply_to=reply_queue.name)
+    letters = await eventually(lambda: _one(broker.dead_letters()))
+    assert [(d.queue, d.reason, d.user_id) for d in letters] == [
+        ("operator.scheduling", "rejected", "agent.default.helper")]
+    assert answers == []
 
 
-async def test_a_request_for_an_unknown_agent_is_refused(bus: MemoryBus, operator_side: None) -> None:
+async def test_a_request_for_an_unknown_agent_is_refused(broker: MemoryBroker, operator_side: None) -> None:
+    ghost = Principal.agent(namespace="default", name="ghost")  # a broker user whose Agent is gone
     reply_queue = scheduling_replies(namespace="default", name="ghost", instance="abc1")
     request = signed(token="guessed", agent="default/ghost", operation=ListTasks(), reply_to=reply_queue,
                      correlation_id="c2")
-    reply = await send(bus, request, reply_to=reply_queue, correlation_id="c2")
+    reply = await send(await login(broker, ghost), request, reply_to=reply_queue, correlation_id="c2")
     assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
 
 
 async def test_another_agent_claiming_to_be_this_one_is_refused_and_changes_nothing(
-    helper: AgentRuntime, scripted_llm, bus: MemoryBus, cluster: Cluster
+    helper: AgentRuntime, scripted_llm, bus: MemoryBus, other_bus: MemoryBus, cluster: Cluster
 ) -> None:
     made = await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="Send the digest.")
     assert made.ok, made.error
-    # `other` is compromised: it holds its own token and the shared bus credentials, and claims to be helper.
-    forged_queue = scheduling_replies(namespace="default", name="helper", instance="forged")
+    # `other` is compromised: it holds its own bus login and token, and claims to be helper.
+    own_queue = scheduling_replies(namespace="default", name="other", instance="forged")
     forged = signed(token=cluster.tokens["other"], agent="default/helper", operation=CancelTask(name="digest"),
-                    reply_to=forged_queue, correlation_id="forged-1")
-    reply = await send(bus, forged, reply_to=forged_queue, correlation_id="forged-1")
+                    reply_to=own_queue, correlation_id="forged-1")
+    reply = await send(other_bus, forged, reply_to=own_queue, correlation_id="forged-1")
     assert reply.error is not None and reply.error.code == "Rejected" and not reply.error.retryable
-    assert reply.error.message.startswith("the request is not signed with agent default/helper's token")
+    assert reply.error.message.startswith("this request comes from agent default/other, not default/helper")
     # The same, as an agent process of helper's name that holds the wrong key: no task is created either.
     async with _runtime(scripted_llm, bus=bus, token=cluster.tokens["other"]) as impostor:
         refused = await call(impostor, "schedule_task", name="sneaky", cron="0 9 * * *", prompt="p")
@@ -366,7 +373,8 @@ async def test_neither_the_token_nor_a_signature_reaches_logs_or_replies(
                        correlation_id="bad-1").model_dump() | {"signature": "not hex"}
     for body in [*(sent["body"] for sent in helper_bus.sent), RawBody(malformed)]:
         replies.append((await bus.request(queue=OPERATOR_SCHEDULING, body=body, reply_queue=queue,
-                                          correlation_id=secrets.token_hex(4), timeout_seconds=5)).body)
+                                          correlation_id=secrets.token_hex(4), timeout_seconds=5,
+                                          responder=OPERATOR)).body)
     signatures = [sent["body"].signature for sent in helper_bus.sent]
     assert len(signatures) == 4 and [o.ok for o in outcomes] == [True, True, False, False]
     assert b'"error"' in replies[-1] and b"not hex" not in replies[-1]
@@ -377,7 +385,8 @@ async def test_neither_the_token_nor_a_signature_reaches_logs_or_replies(
 
 
 async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once(
-    helper: AgentRuntime, cluster: Cluster, bus: MemoryBus, clock: ManualClock, scripted_llm
+    helper: AgentRuntime, cluster: Cluster, bus: MemoryBus, operator_bus: MemoryBus, clock: ManualClock, scripted_llm,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The broker redelivers a trigger whose consumer died before acking it; the agent runs it once.
 
@@ -411,13 +420,18 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
         ]
 
     await eventually(succeeded)
+    caplog.set_level(logging.INFO, logger="rockbot.bus.once")
     copy = taken[0].decode(InboxRequest)
-    answered = await bus.request(
-        queue=agent_inbox(namespace="default", name="helper"), body=copy,
-        reply_queue=Queue(name="test.copies"), correlation_id=copy.request_id, timeout_seconds=5,
+    await operator_bus.publish(
+        queue=agent_inbox(namespace="default", name="helper"), body=copy, correlation_id=copy.request_id,
+        reply_to=OPERATOR_RUNS.name,
     )
+
+    async def answered_from_memory() -> None:
+        assert "was handled before; answering with the same result" in caplog.text
+
+    await eventually(answered_from_memory)
     await inbox.close()
-    assert answered.decode(InboxReply).answer == "Nightly report written."
     assert len(scripted_llm.requests) == 1, "the model was asked once for the trigger and its copies"
 
 
@@ -427,13 +441,17 @@ async def _assert_len(items: list, count: int) -> None:
 
 @pytest.mark.slow
 async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
-    cluster: Cluster, clock: ManualClock, scripted_llm, amqp_url: str
+    cluster: Cluster, clock: ManualClock, scripted_llm, vhost: Vhost
 ) -> None:
     await cluster.agent()
     config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
-    async with await AmqpBus.connect(url=amqp_url) as bus:
-        requests = SchedulingRequests(kube=cluster.kube, bus=bus, clock=clock)
-        scheduler = Scheduler(kube=cluster.kube, bus=bus, clock=clock)
+    helper = Principal.agent(namespace="default", name="helper")
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(helper, called_by=[OPERATOR])) as bus,
+    ):
+        requests = SchedulingRequests(kube=cluster.kube, bus=operator_bus, clock=clock)
+        scheduler = Scheduler(kube=cluster.kube, bus=operator_bus, clock=clock)
         await requests.start()
         await scheduler.start()
         try:
@@ -466,3 +484,13 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
             await scheduler.stop()
             await requests.stop()
     assert (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items == []
+
+
+async def _append(into: list[Delivery], delivery: Delivery) -> None:
+    into.append(delivery)
+
+
+async def _one(letters) -> list:
+    found = await letters
+    assert len(found) == 1, found
+    return found

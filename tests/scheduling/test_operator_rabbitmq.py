@@ -9,11 +9,12 @@ from typing import Any
 import kopf
 import pytest
 
-from rockbot.bus import AmqpBus
+from rockbot.bus import OPERATOR, AmqpBus, Principal
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
 from tests.fixtures.kubeapi import run_kopf
+from tests.fixtures.rabbitmq import Vhost
 from tests.scheduling.conftest import Cluster, FakeAgent
 from tests.waiting import eventually
 
@@ -29,9 +30,9 @@ class _Runtime:
 
 
 async def test_every_second_schedule_fires_over_rabbitmq_and_completes(
-    cluster: Cluster, kubeconfig: Path, amqp_url: str
+    cluster: Cluster, kubeconfig: Path, vhost: Vhost
 ) -> None:
-    runtime = _Runtime(OperatorSettings(amqp_url=amqp_url, namespaces=["default"]))
+    runtime = _Runtime(OperatorSettings(amqp_url=await vhost.url(OPERATOR), namespaces=["default"]))
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -46,7 +47,8 @@ async def test_every_second_schedule_fires_over_rabbitmq_and_completes(
 
     await cluster.agent()
     await cluster.task(schedule="*/2 * * * * *", concurrencyPolicy="Allow", successfulRunsHistoryLimit=10)
-    async with await AmqpBus.connect(url=amqp_url) as bus:
+    helper = Principal.agent(namespace="default", name="helper")
+    async with await AmqpBus.connect(url=await vhost.url(helper, called_by=[OPERATOR])) as bus:
         agent = await FakeAgent(bus=bus, namespace="default", name="helper").start()
         try:
             async with run_kopf(registry=registry, namespaces=["default"]):

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from rockbot.bus import SCRIPTS_MANAGER
 from rockbot.kube import NAMESPACES
 from tests.chart.conftest import helm, render
 from tests.fixtures.kubeapi import client_for
+from tests.fixtures.rabbitmq import login_of, provision_on
 from tests.pod_process import (
     KUBECONFIG,
     PodProcess,
@@ -53,19 +55,21 @@ def start_manager(render: Callable[..., list[dict[str, Any]]], kube_api, pods: l
 
 async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(kube_api, scripts_namespace, render,
                                                                              pods, late_rabbitmq):
-    process, probes = start_manager(render, kube_api, pods, amqp_url=late_rabbitmq.url)
+    process, probes = start_manager(render, kube_api, pods, amqp_url=login_of(late_rabbitmq, SCRIPTS_MANAGER))
     await wait_until(probes.live, within=30, what="live", process=process)
     _, reason = await wait_until(waiting_for_the_broker(probes), within=30, what="not ready, waiting for the broker",
                                  process=process)
-    assert "cannot reach the broker at amqp://guest:***@127.0.0.1" in reason
+    assert "cannot reach the broker at amqp://service.scripts-manager:***@127.0.0.1" in reason
     await asyncio.to_thread(late_rabbitmq.start)
+    await provision_on(late_rabbitmq, SCRIPTS_MANAGER)
     await wait_until(probes.ready, within=30, what="ready once the broker answers", process=process)
 
 
 async def test_sigterm_stops_the_manager_within_seconds_when_the_broker_is_gone(kube_api, scripts_namespace,
                                                                                render, pods, late_rabbitmq):
     await asyncio.to_thread(late_rabbitmq.start)
-    process, probes = start_manager(render, kube_api, pods, amqp_url=late_rabbitmq.url)
+    await provision_on(late_rabbitmq, SCRIPTS_MANAGER)
+    process, probes = start_manager(render, kube_api, pods, amqp_url=login_of(late_rabbitmq, SCRIPTS_MANAGER))
     await wait_until(probes.ready, within=30, what="ready", process=process)
     await asyncio.to_thread(late_rabbitmq.stop_server)
     process.terminate()

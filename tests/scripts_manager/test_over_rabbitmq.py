@@ -14,21 +14,22 @@ from pathlib import Path
 import aiohttp
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import AmqpBus, Delivery
+from rockbot.bus import SCRIPTS_MANAGER, AmqpBus, Delivery, Principal
 from rockbot.bus.topology import SCRIPT_INVOKE, Queue, script_result
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
-from tests.fixtures.rabbitmq import RabbitBroker
+from tests.buses import ALICE
+from tests.fixtures.rabbitmq import RabbitBroker, Vhost, provisioned
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_service import _make_gate
 from tests.waiting import eventually
 
 
-async def test_script_round_trip_through_rabbitmq(amqp_url: str, make_settings: MakeSettings) -> None:
-    manager = ScriptsManager(settings=make_settings(amqp_url=amqp_url))
+async def test_script_round_trip_through_rabbitmq(vhost: Vhost, make_settings: MakeSettings) -> None:
+    manager = ScriptsManager(settings=make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER)))
     await manager.start()
     try:
-        async with await AmqpBus.connect(url=amqp_url) as bus:
+        async with await AmqpBus.connect(url=await vhost.url(ALICE)) as bus:
             sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
             results = await asyncio.gather(*(
                 sandbox.execute_python_script(script=f"print({n} * {n})", request_id=f"sq-{n}") for n in range(6)
@@ -41,10 +42,12 @@ async def test_script_round_trip_through_rabbitmq(amqp_url: str, make_settings: 
 async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
     private_rabbitmq: RabbitBroker, make_settings: MakeSettings
 ) -> None:
-    manager = ScriptsManager(settings=make_settings(amqp_url=private_rabbitmq.url))
+    async with provisioned(private_rabbitmq, "/") as vhost:
+        manager_url, alice_url = await vhost.url(SCRIPTS_MANAGER), await vhost.url(ALICE)
+    manager = ScriptsManager(settings=make_settings(amqp_url=manager_url))
     await manager.start()
     try:
-        async with await AmqpBus.connect(url=private_rabbitmq.url, publish_timeout=60) as bus:
+        async with await AmqpBus.connect(url=alice_url, publish_timeout=60) as bus:
             sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=60)
             call = asyncio.create_task(sandbox.execute_python_script(
                 script="import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('done')",
@@ -64,11 +67,11 @@ async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
 
 
 async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answers_it_once(
-    rabbitmq: RabbitBroker, amqp_url: str, make_settings: MakeSettings
+    vhost: Vhost, make_settings: MakeSettings
 ) -> None:
     # The script waits on a host fifo (unshare isolation lets it see one), so the first manager is
     # certainly mid-run, un-acked, when it stops; the second one's run is let through by the test.
-    settings = make_settings(amqp_url=amqp_url, scripts_local_isolation="unshare")
+    settings = make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER), scripts_local_isolation="unshare")
     first, second = ScriptsManager(settings=settings), ScriptsManager(settings=settings)
     gate = await asyncio.to_thread(_make_gate)
     request = ScriptInvokeRequest(
@@ -78,7 +81,7 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
 
     await first.start()
     try:
-        async with await AmqpBus.connect(url=amqp_url) as agent:
+        async with await AmqpBus.connect(url=await vhost.url(ALICE)) as agent:
             replies, answers = await _send_collecting_answers(agent, request)
             await eventually(lambda: _running(first))
             await first.stop()  # dies mid-run: its run is cancelled, the request never acked
@@ -87,7 +90,7 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
             await eventually(lambda: _running(second))  # the broker redelivered the request to it
             token = uuid.uuid4().hex
             await asyncio.to_thread(gate.write_text, token)
-            await eventually(lambda: _answered_and_drained(rabbitmq, amqp_url, replies, answers), within=30)
+            await eventually(lambda: _answered_and_drained(vhost, replies, answers), within=30)
     finally:
         await first.stop()
         await second.stop()
@@ -101,13 +104,14 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
 
 
 async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and_answers_once(
-    rabbitmq: RabbitBroker, amqp_url: str, make_settings: MakeSettings
+    rabbitmq: RabbitBroker, vhost: Vhost, make_settings: MakeSettings
 ) -> None:
     # The broker closes the manager's connection while the script waits on the test's fifo. The
     # delivery is lost un-acked and redelivered after the robust reconnect: it must join the run in
     # flight, not start the script again.
     name = f"manager-{uuid.uuid4().hex[:8]}"
-    settings = make_settings(amqp_url=f"{amqp_url}?name={name}", scripts_local_isolation="unshare")
+    manager_url = await vhost.url(SCRIPTS_MANAGER, connection_name=name)
+    settings = make_settings(amqp_url=manager_url, scripts_local_isolation="unshare")
     manager = ScriptsManager(settings=settings)
     gate = await asyncio.to_thread(_make_gate)
     starts = gate.parent / "starts"  # each run of the script leaves a line here before it waits
@@ -120,19 +124,19 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
 
     await manager.start()
     try:
-        async with await AmqpBus.connect(url=amqp_url) as agent:
+        async with await AmqpBus.connect(url=await vhost.url(ALICE)) as agent:
             replies, answers = await _send_collecting_answers(agent, request)
             await eventually(lambda: _running(manager))
             await asyncio.to_thread(rabbitmq.close_connection, name=name, reason="manager connection lost")
 
             async def redelivered_and_joined() -> None:
-                queues = await asyncio.to_thread(rabbitmq.queues, amqp_url)
+                queues = await asyncio.to_thread(vhost.queues)
                 assert queues[SCRIPT_INVOKE.name] == (0, 1), queues  # back with the reconnected manager
 
             await eventually(redelivered_and_joined, within=30)
             token = uuid.uuid4().hex
             await asyncio.to_thread(gate.write_text, token)
-            await eventually(lambda: _answered_and_drained(rabbitmq, amqp_url, replies, answers), within=30)
+            await eventually(lambda: _answered_and_drained(vhost, replies, answers), within=30)
             runs = await asyncio.to_thread(starts.read_text)
     finally:
         await manager.stop()
@@ -161,11 +165,9 @@ async def _running(manager: ScriptsManager) -> None:
     assert _sample(manager, "rockbot_scripts_in_flight") == 1
 
 
-async def _answered_and_drained(
-    broker: RabbitBroker, url: str, replies: Queue, answers: list[Delivery]
-) -> None:
+async def _answered_and_drained(vhost: Vhost, replies: Queue, answers: list[Delivery]) -> None:
     assert answers, "no answer yet"
-    queues = await asyncio.to_thread(broker.queues, url)
+    queues = await asyncio.to_thread(vhost.queues)
     assert queues[SCRIPT_INVOKE.name] == queues[replies.name] == (0, 0), queues
 
 
@@ -183,10 +185,11 @@ def _free_port() -> int:
 CLI = [str(Path(sys.executable).parent / "rockbot"), "scripts-manager"]
 
 
-async def test_cli_serves_until_sigterm_and_refuses_bad_settings(amqp_url: str, tmp_path: Path) -> None:
+async def test_cli_serves_until_sigterm_and_refuses_bad_settings(vhost: Vhost, tmp_path: Path) -> None:
     port = _free_port()
     env = {
-        "PATH": os.environ["PATH"], "ROCKBOT_AMQP_URL": amqp_url, "ROCKBOT_SCRIPTS_BACKEND": "local",
+        "PATH": os.environ["PATH"], "ROCKBOT_AMQP_URL": await vhost.url(SCRIPTS_MANAGER),
+        "ROCKBOT_SCRIPTS_BACKEND": "local",
         "ROCKBOT_HEALTH_HOST": "127.0.0.1", "ROCKBOT_HEALTH_PORT": str(port), "ROCKBOT_DRAIN_SECONDS": "1",
     }  # fmt: skip
     bad = await asyncio.create_subprocess_exec(
@@ -211,7 +214,8 @@ async def test_cli_serves_until_sigterm_and_refuses_bad_settings(amqp_url: str, 
                     raise AssertionError("not listening yet") from exc
 
             await eventually(ready, within=30)
-        async with await AmqpBus.connect(url=amqp_url) as bus:
+        cli_agent = Principal.agent(namespace="default", name="cli")
+        async with await AmqpBus.connect(url=await vhost.url(cli_agent)) as bus:
             sandbox = ScriptSandbox(bus=bus, namespace="default", agent="cli", reply_grace_seconds=30)
             result = await sandbox.execute_python_script(
                 script="print('from the cli')"

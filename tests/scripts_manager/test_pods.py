@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import MemoryBus
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 from rockbot.kube import CONFIGMAPS, NAMESPACES, PODS, KubeClient, NotFound
@@ -34,6 +33,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
 )
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
+from tests.buses import manager_and_agent
 from tests.kubeapi import KubeApiEmulator
 from tests.pod_security import restricted_violations
 from tests.scripts_manager.conftest import MakeSettings
@@ -355,8 +355,8 @@ async def test_sweeper_reaps_orphans_past_their_deadline_and_keeps_live_ones(
 async def test_the_manager_with_the_pod_backend_answers_an_agent(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
 ) -> None:
-    async with MemoryBus() as bus, kubelet_playing(run_runner, emulator=kube_api, kube=kube):
-        manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=bus)
+    async with manager_and_agent() as (manager_bus, bus), kubelet_playing(run_runner, emulator=kube_api, kube=kube):
+        manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
         await manager.start()
         try:
             sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
@@ -372,8 +372,10 @@ async def test_the_manager_with_the_pod_backend_answers_an_agent(
 async def test_a_missing_scripts_namespace_is_a_retryable_unavailable_for_the_agent(
     kube_api: KubeApiEmulator, kubeconfig: Path, make_settings: MakeSettings
 ) -> None:
-    async with MemoryBus() as bus:
-        manager = ScriptsManager(settings=make_settings(scripts_backend="pods", scripts_namespace="nowhere"), bus=bus)
+    async with manager_and_agent() as (manager_bus, bus):
+        manager = ScriptsManager(
+            settings=make_settings(scripts_backend="pods", scripts_namespace="nowhere"), bus=manager_bus
+        )
         await manager.start()
         try:
             sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)

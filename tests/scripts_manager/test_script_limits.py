@@ -15,15 +15,18 @@ import pytest
 from rockbot.agent.registry import ToolContext, ToolOutcome
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
-from rockbot.bus import MemoryBus
+from rockbot.bus import MemoryBus, Principal
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.kube import KubeClient
 from rockbot.scripts_manager.app import ScriptsManager
+from tests.buses import manager_and_agent
 from tests.kubeapi import KubeApiEmulator
 from tests.operator.samples import agent
 from tests.operator.test_resolving import resolve
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_pods import kube, kubelet_playing, run_runner  # noqa: F401 (kube: a fixture)
+
+ANALYST = Principal.agent(namespace="default", name="analyst")
 
 GREEDY = "x = bytearray(100 * 2**20)\nprint('allocated')"
 
@@ -45,8 +48,10 @@ async def run_tool(config: AgentConfig, bus: MemoryBus, script: str) -> ToolOutc
 async def pods_manager(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings  # noqa: F811
 ) -> AsyncIterator[tuple[MemoryBus, list[dict[str, Any]]]]:
-    async with MemoryBus() as bus, kubelet_playing(run_runner, emulator=kube_api, kube=kube) as kubelet:
-        manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=bus)
+    async with manager_and_agent(ANALYST) as (manager_bus, bus), kubelet_playing(
+        run_runner, emulator=kube_api, kube=kube
+    ) as kubelet:
+        manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
         await manager.start()
         try:
             yield bus, kubelet.seen
@@ -82,8 +87,8 @@ async def test_limits_over_the_managers_maximum_are_refused_naming_the_field(
 
 
 async def test_the_local_sandbox_limits_memory_to_the_agents_script_limits(make_settings: MakeSettings) -> None:
-    async with MemoryBus() as bus:
-        manager = ScriptsManager(settings=make_settings(scripts_backend="local"), bus=bus)
+    async with manager_and_agent(ANALYST) as (manager_bus, bus):
+        manager = ScriptsManager(settings=make_settings(scripts_backend="local"), bus=manager_bus)
         await manager.start()
         try:
             small = await run_tool(resolved(memory="96Mi"), bus, GREEDY)

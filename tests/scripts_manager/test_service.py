@@ -8,33 +8,63 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import Delivery, MemoryBus
+from rockbot.bus import SCRIPTS_MANAGER, Delivery, MemoryBroker, MemoryBus, Principal
 from rockbot.bus.topology import SCRIPT_INVOKE, script_result
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
+from tests.buses import login
 from tests.scripts_manager.conftest import MakeSettings
 from tests.waiting import eventually
 
 WAIT = 30.0
 
 
+AsAgent = Callable[[str], Awaitable[MemoryBus]]
+
+
 @pytest.fixture
-async def bus() -> AsyncIterator[MemoryBus]:
-    async with MemoryBus() as bus:
+def broker() -> MemoryBroker:
+    return MemoryBroker()
+
+
+@pytest.fixture
+async def as_agent(broker: MemoryBroker) -> AsyncIterator[AsAgent]:
+    """The one connection of agent default/<name> (two would compete for its reply queue)."""
+    opened: dict[str, MemoryBus] = {}
+
+    async def connect(name: str) -> MemoryBus:
+        if name not in opened:
+            opened[name] = await login(broker, Principal.agent(namespace="default", name=name))
+        return opened[name]
+
+    yield connect
+    for bus in opened.values():
+        await bus.close()
+
+
+@pytest.fixture
+async def manager_bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
+    async with await login(broker, SCRIPTS_MANAGER) as bus:
         yield bus
 
 
 @pytest.fixture
-async def manager(bus: MemoryBus, make_settings: MakeSettings) -> AsyncIterator[ScriptsManager]:
-    manager = ScriptsManager(settings=make_settings(scripts_max_timeout_seconds=60), bus=bus)
+async def bus(as_agent: AsAgent) -> MemoryBus:
+    """Agent default/alice's connection."""
+    return await as_agent("alice")
+
+
+@pytest.fixture
+async def manager(manager_bus: MemoryBus, make_settings: MakeSettings) -> AsyncIterator[ScriptsManager]:
+    manager = ScriptsManager(settings=make_settings(scripts_max_timeout_seconds=60), bus=manager_bus)
     await manager.start()
     yield manager
     await manager.stop()
@@ -82,14 +112,15 @@ async def test_bad_arguments_are_refused_by_the_client_before_sending(sandbox: S
 
 
 async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
-    manager: ScriptsManager, bus: MemoryBus
+    manager: ScriptsManager, as_agent: AsAgent
 ) -> None:
-    reply = await bus.request(
+    reply = await (await as_agent("mallory")).request(
         queue=SCRIPT_INVOKE,
         body=ErrorInfo(code=ErrorCode.TIMEOUT, message="not a request"),
         reply_queue=script_result(namespace="default", agent="mallory", instance="ab12"),
         correlation_id="junk-1",
         timeout_seconds=WAIT,
+        responder=SCRIPTS_MANAGER,
     )
     answer = reply.decode(SCRIPT_INVOKE_REPLY)
     assert isinstance(answer, ScriptInvokeError)
@@ -105,14 +136,15 @@ async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> N
 
 
 async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
-    bus: MemoryBus, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
+    manager_bus: MemoryBus, as_agent: AsAgent, make_settings: MakeSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     # unshare (explicitly chosen) lets the script see a host fifo: the test holds it there until the
     # second copy has been seen joining the run, so only joining (not replaying) can answer it.
     caplog.set_level(logging.INFO, logger="rockbot.bus.once")
-    manager = ScriptsManager(settings=make_settings(scripts_local_isolation="unshare"), bus=bus)
+    manager = ScriptsManager(settings=make_settings(scripts_local_isolation="unshare"), bus=manager_bus)
     await manager.start()
     gate = await asyncio.to_thread(_make_gate)
+    bus = await as_agent("bob")
     try:
         replies = script_result(namespace="default", agent="bob", instance="ab12")
         answers: asyncio.Queue[Delivery] = asyncio.Queue()
@@ -158,32 +190,33 @@ def _make_gate() -> Path:
     return gate
 
 
-async def _ask(bus: MemoryBus, request: ScriptInvokeRequest) -> ScriptInvokeResponse | ScriptInvokeError:
-    reply = await bus.request(
+async def _ask(as_agent: AsAgent, request: ScriptInvokeRequest) -> ScriptInvokeResponse | ScriptInvokeError:
+    """Sends `request` as the agent it names."""
+    reply = await (await as_agent(request.agent)).request(
         queue=SCRIPT_INVOKE, body=request, reply_queue=script_result(namespace="default", agent=request.agent,
                                                                    instance="ab12"),
-        correlation_id=request.request_id, timeout_seconds=WAIT,
+        correlation_id=request.request_id, timeout_seconds=WAIT, responder=SCRIPTS_MANAGER,
     )  # fmt: skip
     return reply.decode(SCRIPT_INVOKE_REPLY)
 
 
 async def test_the_same_request_id_from_another_agent_is_another_request(
-    manager: ScriptsManager, bus: MemoryBus
+    manager: ScriptsManager, as_agent: AsAgent
 ) -> None:
     request_id = f"call-{uuid.uuid4().hex}"
-    alice = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('alice')"))
-    bob = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="bob", script="print('bob')"))
+    alice = await _ask(as_agent, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('alice')"))
+    bob = await _ask(as_agent, ScriptInvokeRequest(request_id=request_id, agent="bob", script="print('bob')"))
     assert isinstance(alice, ScriptInvokeResponse) and alice.stdout == "alice\n", alice
     assert isinstance(bob, ScriptInvokeResponse) and bob.stdout == "bob\n", bob
 
 
 async def test_a_reused_request_id_with_another_script_is_rejected_not_answered_from_memory(
-    manager: ScriptsManager, bus: MemoryBus
+    manager: ScriptsManager, as_agent: AsAgent
 ) -> None:
     request_id = f"call-{uuid.uuid4().hex}"
-    first = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('first')"))
+    first = await _ask(as_agent, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('first')"))
     assert isinstance(first, ScriptInvokeResponse) and first.stdout == "first\n", first
-    reused = await _ask(bus, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('second')"))
+    reused = await _ask(as_agent, ScriptInvokeRequest(request_id=request_id, agent="alice", script="print('second')"))
     assert isinstance(reused, ScriptInvokeError), reused
     assert (reused.error.code, reused.error.retryable) == (ErrorCode.REJECTED, False)
     assert f"request_id {request_id!r} of agent 'alice' was already used" in reused.error.message
@@ -205,8 +238,8 @@ async def test_health_readiness_and_metrics_over_http(
     assert 'rockbot_scripts_in_flight{backend="local"} 0.0' in text
 
 
-async def test_not_ready_once_stopped(bus: MemoryBus, make_settings: MakeSettings) -> None:
-    manager = ScriptsManager(settings=make_settings(), bus=bus)
+async def test_not_ready_once_stopped(manager_bus: MemoryBus, make_settings: MakeSettings) -> None:
+    manager = ScriptsManager(settings=make_settings(), bus=manager_bus)
     await manager.start()
     await manager._service.stop()  # type: ignore[union-attr]
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{manager.health.port}/readyz") as response:
@@ -219,9 +252,9 @@ def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
 
 
 async def test_a_package_outside_the_allowed_list_is_rejected_naming_it_and_the_setting(
-    bus: MemoryBus, make_settings: MakeSettings
+    manager_bus: MemoryBus, bus: MemoryBus, make_settings: MakeSettings
 ) -> None:
-    manager = ScriptsManager(settings=make_settings(scripts_allowed_packages=["rockbot-demo-pkg"]), bus=bus)
+    manager = ScriptsManager(settings=make_settings(scripts_allowed_packages=["rockbot-demo-pkg"]), bus=manager_bus)
     await manager.start()
     try:
         sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)

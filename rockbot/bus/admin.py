@@ -1,0 +1,103 @@
+"""Provisioning the bus: the exchange, the work queues and one broker user per principal.
+
+Two implementations administer a broker the same way: `management.RabbitAdmin` (RabbitMQ's HTTP
+management API, used by the operator and by `rockbot local --amqp-url`) and `memory.MemoryBroker`.
+Each `ensure_*` compares before it writes and says whether it wrote, so a settled system costs
+reads only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from rockbot.bus.identity import Principal
+from rockbot.bus.permissions import Permissions, permissions_for
+from rockbot.bus.topology import Queue, inbox_of
+from rockbot.contracts.agent_config import AgentBackend, AgentConfig
+
+#: Broker user tags, so a sweep can find the users it manages.
+AGENT_TAG = "rockbot-agent"
+SERVICE_TAG = "rockbot-service"
+
+
+class DeadLetter(BaseModel):
+    """A message a work queue gave up on, as found in `rockbot.dead-letters`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queue: str  # where it was first refused
+    reason: str  # rejected (refused or unreadable), delivery_limit, expired, maxlen
+    user_id: str | None
+    message_id: str | None
+    message_type: str | None
+    body: bytes
+
+
+class BrokerAdmin(Protocol):
+    async def ensure_topology(self) -> None:
+        """The exchange `rockbot`, the dead-letter exchange and queue, and the fixed work queues."""
+
+    async def ensure_queue(self, queue: Queue) -> bool:
+        """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written."""
+
+    async def ensure_user(
+        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
+    ) -> bool:
+        """The user with this password, tags and permissions in this virtual host; True if anything was written."""
+
+    async def delete_user(self, user: str) -> bool:
+        """Remove the user's access (the user itself when this virtual host was its only one); True if it existed."""
+
+    async def users(self, *, tag: str) -> set[str]:
+        """The users tagged `tag` that have permissions in this virtual host."""
+
+    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
+        """The oldest `count` dead letters, left in their queue."""
+
+
+async def ensure_principal(
+    admin: BrokerAdmin,
+    principal: Principal,
+    *,
+    password: str,
+    calls: Iterable[Principal] = (),
+    called_by: Iterable[Principal] = (),
+) -> bool:
+    """The principal's user with the permissions `permissions_for` derives, and an agent's inbox; True if written."""
+    tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
+    permissions = permissions_for(principal, calls=calls, called_by=called_by)
+    wrote = await admin.ensure_user(user=principal.user, password=password, permissions=permissions, tags=(tag,))
+    if principal.kind == "agent":
+        wrote = await admin.ensure_queue(inbox_of(principal)) or wrote
+    return wrote
+
+
+def callees(config: AgentConfig) -> list[Principal]:
+    """The agents an agent calls: its sub-agents and agent-backed Tools, from its resolved config."""
+    return [
+        Principal.agent(namespace=tool.backend.namespace, name=tool.backend.name)
+        for tool in config.tools
+        if isinstance(tool.backend, AgentBackend)
+    ]
+
+
+async def provision_agents(
+    admin: BrokerAdmin,
+    configs: Iterable[AgentConfig],
+    *,
+    scheduler: Principal,
+    password: Callable[[Principal], str],
+) -> None:
+    """Users for a set of agents that know each other's resolved configs (`rockbot local`, tests) and their scheduler.
+
+    Each agent may call what its config calls and answer its callers and `scheduler`, which may
+    send work to every one of them.
+    """
+    calls = {Principal.agent(namespace=config.namespace, name=config.name): callees(config) for config in configs}
+    await ensure_principal(admin, scheduler, password=password(scheduler), calls=calls)
+    for me, called in calls.items():
+        callers = [other for other, theirs in calls.items() if me in theirs]
+        await ensure_principal(admin, me, password=password(me), calls=called, called_by=[scheduler, *callers])

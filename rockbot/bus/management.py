@@ -1,0 +1,200 @@
+"""RabbitMQ's HTTP management API, for provisioning (see `admin.BrokerAdmin`): only the operator holds it.
+
+Every `ensure_*` reads first and writes only what differs: a password is compared against the
+stored salted hash (RabbitMQ's own scheme), permissions and queue arguments as they are, so a
+settled broker costs GETs only. The admin login is used for these calls and nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from typing import Any, Self
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from rockbot.bus.admin import DeadLetter
+from rockbot.bus.errors import BusError
+from rockbot.bus.permissions import Permissions
+from rockbot.bus.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, Queue
+
+MANAGEMENT_PORT = 15672
+_HASHES = {"rabbit_password_hashing_sha256": hashlib.sha256, "rabbit_password_hashing_sha512": hashlib.sha512}
+
+
+class ManagementError(BusError):
+    """The management API refused a call or could not be reached."""
+
+
+def password_matches(*, password_hash: str, algorithm: str, password: str) -> bool:
+    """Whether `password` is the one RabbitMQ stored as `password_hash` (base64 of 4 salt bytes + digest)."""
+    hasher = _HASHES.get(algorithm)
+    if hasher is None or not password_hash:
+        return False
+    raw = base64.b64decode(password_hash)
+    salt, digest = raw[:4], raw[4:]
+    return hmac.compare_digest(hasher(salt + password.encode()).digest(), digest)
+
+
+class RabbitAdmin:
+    """Administers one virtual host of one broker; use as `async with RabbitAdmin(...) as admin`."""
+
+    def __init__(self, *, url: str, username: str, password: str, vhost: str = "/", timeout: float = 10.0) -> None:
+        self._base = URL(url.rstrip("/") + "/api")
+        self._vhost = quote(vhost, safe="")
+        self.vhost = vhost
+        self._auth = "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def for_amqp_url(cls, amqp_url: str, *, management_url: str | None = None) -> RabbitAdmin:
+        """The management API of the broker an (administrator's) AMQP URL points at, with the same login.
+
+        Its address is `management_url`, or the AMQP host on port 15672.
+        """
+        amqp = URL(amqp_url)
+        url = management_url or str(URL.build(scheme="http", host=amqp.host or "localhost", port=MANAGEMENT_PORT))
+        vhost = amqp.path[1:] or "/"
+        return cls(url=url, username=amqp.user or "guest", password=amqp.password or "guest", vhost=vhost)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ---- the BrokerAdmin operations
+
+    async def ensure_topology(self) -> None:
+        await self._ensure_exchange(EXCHANGE, kind="topic")
+        await self._ensure_exchange(DEAD_LETTER_EXCHANGE, kind="fanout")
+        await self._ensure_queue(DEAD_LETTERS, exchange=DEAD_LETTER_EXCHANGE, routing_key="")
+        for queue in FIXED_QUEUES:
+            await self.ensure_queue(queue)
+
+    async def ensure_queue(self, queue: Queue) -> bool:
+        return await self._ensure_queue(queue, exchange=EXCHANGE, routing_key=queue.name)
+
+    async def ensure_user(
+        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
+    ) -> bool:
+        wrote = False
+        name = quote(user, safe="")
+        existing = await self._get(f"users/{name}")
+        if existing is None or sorted(existing.get("tags") or []) != sorted(tags) or not password_matches(
+            password_hash=existing.get("password_hash", ""),
+            algorithm=existing.get("hashing_algorithm", ""),
+            password=password,
+        ):
+            await self._call("PUT", f"users/{name}", {"password": password, "tags": ",".join(tags)})
+            wrote = True
+        wanted = {"configure": permissions.configure, "write": permissions.write, "read": permissions.read}
+        current = await self._get(f"permissions/{self._vhost}/{name}") or {}
+        if {key: current.get(key) for key in wanted} != wanted:
+            await self._call("PUT", f"permissions/{self._vhost}/{name}", wanted)
+            wrote = True
+        topic = {"exchange": EXCHANGE, "write": permissions.topic_write, "read": permissions.topic_read}
+        listed = await self._get(f"topic-permissions/{self._vhost}/{name}") or []
+        current_topic = next((item for item in listed if item.get("exchange") == EXCHANGE), {})
+        if {key: current_topic.get(key) for key in topic} != topic:
+            await self._call("PUT", f"topic-permissions/{self._vhost}/{name}", topic)
+            wrote = True
+        return wrote
+
+    async def delete_user(self, user: str) -> bool:
+        name = quote(user, safe="")
+        vhosts = {item["vhost"] for item in await self._get(f"users/{name}/permissions") or []}
+        if await self._get(f"users/{name}") is None:
+            return False
+        if vhosts <= {self.vhost}:
+            await self._call("DELETE", f"users/{name}")
+        else:  # the same user name in another virtual host (another installation) keeps its access there
+            await self._call("DELETE", f"permissions/{self._vhost}/{name}")
+            await self._call("DELETE", f"topic-permissions/{self._vhost}/{name}", missing_ok=True)
+        return True
+
+    async def users(self, *, tag: str) -> set[str]:
+        here = {item["user"] for item in await self._get(f"vhosts/{self._vhost}/permissions") or []}
+        tagged = {item["name"] for item in await self._get("users") or [] if tag in (item.get("tags") or [])}
+        return here & tagged
+
+    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
+        taken = await self._call(
+            "POST",
+            f"queues/{self._vhost}/{quote(DEAD_LETTERS.name, safe='')}/get",
+            {"count": count, "ackmode": "ack_requeue_true", "encoding": "auto"},
+        )
+        return [_dead_letter(item) for item in taken or []]
+
+    # ---- helpers
+
+    async def _ensure_exchange(self, name: str, *, kind: str) -> None:
+        path = f"exchanges/{self._vhost}/{quote(name, safe='')}"
+        if await self._get(path) is None:
+            await self._call("PUT", path, {"type": kind, "durable": True})
+
+    async def _ensure_queue(self, queue: Queue, *, exchange: str, routing_key: str) -> bool:
+        wrote = False
+        name = quote(queue.name, safe="")
+        existing = await self._get(f"queues/{self._vhost}/{name}")
+        if existing is None:
+            await self._call("PUT", f"queues/{self._vhost}/{name}", {"durable": True, "arguments": queue.arguments})
+            wrote = True
+        elif (existing.get("arguments") or {}) != queue.arguments:
+            raise ManagementError(
+                f"queue {queue.name!r} exists with arguments {existing.get('arguments')}, not {queue.arguments}: "
+                "an older rockbot declared it; delete it once it is empty (rabbitmqctl delete_queue) and it is "
+                "declared anew"
+            )
+        bindings = f"bindings/{self._vhost}/e/{quote(exchange, safe='')}/q/{name}"
+        if not any(item.get("routing_key") == routing_key for item in await self._get(bindings) or []):
+            await self._call("POST", bindings, {"routing_key": routing_key})
+            wrote = True
+        return wrote
+
+    async def _get(self, path: str) -> Any:
+        return await self._call("GET", path, missing_ok=True)
+
+    async def _call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers={"Authorization": self._auth})
+        url = URL(f"{self._base}/{path}", encoded=True)
+        try:
+            async with self._session.request(method, url, json=body) as response:
+                text = await response.text()
+                if response.status == 404 and missing_ok:
+                    return None
+                if response.status >= 300:
+                    raise ManagementError(
+                        f"the broker's management API answered {method} /api/{path} with {response.status}: "
+                        f"{text[:300]}"
+                    )
+                return json.loads(text) if text else None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ManagementError(f"cannot reach the broker's management API at {self._base}: {exc!r}") from exc
+
+
+def _dead_letter(item: dict[str, Any]) -> DeadLetter:
+    properties = item.get("properties") or {}
+    headers = properties.get("headers") or {}
+    payload = item.get("payload", "")
+    body = base64.b64decode(payload) if item.get("payload_encoding") == "base64" else payload.encode()
+    return DeadLetter(
+        queue=str(headers.get("x-first-death-queue", "")),
+        reason=str(headers.get("x-first-death-reason", "")),
+        user_id=properties.get("user_id"),
+        message_id=properties.get("message_id"),
+        message_type=properties.get("type"),
+        body=body,
+    )

@@ -1,0 +1,140 @@
+"""What each principal may do on the bus: one pure function, enforced by RabbitMQ and by the memory bus alike.
+
+RabbitMQ checks, per virtual host and user, three regular expressions over resource names
+(`configure`: declare or delete a queue; `write`: publish to an exchange, bind a queue; `read`:
+consume from a queue, bind from an exchange) and, for the topic exchange `rockbot`, two over routing
+keys (`topic_write`: the routing key of a publish; `topic_read`: the binding key of a bind). Since
+every message is routed by its queue's name, `topic_write` is exactly "which queues may this
+principal put messages on", and `topic_read` "which queue names may it bind", so nobody can bind a
+queue of its own to another's name (or to `#`) and listen in.
+
+For an agent X in namespace N (see `topology` for the names):
+- it declares, binds and reads only its own per-process queues (`agent.N.X.replies.*`,
+  `agent.N.X.scheduling-replies.*`, `script.result.N.X.*`), and reads its inbox (which the operator
+  declares);
+- it publishes to `script.invoke`, `operator.scheduling`, the inboxes of the agents it `calls`
+  (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
+  (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
+Only `service.scripts-manager` reads `script.invoke`; only the operator reads its two queues.
+Every expression is anchored, so none matches more than the names it spells out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from rockbot.bus import topology
+from rockbot.bus.identity import OPERATOR, SCRIPTS_MANAGER, Principal
+
+#: One segment of a queue name (a DNS label: namespaces, names and instances hold no dots).
+_SEGMENT = r"[-a-z0-9]+"
+_NOTHING = "^$"
+
+Action = Literal["configure", "write", "read", "topic_write", "topic_read"]
+
+
+class Permissions(BaseModel):
+    """RabbitMQ's permission expressions for one user in one virtual host (topic ones on `rockbot`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    configure: str = _NOTHING
+    write: str = _NOTHING
+    read: str = _NOTHING
+    topic_write: str = _NOTHING
+    topic_read: str = _NOTHING
+
+    def allows(self, action: Action, resource: str) -> bool:
+        """Whether RabbitMQ would allow `action` on `resource` (a queue or exchange name, or a routing key)."""
+        return re.search(getattr(self, action), resource) is not None
+
+
+def _any_of(patterns: Iterable[str]) -> str:
+    alternatives = sorted(set(patterns))
+    return f"^({'|'.join(alternatives)})$" if alternatives else _NOTHING
+
+
+def _name(name: str) -> str:
+    return re.escape(name)
+
+
+def _family(prefix: str) -> str:
+    """Every queue whose name is `prefix` and one more segment (a per-process instance)."""
+    return re.escape(prefix) + _SEGMENT
+
+
+def reply_queues(principal: Principal) -> str:
+    """A pattern (unanchored) of the queues where `principal` receives answers from the agents it asks."""
+    if principal.kind == "agent":
+        return _family(topology.agent_replies_prefix(namespace=principal.namespace, name=principal.name))
+    if principal == OPERATOR:
+        return _name(topology.OPERATOR_RUNS.name)
+    return _family(topology.service_replies_prefix(principal.name))
+
+
+def is_reply_queue_of(principal: Principal, queue_name: str) -> bool:
+    """Whether `queue_name` is one where `principal` receives answers to its requests to agents."""
+    return re.fullmatch(reply_queues(principal), queue_name) is not None
+
+
+def _declared(principal: Principal) -> list[str]:
+    """Queues the principal declares and binds itself: its per-process reply queues."""
+    if principal.kind == "agent":
+        namespace, name = principal.namespace, principal.name
+        return [
+            reply_queues(principal),
+            _family(topology.scheduling_reply_prefix(namespace=namespace, name=name)),
+            _family(topology.script_result_prefix(namespace=namespace, agent=name)),
+        ]
+    if principal in (OPERATOR, SCRIPTS_MANAGER):
+        return []
+    return [reply_queues(principal)]
+
+
+def _provisioned(principal: Principal) -> list[str]:
+    """Queues the operator declares for the principal, which it only consumes."""
+    if principal.kind == "agent":
+        return [_name(topology.inbox_of(principal).name)]
+    if principal == OPERATOR:
+        return [_name(topology.OPERATOR_SCHEDULING.name), _name(topology.OPERATOR_RUNS.name)]
+    if principal == SCRIPTS_MANAGER:
+        return [_name(topology.SCRIPT_INVOKE.name)]
+    return []
+
+
+def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by: Iterable[Principal]) -> list[str]:
+    inboxes = [_name(topology.inbox_of(callee).name) for callee in calls if callee.kind == "agent"]
+    if principal.kind == "agent":
+        fixed = [_name(topology.SCRIPT_INVOKE.name), _name(topology.OPERATOR_SCHEDULING.name)]
+        return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
+    if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
+        return [
+            rf"agent\.{_SEGMENT}\.{_SEGMENT}\.inbox",
+            rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}",
+        ]
+    if principal == SCRIPTS_MANAGER:
+        return [rf"script\.result\.{_SEGMENT}\.{_SEGMENT}\.{_SEGMENT}"]
+    return inboxes
+
+
+def permissions_for(
+    principal: Principal, *, calls: Iterable[Principal] = (), called_by: Iterable[Principal] = ()
+) -> Permissions:
+    """Everything `principal` may do; `calls` and `called_by` matter for agents (and `calls` for services).
+
+    `called_by` holds the agents that call this one and the scheduler that sends it tasks
+    (`service.operator` in a cluster, `service.local` locally).
+    """
+    declared = _declared(principal)
+    exchange = _name(topology.EXCHANGE)
+    return Permissions(
+        configure=_any_of(declared),
+        write=_any_of([exchange, *declared]),  # publish: the exchange; bind: the queue
+        read=_any_of([exchange, *declared, *_provisioned(principal)]),  # bind: the exchange; consume: the queue
+        topic_write=_any_of(_publishes_to(principal, calls=calls, called_by=called_by)),
+        topic_read=_any_of(declared),
+    )
