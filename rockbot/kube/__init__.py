@@ -5,6 +5,7 @@ Generated models hide what the API server really answers; rockbot speaks the wir
 the same requests.
 """
 
+from rockbot.kube.attach import AttachSession, Output
 from rockbot.kube.client import K8sObject, KubeClient, ObjectList, WatchEvent
 from rockbot.kube.errors import ApiError, Conflict, Gone, Invalid, KubeConfigError, NotFound, Unavailable
 from rockbot.kube.resources import (
@@ -39,6 +40,7 @@ __all__ = [
     "SERVICES",
     "TOOLS",
     "ApiError",
+    "AttachSession",
     "Conflict",
     "Gone",
     "Invalid",
@@ -47,6 +49,7 @@ __all__ = [
     "KubeConfigError",
     "NotFound",
     "ObjectList",
+    "Output",
     "Resource",
     "Unavailable",
     "WatchEvent",

@@ -12,18 +12,21 @@ aiohttp's `ServerTimeoutError` (a `ClientError`) ends it, as any broken stream d
 """
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
+from urllib.parse import urlencode
 
 import aiohttp
 import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
+from rockbot.kube.attach import PROTOCOL, AttachSession
 from rockbot.kube.errors import ApiError, KubeConfigError, Unavailable, error_from_status, error_from_text
 from rockbot.kube.resources import PODS, Resource
 
@@ -148,16 +151,26 @@ class KubeClient:
             resource_version=str(answer.get("metadata", {}).get("resourceVersion", "")),
         )
 
-    async def create(self, resource: Resource, *, namespace: str | None = None, body: K8sObject) -> K8sObject:
+    async def create(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        body: K8sObject,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> K8sObject:
         """Create an object; the namespace defaults to the body's `metadata.namespace`.
 
         `Conflict` (reason `AlreadyExists`) when the name is taken, `Invalid` when the body is rejected.
+        With `name` and `subresource`, post to an object's subresource (a pod's `binding`, say).
         """
         if resource.namespaced and namespace is None:
             namespace = body.get("metadata", {}).get("namespace")
             if not namespace:
                 raise ValueError(f"{resource.kind} is namespaced: pass namespace= or set metadata.namespace")
-        return await self._json("POST", resource.path(namespace=namespace), body=body)
+        path = resource.path(namespace=namespace, name=name, subresource=subresource)
+        return await self._json("POST", path, body=body)
 
     async def patch(
         self,
@@ -201,13 +214,19 @@ class KubeClient:
         propagation_policy: Literal["Background", "Foreground", "Orphan"] = "Background",
         grace_period_seconds: int | None = None,
         preconditions_uid: str | None = None,
+        preconditions_resource_version: str | None = None,
     ) -> K8sObject:
-        """Delete an object; returns the object (still there if it has finalizers) or a `Status`."""
+        """Delete an object; returns the object (still there if it has finalizers) or a `Status`.
+
+        With a precondition, `Conflict` if the object is no longer the one (uid) or the state
+        (resourceVersion) the caller saw.
+        """
         options: K8sObject = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
-        if preconditions_uid is not None:
-            options["preconditions"] = {"uid": preconditions_uid}
+        preconditions = {"uid": preconditions_uid, "resourceVersion": preconditions_resource_version}
+        if any(preconditions.values()):
+            options["preconditions"] = {key: value for key, value in preconditions.items() if value}
         return await self._json("DELETE", resource.path(namespace=namespace, name=name), body=options)
 
     async def watch(
@@ -252,10 +271,46 @@ class KubeClient:
         finally:
             response.release()
 
-    async def read_log(self, *, namespace: str, name: str, container: str | None = None) -> str:
-        """Read a pod's log as text (the kubelet's answer, relayed by the API server)."""
+    async def read_log(
+        self, *, namespace: str, name: str, container: str | None = None, limit_bytes: int | None = None
+    ) -> str:
+        """Read a pod's log as text (the kubelet's answer, relayed by the API server).
+
+        `limit_bytes` bounds what the server sends (from the start of the log): a container that
+        wrote gigabytes cannot make the caller hold them.
+        """
         path = PODS.path(namespace=namespace, name=name, subresource="log")
-        return await self._text("GET", path, query=_query(container=container))
+        query = _query(container=container, limitBytes=None if limit_bytes is None else str(limit_bytes))
+        return await self._text("GET", path, query=query)
+
+    @contextlib.asynccontextmanager
+    async def attach(self, *, namespace: str, name: str, container: str) -> AsyncIterator[AttachSession]:
+        """Attach to a running container's stdin, stdout and stderr (`pods/attach`, over a WebSocket).
+
+        Needs `get` and `create` on `pods/attach` (the upgrade is a GET, and since Kubernetes 1.35 the
+        API server also checks `create`). An upgrade the server refuses raises the matching `ApiError`
+        (`NotFound` when the pod is gone); no connection within the request timeout, `Unavailable`.
+        """
+        query = _query(container=container, stdin="true", stdout="true", stderr="true")
+        headers: dict[str, str] = {}
+        await self._api.update_params_for_auth(headers, query, ["BearerToken"])
+        url = f"{self.host}{PODS.path(namespace=namespace, name=name, subresource='attach')}?{urlencode(query)}"
+        session: aiohttp.ClientSession = self._api.rest_client.pool_manager  # kubernetes_asyncio's, with its TLS
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                websocket = await session.ws_connect(url, headers=headers, protocols=(PROTOCOL,))
+        except aiohttp.WSServerHandshakeError as exc:
+            raise error_from_status(status=exc.status, text=f"attach to {name}: {exc.message}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(status=503, reason="ServiceUnavailable",
+                              message=f"attach to {name}: {type(exc).__name__}: {exc}") from exc
+        try:
+            if websocket.protocol != PROTOCOL:
+                raise ApiError(status=400, reason="BadRequest",
+                               message=f"attach to {name}: the server does not speak {PROTOCOL}")
+            yield AttachSession(websocket)
+        finally:
+            await websocket.close()
 
     async def _json(
         self,

@@ -30,14 +30,21 @@ What it does as the real server does:
   the real server words them;
 - built-in defaults that matter to code comparing desired and actual state (Deployment strategy,
   pod template defaults, Service clusterIP/ports, Secret `stringData` folded into `data`...);
-- `pods/{name}/log` answers what `set_pod_log()` set, as the kubelet would;
+- pods as a node serves them: `pods/{name}/binding` (the scheduler's write, once), `pods/{name}/log`
+  (from a container the fake kubelet runs, or what `set_pod_log()` set; `limitBytes`, `tailLines`),
+  and `pods/{name}/attach` over a WebSocket in the `v5.channel.k8s.io` channel protocol, as the API
+  server serves it since 1.30 (404/400 before the upgrade; the opening empty message, stdin, output
+  while attached, the final Status on channel 3; `stdinOnce`); a pod's spec is immutable but for
+  images, added tolerations and an `activeDeadlineSeconds` that may only be lowered;
 - the garbage collector and namespace/CRD cleanups run a moment after the request that triggers
   them, as controllers do: callers must wait (watch or poll) for dependents to go.
 
 Where it is stricter than a real server (code passing here does not rely on these):
 - only merge and JSON patches: strategic-merge and server-side apply answer 415;
 - no `dryRun`, no `deletecollection`, no log `follow`, no `sendInitialEvents`, no managedFields,
-  no Table output, no protobuf; no BOOKMARK events (a client must not need them);
+  no Table output, no protobuf; no BOOKMARK events (a client must not need them); attach
+  only over a WebSocket, `v5.channel.k8s.io` (a real server hands older protocols and SPDY to the
+  kubelet), no `exec`, `portforward` or `proxy`;
 - transition rules (`oldSelf`) under array items are refused at CRD creation rather than
   half-evaluated;
 - `fail(code=409)` on a write without a resourceVersion precondition is refused (`EmulatorMisuse`),
@@ -51,9 +58,11 @@ on the emulator to catch them):
 - built-in objects get only the validation listed in builtins.py, and only some defaults: no
   resource quantity canonicalisation (`"1000m"` stays as written, a server answers `"1"`), no
   dropping of empty fields, no requests defaulted from limits;
-- no RBAC, admission webhooks, quotas, or pods that run: nothing changes a Pod's status but a
-  client (tests play the kubelet), and Deployments get a status only from the optional
-  `DeploymentController` (controllers.py), which plays kube-controller-manager over HTTP.
+- no RBAC, admission webhooks, quotas, or pods that run by themselves: nothing changes a Pod's
+  status but a client (the optional `FakeKubelet`, kubelet.py, plays a node over HTTP: it binds,
+  runs and reports pods, with the real kubelet's status relist if asked), and Deployments get a
+  status only from the optional `DeploymentController` (controllers.py), which plays
+  kube-controller-manager over HTTP.
 """
 
 from tests.kubeapi.emulator import KubeApiEmulator

@@ -277,6 +277,22 @@ class ApiServer:
             self.schedule_gc()
         return stored
 
+    def bind(self, rtype: ResourceType, *, namespace: str, name: str, body: Any) -> Obj:
+        """`pods/{name}/binding`, the scheduler's write: the pod's `spec.nodeName`, set once."""
+        target = body.get("target") if isinstance(body, dict) else None
+        node = target.get("name") if isinstance(target, dict) else None
+        if not node:
+            raise invalid(kind="Binding", group="", name=name,
+                          causes=[("target.name", "FieldValueRequired", "Required value")])
+        old = self.get(rtype, namespace=namespace, name=name)
+        assigned = (old.get("spec") or {}).get("nodeName")
+        if assigned:
+            raise conflict(group=rtype.group, plural=rtype.plural, name=name,
+                           why=f"pod {name} is already assigned to node \"{assigned}\"")
+        bound = copy.deepcopy(old)
+        bound["spec"]["nodeName"] = node
+        return self.store.write(rtype.key, bound, type="MODIFIED", old=old)
+
     def delete(
         self,
         rtype: ResourceType,

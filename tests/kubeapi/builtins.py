@@ -56,10 +56,8 @@ def admit(rtype: ResourceType, *, obj: Obj, old: Obj | None) -> None:
             if isinstance(spec, dict):
                 _pod_spec_defaults(spec)
             causes += _pod_spec_causes(spec, "spec")
-            if old is not None and _mutable_pod_view(old.get("spec")) != _mutable_pod_view(spec):
-                causes.append(("spec", "FieldValueForbidden", "Forbidden: pod updates may not change fields "
-                               "other than `spec.containers[*].image`, `spec.activeDeadlineSeconds`, "
-                               "`spec.tolerations` (only additions)"))
+            if old is not None:
+                causes += _pod_update_causes(old.get("spec"), spec)
         case ("", "services"):
             causes += _service(obj)
         case ("", "configmaps"):
@@ -162,6 +160,22 @@ def _pod_spec_causes(spec: Any, path: str) -> list[Cause]:
                 causes.append((f"{path}.containers[{index}].env[{env_index}].valueFrom", "FieldValueInvalid",
                                "Invalid value: \"\": may not be specified when `value` is not empty"))
     return causes
+
+
+def _pod_update_causes(old: Any, new: Any) -> list[Cause]:
+    """A pod's spec is immutable but for images, added tolerations and a deadline that may only come closer."""
+    if _mutable_pod_view(old) != _mutable_pod_view(new):
+        return [("spec", "FieldValueForbidden", "Forbidden: pod updates may not change fields other than "
+                 "`spec.containers[*].image`, `spec.activeDeadlineSeconds`, `spec.tolerations` (only additions)")]
+    before = (old or {}).get("activeDeadlineSeconds")
+    after = (new or {}).get("activeDeadlineSeconds")
+    if after is None and before is not None:
+        return [("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                 "Invalid value: \"null\": must not update from a positive integer to nil value")]
+    if after is not None and before is not None and after > before:
+        return [("spec.activeDeadlineSeconds", "FieldValueInvalid",
+                 f"Invalid value: {after}: must be less than or equal to previous value")]
+    return []
 
 
 def _mutable_pod_view(spec: Any) -> Any:

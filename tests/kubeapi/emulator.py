@@ -15,13 +15,19 @@ import aiohttp.web
 import attrs
 import kmock
 
+from rockbot.kube.attach import CLOSE_SIGNAL, ERROR, PROTOCOL, STDERR, STDIN, STDOUT
 from tests.kubeapi.api import ApiServer, render
+from tests.kubeapi.containers import Container
 from tests.kubeapi.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from tests.kubeapi.registry import ResourceType
 from tests.kubeapi.store import Watcher
 
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _TRUE = {"true", "True", "1"}
+#: Pod subresources served besides `status`: read as the kubelet answers them, or the scheduler's binding.
+_POD_SUBRESOURCES = {"log", "attach", "binding"}
+#: How long the server waits for an attached client to close after the final Status (the real one: 15 min).
+_ATTACH_FINISH_SECONDS = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +60,7 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     history_limit: int = 1000
     api: ApiServer = attrs.field(init=False)
     _logs: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict, init=False)
+    _containers: dict[tuple[str, str, str], Container] = attrs.field(factory=dict, init=False)
     _faults: list["Fault"] = attrs.field(factory=list, init=False)
     _misuses: list[str] = attrs.field(factory=list, init=False)
     _released: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
@@ -76,6 +83,10 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     def set_pod_log(self, *, namespace: str, name: str, text: str, container: str | None = None) -> None:
         """Play the kubelet: the text `pods/{name}/log` answers (for one container, or the only one)."""
         self._logs[(namespace, name, container)] = text
+
+    def run_container(self, *, namespace: str, name: str, container: str, streams: Container) -> None:
+        """Play the node's runtime: a container of a pod started; its log and attach sessions use `streams`."""
+        self._containers[(namespace, name, container)] = streams
 
     def fail(self, *, method: str, path_suffix: str, code: int = 500, times: int = 1) -> None:
         """Answer the next `times` matching requests with an error, as an overloaded or racing server does.
@@ -177,7 +188,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
         if subresource is not None and not (
-            (subresource == "status" and rtype.has_status) or (rtype.key == ("", "pods") and subresource == "log")
+            (subresource == "status" and rtype.has_status)
+            or (rtype.key == ("", "pods") and subresource in _POD_SUBRESOURCES)
         ):
             raise resource_not_found()
         return Route(rtype=rtype, version=version, namespace=namespace, name=name, subresource=subresource)
@@ -190,6 +202,13 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
             return await self._watch(raw, route)
         if method == "GET" and route.subresource == "log":
             return self._log(route, params)
+        if route.subresource == "attach":
+            return await self._attach(raw, route)
+        if method == "POST" and route.subresource == "binding":
+            assert route.namespace is not None and route.name is not None
+            self.api.bind(rtype, namespace=route.namespace, name=route.name, body=_body(request))
+            return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+                         status=201)
         if method == "GET" and route.name is not None:
             obj = api.get(rtype, namespace=route.namespace, name=route.name)
             return _json(render(rtype, route.version, obj))
@@ -245,15 +264,11 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         pod = self.api.get(route.rtype, namespace=route.namespace, name=route.name)
         if params.get("follow") in _TRUE:
             raise bad_request("the emulator does not implement follow=true for logs")
-        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
-        container = params.get("container")
-        if container is None and len(names) > 1:
-            raise bad_request(f"a container name must be specified for pod {route.name}, choose one of: "
-                              f"[{' '.join(names)}]")
-        if container is not None and container not in names:
-            raise bad_request(f"container {container} is not valid for pod {route.name}")
-        container = container or (names[0] if names else None)
-        text = self._logs.get((route.namespace, route.name, container))
+        container = self._container_name(route, pod, params.get("container"))
+        streams = self._containers.get((route.namespace, route.name, container))
+        text = streams.log.decode(errors="replace") if streams is not None else None
+        if text is None:
+            text = self._logs.get((route.namespace, route.name, container))
         if text is None:
             text = self._logs.get((route.namespace, route.name, None))
         if text is None:
@@ -263,7 +278,98 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         if tail is not None and tail.isdigit():
             lines = text.splitlines(keepends=True)
             text = "".join(lines[-int(tail):]) if int(tail) else ""
+        limit = params.get("limitBytes")
+        if limit is not None:
+            if not limit.isdigit() or int(limit) < 1:
+                raise bad_request(f"limitBytes: Invalid value: {limit}: must be greater than 0")
+            text = text.encode()[:int(limit)].decode(errors="ignore")
         return aiohttp.web.Response(text=text, content_type="text/plain")
+
+    def _container_name(self, route: Route, pod: dict[str, Any], container: str | None) -> str:
+        """The container a log or attach request means, checked as the API server checks it."""
+        names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        if container is None and len(names) > 1:
+            raise bad_request(f"a container name must be specified for pod {route.name}, choose one of: "
+                              f"[{' '.join(names)}]")
+        if container is not None and container not in names:
+            raise bad_request(f"container {container} is not valid for pod {route.name}")
+        return container or names[0]
+
+    async def _attach(self, raw: aiohttp.web.BaseRequest, route: Route) -> aiohttp.web.StreamResponse:
+        """`pods/attach` as the API server serves a WebSocket client since 1.30 (see rockbot/kube/attach.py).
+
+        Before the upgrade: 404 for a missing pod, 400 for a bad container or a pod not yet bound to a
+        node, 400 for a request that is not a WebSocket upgrade. After it: the empty opening message,
+        stdin passed to the container, its output while attached, and the final Status on channel 3
+        (a container that is not running answers Failure there, as the kubelet's refusal does).
+        """
+        assert route.name is not None and route.namespace is not None
+        pod = self.api.get(route.rtype, namespace=route.namespace, name=route.name)
+        params = raw.query
+        container = self._container_name(route, pod, params.get("container"))
+        if not (pod.get("spec") or {}).get("nodeName"):
+            raise bad_request(f"pod {route.name} does not have a host assigned")
+        if raw.headers.get("Upgrade", "").lower() != "websocket":
+            raise bad_request("Upgrade request required")
+        offered = [p.strip() for p in raw.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        if PROTOCOL not in offered:  # a real server hands older protocols to the kubelet's own WebSocket server
+            raise bad_request(f"the emulator serves attach over {PROTOCOL} only, offered: {offered}")
+        stdin, stdout, stderr = (params.get(key) in _TRUE for key in ("stdin", "stdout", "stderr"))
+        ws = aiohttp.web.WebSocketResponse(protocols=(PROTOCOL,))
+        await ws.prepare(raw)
+        await ws.send_bytes(bytes([STDOUT if stdout else STDERR if stderr else ERROR]))
+        streams = self._containers.get((route.namespace, route.name, container))
+        if streams is None or not streams.running:
+            status = StatusError(code=500, reason="InternalError", message=(
+                f'Internal error occurred: unable to upgrade connection: container not found ("{container}")'
+            )).status()
+        else:
+            status = await self._pump(ws, streams, stdin=stdin, stdout=stdout, stderr=stderr)
+        if not ws.closed:
+            with contextlib.suppress(ConnectionResetError):
+                await ws.send_bytes(bytes([ERROR]) + json.dumps(status).encode())
+            async with asyncio.timeout(_ATTACH_FINISH_SECONDS):
+                await ws.close()
+        return ws
+
+    async def _pump(self, ws: aiohttp.web.WebSocketResponse, streams: Container, *, stdin: bool, stdout: bool,
+                    stderr: bool) -> dict[str, Any]:
+        """Carry one attach session until the container's output ends or the client goes."""
+        queue = streams.attach()
+
+        async def from_client() -> None:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.BINARY or not message.data:
+                    continue
+                data = bytes(message.data)
+                if data[0] == CLOSE_SIGNAL and data[1:] == bytes([STDIN]):
+                    streams.close_stdin()
+                elif data[0] == STDIN and stdin:
+                    await streams.write_stdin(data[1:])
+
+        reader = asyncio.create_task(from_client())
+        try:
+            while True:
+                getting = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getting, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():  # the client went away
+                    getting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await getting
+                    break
+                chunk = getting.result()
+                if chunk is None:
+                    break
+                channel, data = chunk
+                if (channel == STDOUT and stdout) or (channel == STDERR and stderr):
+                    with contextlib.suppress(ConnectionResetError):
+                        await ws.send_bytes(bytes([channel]) + data)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            streams.detach(queue)
+        return {"metadata": {}, "status": "Success"}
 
     async def _watch(self, raw: aiohttp.web.BaseRequest, route: Route) -> aiohttp.web.StreamResponse:
         params = raw.query
