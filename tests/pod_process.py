@@ -3,7 +3,9 @@
 What a pod gives the process, and what this reproduces with bubblewrap and setpriv:
 - a numeric uid/gid with no passwd entry (the chart's `runAsUser`, 65532), no capabilities, no new privileges;
 - a read-only root filesystem, with a private writable `/tmp` that is also `HOME` (the image sets it);
-- PID 1 of its own PID namespace (so SIGTERM does nothing unless the process handles it);
+- its own PID namespace (under bubblewrap's init, so that the whole namespace dies with the test: a pod's
+  process is PID 1 and ignores SIGTERM unless it handles it, so tests expect exit code 0 after SIGTERM,
+  which a process without a handler never gives);
 - exactly the environment and arguments of its manifest (no `USER`, no `LOGNAME`), and the files of its
   volumes, mounted read-only under `/tmp/volumes/<mountPath>` (bubblewrap cannot create new mount points
   in the read-only root) with arguments naming the mount path rewritten to match.
@@ -13,6 +15,7 @@ The host's network is shared, so the process reaches the emulated API server and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -61,7 +64,7 @@ class PodProcess:
         info_read, info_write = os.pipe()
         sandbox = [
             "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-            "--ro-bind", str(volumes), VOLUMES, "--unshare-pid", "--as-pid-1", "--die-with-parent", "--chdir", "/tmp",
+            "--ro-bind", str(volumes), VOLUMES, "--unshare-pid", "--die-with-parent", "--chdir", "/tmp",
             "--clearenv", *[arg for name, value in env.items() for arg in ("--setenv", name, value)],
             "--info-fd", str(info_write), "--",
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
@@ -77,10 +80,10 @@ class PodProcess:
             text = info.read()
         if not text:
             raise RuntimeError(f"bubblewrap did not start the process: {self.output()}")
-        self.pid = int(json.loads(text)["child-pid"])
+        self.pid = _only_child(int(json.loads(text)["child-pid"]))
 
     def terminate(self) -> None:
-        """SIGTERM to the process itself, PID 1 of its sandbox."""
+        """SIGTERM to the process itself (not to bubblewrap), as the kubelet sends it."""
         os.kill(self.pid, signal.SIGTERM)
 
     async def exited(self, *, within: float) -> int | None:
@@ -112,6 +115,16 @@ class PodProcess:
             records.append(record)
         return records
 
+    def cpu_seconds(self) -> float:
+        """CPU time the process has used so far, user and system, all threads (its rusage, from /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def memory(self) -> tuple[int, int]:
+        """(resident set size, its peak so far) in bytes: what a pod's memory limit counts."""
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{self.pid}/status").read_text().splitlines())
+        return int(status["VmRSS"].split()[0]) * 1024, int(status["VmHWM"].split()[0]) * 1024
+
     def kill(self) -> None:
         if self.running:
             os.killpg(self._bwrap.pid, signal.SIGKILL)
@@ -120,6 +133,18 @@ class PodProcess:
     def cleanup(self) -> None:
         self.kill()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _only_child(init: int) -> int:
+    """The process bubblewrap's init started (it shows up a moment after the init)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
+            if children:
+                return int(children[0])
+        time.sleep(0.01)
+    raise RuntimeError("bubblewrap's init started no process")
 
 
 def free_port() -> int:
