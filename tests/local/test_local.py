@@ -252,3 +252,40 @@ spec:
     assert "WARNING" not in result.stderr and "unavailable" not in result.stderr
     assert "MCP server 'weather'" in log.read_text() and "ConnectError" in log.read_text()
     assert "TaskGroup" not in log.read_text()
+
+
+def test_an_mcp_tools_secret_header_comes_from_a_secret_manifest_and_only_its_server_gets_it(tmp_path):
+    write(tmp_path, "mcp.yaml", """apiVersion: v1
+kind: Secret
+metadata: {name: search-token}
+stringData: {token: s3cret}
+---
+apiVersion: rockbot.dev/v1alpha1
+kind: Agent
+metadata: {name: solo}
+spec:
+  model: {baseUrl: "https://llm.example/v1", name: m}
+  tools: [search, other]
+---
+apiVersion: rockbot.dev/v1alpha1
+kind: Tool
+metadata: {name: search}
+spec:
+  description: Search.
+  mcp:
+    server: search
+    url: http://127.0.0.1:9/mcp
+    tool: search
+    headersFrom: [{name: Authorization, prefix: "Bearer ", secretKeyRef: {name: search-token, key: token}}]
+---
+apiVersion: rockbot.dev/v1alpha1
+kind: Tool
+metadata: {name: other}
+spec: {description: Other., mcp: {server: other, url: "http://127.0.0.1:9/other", tool: other}}
+""")
+    [assembled] = assemble(load([tmp_path]), model=LocalModel(base_url="http://127.0.0.1:9/v1", name=None,
+                                                              api_key_env=None)).values()
+    search, other = (tool.backend for tool in assembled.config.tools)
+    header = search.headers["Authorization"]
+    assert header.prefix == "Bearer " and assembled.env[header.env] == "s3cret"
+    assert other.headers == {} and "s3cret" not in assembled.config.model_dump_json()
