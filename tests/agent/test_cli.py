@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -67,10 +68,10 @@ async def ready(http: aiohttp.ClientSession, base: str, process) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_the_agent_process_serves_chat_and_stops_on_sigterm(tmp_path, scripted_llm):
-    scripted_llm.play(Turn(text="Hello from a process."))
+@contextlib.asynccontextmanager
+async def serving_agent(tmp_path, config):
+    """`rockbot agent --bus memory --port 0` with this config: (the process, its base URL) once it is ready."""
     path = tmp_path / "agent.yaml"
-    config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV}, builtin_tools=["memory"])
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", "0",
                                  "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k"})
@@ -79,45 +80,41 @@ async def test_the_agent_process_serves_chat_and_stops_on_sigterm(tmp_path, scri
         base = f"http://127.0.0.1:{await asyncio.wait_for(bound_port(process), 30)}"
         async with aiohttp.ClientSession() as http:
             await asyncio.wait_for(ready(http, base, process), 30)
-            body = {"messages": [{"role": "user", "content": "hi"}]}
-            async with http.post(f"{base}/v1/chat/completions", json=body) as response:
-                assert response.status == 401
-            async with http.post(f"{base}/v1/chat/completions", json=body,
-                                 headers={"Authorization": f"Bearer {SECRET}"}) as response:
-                answer = await response.json()
-        assert answer["choices"][0]["message"]["content"] == "Hello from a process."
-        assert scripted_llm.requests[0].authorization == "Bearer k"
-        assert scripted_llm.requests[0].tool_names == ["get_from_working_memory"]
+        yield process, base
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(process.wait(), 30)
+        await asyncio.wait_for(process.wait(), 30)
+
+
+async def test_the_agent_process_serves_chat_and_stops_on_sigterm(tmp_path, scripted_llm):
+    scripted_llm.play(Turn(text="Hello from a process."))
+    config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV}, builtin_tools=["memory"])
+    async with serving_agent(tmp_path, config) as (process, base), aiohttp.ClientSession() as http:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        async with http.post(f"{base}/v1/chat/completions", json=body) as response:
+            assert response.status == 401
+        async with http.post(f"{base}/v1/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {SECRET}"}) as response:
+            answer = await response.json()
+    assert answer["choices"][0]["message"]["content"] == "Hello from a process."
+    assert scripted_llm.requests[0].authorization == "Bearer k"
+    assert scripted_llm.requests[0].tool_names == ["get_from_working_memory"]
     logs = (await process.stderr.read()).decode()
-    assert code == 0, logs
+    assert process.returncode == 0, logs
     assert "ready with 1 tools" in logs and SECRET not in logs
 
 
 async def test_with_the_in_memory_bus_a_script_is_refused_at_once_not_after_the_scripts_timeout(tmp_path, scripted_llm):
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": "print(1)"})]),
                       Turn(text="No sandbox here."))
-    path = tmp_path / "agent.yaml"
     config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV}, builtin_tools=["scripts"])
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", "0",
-                                 "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k"})
-    process = await asyncio.create_subprocess_exec(*command, env=env, stderr=asyncio.subprocess.PIPE)
-    try:
-        base = f"http://127.0.0.1:{await asyncio.wait_for(bound_port(process), 30)}"
-        async with aiohttp.ClientSession() as http:
-            await asyncio.wait_for(ready(http, base, process), 30)
-            body = {"messages": [{"role": "user", "content": "run it"}]}
-            async with asyncio.timeout(30), http.post(
-                f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {SECRET}"}
-            ) as response:
-                answer = await response.json()
-        assert answer["choices"][0]["message"]["content"] == "No sandbox here."
-        refusal = json.loads(scripted_llm.requests[1].messages[-1]["content"])["error"]
-        assert refusal["code"] == "Unavailable" and "no scripts-manager is in reach" in refusal["message"]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 30)
+    async with serving_agent(tmp_path, config) as (_, base), aiohttp.ClientSession() as http:
+        body = {"messages": [{"role": "user", "content": "run it"}]}
+        async with asyncio.timeout(30), http.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {SECRET}"}
+        ) as response:
+            answer = await response.json()
+    assert answer["choices"][0]["message"]["content"] == "No sandbox here."
+    refusal = json.loads(scripted_llm.requests[1].messages[-1]["content"])["error"]
+    assert refusal["code"] == "Unavailable" and "no scripts-manager is in reach" in refusal["message"]
