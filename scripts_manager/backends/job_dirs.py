@@ -18,7 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-PREFIX = "rockbot-script-"
+#: Not the `rockbot-script-` of managers before the lock: their running jobs cannot be told from leftovers.
+PREFIX = "rockbot-job-"
 #: The files of a job folder, relative to it.
 SCRIPT = "script.py"
 INPUT = "input"
