@@ -22,8 +22,19 @@ class ScriptMetrics:
             "rockbot_scripts_in_flight", "Sandboxes (pods or local processes) running right now.",
             ["backend"], registry=self.registry,
         )  # fmt: skip
+        buckets = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300)
+        self.first_instruction = Histogram(
+            "rockbot_scripts_pod_time_to_first_instruction_seconds",
+            "Pod backend: from taking a job to its script starting in a pod, warm or cold (a pod made for it).",
+            ["path"], registry=self.registry, buckets=buckets,
+        )  # fmt: skip
+        self.pod_duration = Histogram(
+            "rockbot_scripts_pod_run_duration_seconds",
+            "Pod backend: from taking a job to having its answer, warm or cold (a pod made for it).",
+            ["path"], registry=self.registry, buckets=buckets,
+        )  # fmt: skip
         self.swept = Counter(
-            "rockbot_scripts_swept_objects", "Leftover script pods and ConfigMaps deleted by the sweeper.",
+            "rockbot_scripts_swept_objects", "Leftover script pods deleted by the sweeper.",
             registry=self.registry,
         )  # fmt: skip
         self.backend = backend

@@ -11,9 +11,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot.kube.quantity import parse_quantity
 
-#: What a ConfigMap may hold (the pod backend carries script and input in one), less room for the
-#: runner, job.json and metadata.
-CONFIG_MAP_BUDGET_BYTES = 1024 * 1024 - 64 * 1024
+#: What script and input may add up to: the runner reads a job line of at most 16 MiB, and JSON may
+#: write a byte as six (`\u0001`).
+JOB_BUDGET_BYTES = 2 * 1024 * 1024
 
 
 def quantity_bytes(quantity: str) -> int:
@@ -114,12 +114,11 @@ class ScriptsManagerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _fits_a_config_map(self) -> ScriptsManagerSettings:
+    def _fits_a_job(self) -> ScriptsManagerSettings:
         total = self.scripts_max_script_bytes + self.scripts_max_input_bytes
-        if total > CONFIG_MAP_BUDGET_BYTES:
+        if total > JOB_BUDGET_BYTES:
             raise ValueError(
                 f"ROCKBOT_SCRIPTS_MAX_SCRIPT_BYTES + ROCKBOT_SCRIPTS_MAX_INPUT_BYTES = {total} bytes, over the "
-                f"{CONFIG_MAP_BUDGET_BYTES} a script pod's ConfigMap can carry (1 MiB less room for the runner): "
-                "lower one of them"
+                f"{JOB_BUDGET_BYTES} a script pod's runner accepts in one job: lower one of them"
             )
         return self

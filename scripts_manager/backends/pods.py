@@ -1,46 +1,55 @@
-"""The Kubernetes backend: one throw-away pod per script in the scripts namespace.
+"""The Kubernetes backend: every script runs in a pod of its own, used once and deleted.
 
-Per run: create the pod (its ConfigMap volume does not exist yet, so it waits in
-ContainerCreating), create the ConfigMap owned by the pod, follow the pod with a watch on its
-name until the container terminates, read the runner's one JSON line from the log, delete the
-pod (the ConfigMap goes with it, and is deleted explicitly too). Cleanup runs on every path,
-shielded from cancellation. A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS)
-deletes script pods and ConfigMaps past their deadline annotation plus a grace, so a crashed
-manager leaks nothing for long.
+Per job: create a pod for it, watch it until its container runs, attach to its runner, write the
+job, read the answer from the attach stream. The answer is the runner's result line, taken from the
+stream as soon as it is printed (pod_jobs.py), not from the kubelet's report that the container
+ended, which comes on its status relist; the pod is deleted on every path, shielded from
+cancellation. When the stream ends without a result, the pod's end state (OOM kill, deadline) and
+its log, read with a byte limit, give the answer.
+
+A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) deletes script pods past
+their deadline annotation plus a grace: the pods of jobs whose manager died. The kubelet stops every
+pod at its activeDeadlineSeconds in any case.
 
 RBAC: a namespaced Role in the scripts namespace with exactly
     pods:           create, get, list, watch, delete
+    pods/attach:    get, create
     pods/log:       get
-    configmaps:     create, list, delete
-(`get` on pods is the re-read after a watch answers 410 Gone; `list` on both is the sweeper.)
+(`get` on pods is the re-read after a watch answers 410 Gone; `list` the sweeper; `pods/attach` is
+a GET upgraded to a WebSocket, which Kubernetes 1.35 and later also authorise as `create`.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import aiohttp
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.kube import CONFIGMAPS, PODS, ApiError, Gone, KubeClient, NotFound
+from rockbot.kube import PODS, ApiError, Conflict, Gone, KubeClient, NotFound
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
+from rockbot.scripts_manager.backends.pod_jobs import (
+    OutputTooLarge,
+    RunnerOutput,
+    new_nonce,
+    output_limit,
+    run_job,
+)
 from rockbot.scripts_manager.backends.pod_manifests import (
     CONTAINER,
     DEADLINE_ANNOTATION,
     DEADLINE_SLACK_SECONDS,
     SANDBOX_SELECTOR,
-    build_config_map,
-    build_pod,
+    job_pod,
     now_utc,
-    pod_name,
 )
 from rockbot.scripts_manager.metrics import ScriptMetrics
-from rockbot.scripts_manager.runner import RESULT_KEY
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 log = logging.getLogger(__name__)
@@ -62,21 +71,25 @@ class PodBackend:
         self._settings = settings
         self._metrics = metrics
         self._namespace = settings.scripts_namespace
-        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweep_forever(), name="sweep script pods")
+        self._tasks.append(asyncio.create_task(self._sweep_forever(), name="sweep script pods"))
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+                await task
         await self._kube.close()
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
-        name = pod_name(job)
-        pod = build_pod(job=job, name=name, settings=self._settings, now=now_utc())
+        return await self._cold(job, since=time.monotonic())
+
+    async def _cold(self, job: ScriptJob, *, since: float) -> ScriptInvokeResponse:
+        pod = job_pod(job=job, settings=self._settings, now=now_utc())
+        name = pod["metadata"]["name"]
         try:
             created = await self._kube.create(PODS, namespace=self._namespace, body=pod)
         except ApiError as exc:
@@ -84,12 +97,12 @@ class PodBackend:
         except OSError as exc:
             raise SandboxUnavailable(f"the Kubernetes API is unreachable: {exc}") from exc
         try:
-            await self._kube.create(
-                CONFIGMAPS, namespace=self._namespace,
-                body=build_config_map(job=job, pod=created, settings=self._settings),
-            )  # fmt: skip
-            final = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"], job=job)
-            return await self._result(job=job, pod=final)
+            limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
+            running = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"],
+                                         until=_running_or_finished, limit=limit)
+            if _finished(running):  # it ended before the job could reach it: say why
+                return await self._answer_from_end(job=job, pod=running, output=None)
+            return await self._run_on(name=name, job=job, path="cold", since=since)
         except ApiError as exc:
             if _transient(exc):
                 raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
@@ -99,9 +112,52 @@ class PodBackend:
         finally:
             await asyncio.shield(self._delete(name))
 
-    async def _follow(self, *, name: str, resource_version: str, job: ScriptJob) -> K8sObject:
-        """Watch the pod until its container has terminated (or the pod ended); never poll."""
-        limit = self._settings.scripts_pod_start_seconds + job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS
+    async def _run_on(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
+        """Run the job on a running pod that is ours."""
+
+        def started() -> None:
+            self._metrics.first_instruction.labels(path).observe(time.monotonic() - since)
+
+        nonce = new_nonce()
+        try:
+            try:
+                async with asyncio.timeout(job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS):
+                    attempt = await run_job(
+                        kube=self._kube, namespace=self._namespace, name=name, job=job, nonce=nonce,
+                        max_output_bytes=self._settings.scripts_max_output_bytes, on_started=started,
+                    )  # fmt: skip
+            except TimeoutError:
+                raise SandboxFailure(f"the script pod {name} gave no answer within "
+                                     f"{job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS:g} s") from None
+            except OutputTooLarge as exc:
+                raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
+            output = attempt.output
+            if output.result is not None:
+                answer = _response(job=job, result=output.result)
+            else:
+                final = await self._follow(name=name, resource_version=None, until=_finished,
+                                           limit=job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS)
+                answer = await self._answer_from_end(job=job, pod=final, output=output)
+            self._metrics.pod_duration.labels(path).observe(time.monotonic() - since)
+            return answer
+        except ApiError as exc:
+            if _transient(exc):
+                raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
+            raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
+
+    async def _read_log(self, name: str) -> str:
+        """The pod's log, never more than a runner writes plus one byte (so more is seen, not read)."""
+        return await self._kube.read_log(
+            namespace=self._namespace, name=name, container=CONTAINER,
+            limit_bytes=output_limit(self._settings.scripts_max_output_bytes) + 1,
+        )  # fmt: skip
+
+    async def _follow(
+        self, *, name: str, resource_version: str | None, until: Callable[[K8sObject], bool], limit: float
+    ) -> K8sObject:
+        """Watch the pod (from `resource_version`, or its current state) until `until` holds; never poll."""
         last: K8sObject | None = None
         try:
             async with asyncio.timeout(limit):
@@ -115,13 +171,13 @@ class PodBackend:
                                 raise SandboxFailure(f"the script pod {name} was deleted while running")
                             last = event.object
                             resource_version = last["metadata"]["resourceVersion"]
-                            if _finished(last):
+                            if until(last):
                                 return last
                             _check_startable(last)
                     except Gone:
                         last = await self._kube.get(PODS, namespace=self._namespace, name=name)
                         resource_version = last["metadata"]["resourceVersion"]
-                        if _finished(last):
+                        if until(last):
                             return last
                     except (aiohttp.ClientError, OSError) as exc:  # a dropped stream: resume where it was
                         log.info("watch of %s broke (%r); resuming", name, exc)
@@ -129,83 +185,78 @@ class PodBackend:
         except TimeoutError:
             waiting = _waiting_reason(last) if last else None
             raise SandboxUnavailable(
-                f"the script pod {name} did not finish within {limit:g} s"
+                f"the script pod {name} did not get there within {limit:g} s"
                 + (f" (container waiting: {waiting})" if waiting else "")
                 + "; the cluster may be short of capacity"
             ) from None
 
-    async def _result(self, *, job: ScriptJob, pod: K8sObject) -> ScriptInvokeResponse:
+    async def _answer_from_end(
+        self, *, job: ScriptJob, pod: K8sObject, output: RunnerOutput | None
+    ) -> ScriptInvokeResponse:
+        """The answer when the stream gave none: from the pod's end state, and its log if that has the result."""
+        name = pod["metadata"]["name"]
         terminated = _terminated(pod) or {}
         reason = terminated.get("reason") or (pod.get("status") or {}).get("reason")
         oom = reason == "OOMKilled"
         deadline = (pod.get("status") or {}).get("reason") == "DeadlineExceeded"
-        try:
-            text = await self._kube.read_log(
-                namespace=self._namespace, name=pod["metadata"]["name"], container=CONTAINER
-            )
-        except ApiError as exc:
-            if _transient(exc):
-                raise
-            text = ""
-            log.warning("could not read the log of %s: %s", pod["metadata"]["name"], exc)
-        result = _runner_result(text)
-        if result is None and deadline and not terminated.get("startedAt"):
+        result = None
+        if output is not None:
+            from_log = RunnerOutput(nonce=output.nonce, limit=output.limit)
+            try:
+                from_log.feed((await self._read_log(name)).encode())
+                from_log.finish()
+                result = from_log.result
+            except ApiError as exc:
+                if _transient(exc):
+                    raise
+                log.warning("could not read the log of %s: %s", name, exc)
+            except OutputTooLarge as exc:
+                raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
+        if result is not None:
+            return _response(job=job, result=result, oom=oom)
+        if deadline and not terminated.get("startedAt"):
             raise SandboxUnavailable(
-                f"the script pod {pod['metadata']['name']} reached its deadline before the script started "
+                f"the script pod {name} reached its deadline before the script started "
                 f"(scheduling or the image pull took too long; waiting: {_waiting_reason(pod) or 'unknown'}); "
                 "the cluster may be short of capacity, or raise ROCKBOT_SCRIPTS_POD_START_SECONDS"
             )
-        if result is None:
-            if not (oom or deadline):
-                raise SandboxFailure(
-                    f"the script pod ended without a result (reason {reason}, exit code {terminated.get('exitCode')})"
-                )
-            return ScriptInvokeResponse(
-                request_id=job.request_id, stdout="", stderr="", timed_out=deadline, oom_killed=oom,
-                exit_code=None if deadline else terminated.get("exitCode"), duration_seconds=_ran_for(terminated),
-            )  # fmt: skip
+        if not (oom or deadline):
+            raise SandboxFailure(
+                f"the script pod ended without a result (reason {reason}, exit code {terminated.get('exitCode')})"
+            )
         return ScriptInvokeResponse(
-            request_id=job.request_id,
-            stdout=result["stdout"],
-            stderr=result["stderr"],
-            exit_code=result["exit_code"],
-            timed_out=bool(result["timed_out"]),
-            oom_killed=bool(result["oom_killed"]) or oom,
-            output_truncated=bool(result["output_truncated"]),
-            duration_seconds=float(result["duration_seconds"]),
-        )
+            request_id=job.request_id, stdout="", stderr="", timed_out=deadline, oom_killed=oom,
+            exit_code=None if deadline else terminated.get("exitCode"), duration_seconds=_ran_for(terminated),
+        )  # fmt: skip
 
     async def _delete(self, name: str) -> None:
-        for resource in (PODS, CONFIGMAPS):
-            try:
-                await self._kube.delete(resource, namespace=self._namespace, name=name, grace_period_seconds=0)
-            except NotFound:
-                pass
-            except (ApiError, OSError) as exc:  # the sweeper will get it
-                log.warning("could not delete %s %s: %s", resource.kind, name, exc)
+        try:
+            await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0)
+        except NotFound:
+            pass
+        except (ApiError, OSError) as exc:  # the sweeper will get it
+            log.warning("could not delete script pod %s: %s", name, exc)
 
     async def sweep(self, *, now: datetime | None = None) -> int:
-        """Delete script pods and ConfigMaps whose deadline plus the grace has passed; returns how many."""
+        """Delete script pods whose deadline plus the grace has passed; returns how many."""
         now = now or now_utc()
         grace = self._settings.scripts_sweep_grace_seconds
         deleted = 0
-        for resource in (PODS, CONFIGMAPS):
-            listed = await self._kube.list(resource, namespace=self._namespace, label_selector=SANDBOX_SELECTOR)
-            for obj in listed.items:
-                metadata = obj["metadata"]
-                annotations = metadata.get("annotations") or {}
-                stamp = annotations.get(DEADLINE_ANNOTATION) or metadata.get("creationTimestamp")
-                try:
-                    expired = (now - datetime.fromisoformat(stamp)).total_seconds() > grace
-                except (TypeError, ValueError):
-                    expired = True
-                if not expired:
-                    continue
-                with contextlib.suppress(NotFound):
-                    await self._kube.delete(resource, namespace=self._namespace, name=metadata["name"],
-                                            grace_period_seconds=0)
-                    deleted += 1
-                    log.info("swept leftover %s %s", resource.kind, metadata["name"])
+        listed = await self._kube.list(PODS, namespace=self._namespace, label_selector=SANDBOX_SELECTOR)
+        for pod in listed.items:
+            metadata = pod["metadata"]
+            stamp = (metadata.get("annotations") or {}).get(DEADLINE_ANNOTATION) or metadata.get("creationTimestamp")
+            try:
+                expired = (now - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds() > grace
+            except (AttributeError, TypeError, ValueError):
+                expired = True
+            if not expired:
+                continue
+            with contextlib.suppress(NotFound, Conflict):  # gone, or changed (claimed, renewed) since listed
+                await self._kube.delete(PODS, namespace=self._namespace, name=metadata["name"], grace_period_seconds=0,
+                                        preconditions_resource_version=metadata["resourceVersion"])
+                deleted += 1
+                log.info("swept leftover script pod %s", metadata["name"])
         self._metrics.swept.inc(deleted)
         return deleted
 
@@ -216,6 +267,19 @@ class PodBackend:
             except (ApiError, OSError) as exc:
                 log.warning("sweeping script pods failed: %s", exc)
             await asyncio.sleep(self._settings.scripts_sweep_interval_seconds)
+
+
+def _response(*, job: ScriptJob, result: dict[str, Any], oom: bool = False) -> ScriptInvokeResponse:
+    return ScriptInvokeResponse(
+        request_id=job.request_id,
+        stdout=result["stdout"],
+        stderr=result["stderr"],
+        exit_code=result["exit_code"],
+        timed_out=bool(result["timed_out"]),
+        oom_killed=bool(result["oom_killed"]) or oom,
+        output_truncated=bool(result["output_truncated"]),
+        duration_seconds=float(result["duration_seconds"]),
+    )
 
 
 def _transient(exc: ApiError) -> bool:
@@ -243,6 +307,10 @@ def _finished(pod: K8sObject) -> bool:
     return _terminated(pod) is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def _running_or_finished(pod: K8sObject) -> bool:
+    return bool((_container_status(pod).get("state") or {}).get("running")) or _finished(pod)
+
+
 def _check_startable(pod: K8sObject) -> None:
     waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
     if waiting.get("reason") in _CANNOT_START:
@@ -251,20 +319,11 @@ def _check_startable(pod: K8sObject) -> None:
         )
 
 
-def _runner_result(log_text: str) -> dict[str, Any] | None:
-    for line in reversed(log_text.strip().splitlines()):
-        try:
-            data = json.loads(line)
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) and data.get(RESULT_KEY) == 1 else None
-    return None
-
-
 def _ran_for(terminated: K8sObject) -> float:
     try:
-        started = datetime.fromisoformat(terminated["startedAt"])
-        finished = datetime.fromisoformat(terminated["finishedAt"])
-    except (KeyError, TypeError, ValueError):
+        started = datetime.fromisoformat(terminated["startedAt"].replace("Z", "+00:00"))
+        finished = datetime.fromisoformat(terminated["finishedAt"].replace("Z", "+00:00"))
+    except (AttributeError, KeyError, TypeError, ValueError):
         return 0.0
     return max((finished - started).total_seconds(), 0.0)
+

@@ -29,11 +29,12 @@ OPERATOR_RIGHTS = (
 CRD_DISCOVERY = expand("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
 NAMESPACE_DISCOVERY = expand("", ["namespaces"], ["list", "watch"])
 
-# Exactly the verbs scripts_manager/backends/pods.py uses (its docstring lists them, with why).
+# Exactly the verbs scripts_manager/backends/pods.py uses (test_scripts_manager_rbac.py checks this list
+# against the requests of a real run).
 SCRIPTS_MANAGER_RIGHTS = (
     expand("", ["pods"], ["create", "get", "list", "watch", "delete"])
+    | expand("", ["pods/attach"], ["get", "create"])
     | expand("", ["pods/log"], ["get"])
-    | expand("", ["configmaps"], ["create", "list", "delete"])
 )
 
 

@@ -348,14 +348,12 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
                     await streams.write_stdin(data[1:])
 
         reader = asyncio.create_task(from_client())
+        getting: asyncio.Future[Any] | None = None
         try:
             while True:
                 getting = asyncio.ensure_future(queue.get())
                 await asyncio.wait({getting, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if not getting.done():  # the client went away
-                    getting.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await getting
                     break
                 chunk = getting.result()
                 if chunk is None:
@@ -365,9 +363,11 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
                     with contextlib.suppress(ConnectionResetError):
                         await ws.send_bytes(bytes([channel]) + data)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            for task in (reader, getting):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             streams.detach(queue)
         return {"metadata": {}, "status": "Success"}
 

@@ -1,15 +1,22 @@
-"""Shared pieces for the scripts-manager tests: settings that keep everything on loopback."""
+"""Shared pieces for the scripts-manager tests: settings on loopback; the scripts namespace, a node, a pod backend."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from rockbot.kube import NAMESPACES, KubeClient
+from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from tests.fixtures.kubeapi import client_for
+from tests.kubeapi import KubeApiEmulator
+from tests.kubeapi.kubelet import Behaviour, FakeKubelet, kubelet_running
 
 MakeSettings = Callable[..., ScriptsManagerSettings]
 
@@ -34,3 +41,38 @@ def make_settings() -> Iterator[MakeSettings]:
 
     yield make
     shutil.rmtree(packages, ignore_errors=True)
+
+
+NS = "rockbot-scripts"
+
+
+@pytest.fixture
+async def kube(kube_api: KubeApiEmulator, kubeconfig: Path) -> AsyncIterator[KubeClient]:
+    """The test's own client (it sends no token: the manager's requests are the ones with one)."""
+    async with client_for(kube_api) as client:
+        await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def node(
+    kube_api: KubeApiEmulator, kube: KubeClient, behaviour: Behaviour | None = None,
+    relist_seconds: float | None = None,
+) -> AsyncIterator[FakeKubelet]:
+    """A node running the scripts namespace's pods (see tests/kubeapi/kubelet.py)."""
+    kubelet = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS, behaviour=behaviour,
+                          relist_seconds=relist_seconds)
+    async with kubelet_running(kubelet):
+        yield kubelet
+
+
+@contextlib.asynccontextmanager
+async def pod_backend(settings: ScriptsManagerSettings) -> AsyncIterator[PodBackend]:
+    """A started pod backend with its own client (from the kubeconfig, as the manager builds it)."""
+    backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
+                         metrics=ScriptMetrics(backend="pods"))
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()

@@ -23,8 +23,7 @@ from tests.buses import manager_and_agent
 from tests.kubeapi import KubeApiEmulator
 from tests.operator.samples import agent
 from tests.operator.test_resolving import resolve
-from tests.scripts_manager.conftest import MakeSettings
-from tests.scripts_manager.test_pods import kube, kubelet_playing, run_runner  # noqa: F401 (kube: a fixture)
+from tests.scripts_manager.conftest import MakeSettings, node
 
 ANALYST = Principal.agent(namespace="default", name="analyst")
 
@@ -46,11 +45,9 @@ async def run_tool(config: AgentConfig, bus: MemoryBus, script: str) -> ToolOutc
 
 @pytest.fixture
 async def pods_manager(
-    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings  # noqa: F811
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
 ) -> AsyncIterator[tuple[MemoryBus, list[dict[str, Any]]]]:
-    async with manager_and_agent(ANALYST) as (manager_bus, bus), kubelet_playing(
-        run_runner, emulator=kube_api, kube=kube
-    ) as kubelet:
+    async with manager_and_agent(ANALYST) as (manager_bus, bus), node(kube_api, kube) as kubelet:
         manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
         await manager.start()
         try:

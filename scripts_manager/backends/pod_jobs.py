@@ -1,0 +1,121 @@
+"""Hand one job to a running script pod and read its answer, over `pods/attach`.
+
+The job goes to the runner's stdin as one JSON line with a fresh nonce; the runner's stdout comes
+back on the same session, and only its lines carrying that nonce count (see runner.py for why a
+script can neither write there nor learn the nonce). The answer arrives as soon as the runner prints
+it, never waiting for the kubelet to report the container's end. What is read is bounded: the
+runner's two capped streams as JSON, at most six bytes per byte written.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rockbot.kube import KubeClient
+from rockbot.kube.attach import STDOUT
+from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends.pod_manifests import CONTAINER
+from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
+
+_RUNNER_STDERR_KEPT = 4096
+
+
+def output_limit(max_output_bytes: int) -> int:
+    """The most a runner prints for one job: both capped streams as JSON (six bytes a byte at worst)."""
+    return 12 * max_output_bytes + 64 * 1024
+
+
+class OutputTooLarge(Exception):
+    """The pod wrote more than its runner ever does: something other than the runner wrote."""
+
+
+@dataclass
+class RunnerOutput:
+    """The runner's stdout as it arrives; lines without this run's nonce are not the runner's answer."""
+
+    nonce: str
+    limit: int
+    started: bool = False
+    result: dict[str, Any] | None = None
+    _pending: bytearray = field(default_factory=bytearray)
+    _seen: int = 0
+
+    def feed(self, data: bytes) -> None:
+        self._seen += len(data)
+        if self._seen > self.limit:
+            raise OutputTooLarge(f"the pod wrote more than {self.limit} bytes, more than its runner ever does")
+        self._pending += data
+        *lines, rest = self._pending.split(b"\n")
+        self._pending = bytearray(rest)
+        for line in lines:
+            self._line(line)
+
+    def finish(self) -> None:
+        """The stream ended: its last line counts even without a newline."""
+        rest, self._pending = bytes(self._pending), bytearray()
+        self._line(rest)
+
+    def _line(self, line: bytes) -> None:
+        try:
+            said = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(said, dict):
+            return
+        if said.get(STARTED_KEY) == self.nonce:
+            self.started = True
+        elif said.get(RESULT_KEY) == self.nonce and self.result is None:
+            self.started = True
+            self.result = said
+
+
+@dataclass
+class Attempt:
+    """What one attach session brought: the runner's output so far, and how the session ended."""
+
+    output: RunnerOutput
+    status: dict[str, Any] | None = None
+    runner_stderr: bytearray = field(default_factory=bytearray)
+
+
+def new_nonce() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def job_line(*, job: ScriptJob, nonce: str, max_output_bytes: int) -> bytes:
+    return json.dumps({
+        "nonce": nonce, "script": job.script, "input": job.input_data or "",
+        "timeout_seconds": job.timeout_seconds, "max_output_bytes": max_output_bytes,
+    }, ensure_ascii=False).encode() + b"\n"  # fmt: skip
+
+
+async def run_job(
+    *,
+    kube: KubeClient,
+    namespace: str,
+    name: str,
+    job: ScriptJob,
+    nonce: str,
+    max_output_bytes: int,
+    on_started: Callable[[], None],
+) -> Attempt:
+    """Attach, write the job, read until the runner's result (or the session's end)."""
+    attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes)))
+    async with kube.attach(namespace=namespace, name=name, container=CONTAINER) as session:
+        await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
+        async for piece in session:
+            if piece.channel != STDOUT:
+                attempt.runner_stderr = (attempt.runner_stderr + piece.data)[-_RUNNER_STDERR_KEPT:]
+                continue
+            was_started = attempt.output.started
+            attempt.output.feed(piece.data)
+            if attempt.output.started and not was_started:
+                on_started()
+            if attempt.output.result is not None:
+                break
+        attempt.status = session.status
+    return attempt

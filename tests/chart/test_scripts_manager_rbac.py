@@ -1,0 +1,109 @@
+"""The scripts-manager's RBAC from evidence: run its pod backend against the API emulator through every
+path that touches the API, and check that every request it made is allowed by the chart's Role, and
+that the Role grants nothing it did not use.
+
+The manager's requests are told apart by identity, as RBAC does: it logs in with the kubeconfig's token;
+the test's client and the node (the fake kubelet) send none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from rockbot.kube import NAMESPACES, PODS, KubeClient
+from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends.pod_manifests import job_pod
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from tests.chart.conftest import Manifest
+from tests.chart.rbac import SCRIPTS_MANAGER_SA, Right, allowed, grants_of
+from tests.chart.test_operator_rbac import Used, used_right
+from tests.kubeapi import KubeApiEmulator
+from tests.kubeapi.containers import Container
+from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestamp
+from tests.scripts_manager.conftest import NS, MakeSettings, kube, make_settings, node, pod_backend  # noqa: F401
+from tests.waiting import eventually
+
+Render = Callable[..., list[Manifest]]
+
+
+def manager_rights(emulator: KubeApiEmulator) -> set[Used]:
+    used = set()
+    for request in emulator.requests:
+        if not request.headers.get("Authorization", "").startswith("Bearer "):
+            continue
+        right = used_right(request)
+        if right is None:
+            continue
+        used.add(right)
+        if right.right[1] == "pods/attach":  # a WebSocket GET, which Kubernetes 1.35+ also authorises as create
+            used.add(Used(right=("", "pods/attach", "create"), namespace=right.namespace))
+    return used
+
+
+def job(script: str, request_id: str) -> ScriptJob:
+    return ScriptJob(request_id=request_id, script=script, input_data=None, timeout_seconds=10)
+
+
+async def exercise_the_manager(
+    *, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings
+) -> None:
+    """Every path of the pod backend that talks to the API, once."""
+    released = asyncio.Event()
+
+    async def held_then_run(kubelet: FakeKubelet, pod: RunningPod) -> None:
+        if pod.pod["metadata"]["annotations"].get("rockbot.dev/request-id") == "held":
+            await released.wait()
+        await run_command(kubelet, pod)
+
+    async def killed_by_the_job(kubelet: FakeKubelet, pod: RunningPod) -> None:
+        arrived = asyncio.Event()
+
+        async def job_arrives(data: bytes) -> None:
+            arrived.set()
+
+        streams = Container(write_stdin=job_arrives)
+        emulator.run_container(namespace=NS, name=pod.name, container="script", streams=streams)
+        await kubelet.report(pod, state={"running": {"startedAt": timestamp()}}, phase="Running")
+        await arrived.wait()
+        streams.exited()
+        await kubelet.report(pod, state={"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                        "startedAt": timestamp(), "finishedAt": timestamp()}},
+                             phase="Failed")
+
+    expired = job_pod(job=job("1", "expired"), settings=settings, now=datetime.now(UTC) - timedelta(hours=1))
+    await client.create(PODS, namespace=NS, body=expired)
+    async with pod_backend(settings) as backend:
+        async with node(emulator, client, held_then_run) as kubelet:
+            await backend.run(job("print(1)", "plain"))  # create, watch, attach, delete
+            held = asyncio.create_task(backend.run(job("print(1)", "held")))
+
+            async def waiting() -> None:
+                assert len(kubelet.seen) == 3  # the expired one, the plain one, the held one
+
+            await eventually(waiting)
+            await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
+            emulator.compact()  # the held pod's watch resumes from a compacted version: 410, then a get
+            emulator.end_watches()
+            released.set()
+            await held
+        async with node(emulator, client, killed_by_the_job):
+            killed = await backend.run(job("print(1)", "killed"))  # its end, from a new watch and the log
+            assert killed.oom_killed
+        await backend.sweep()  # list, delete
+
+
+async def test_every_request_the_scripts_manager_makes_is_granted_by_the_chart(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render  # noqa: F811
+) -> None:
+    settings = make_settings(scripts_backend="pods", scripts_sweep_grace_seconds=0)
+    await exercise_the_manager(client=kube, emulator=kube_api, settings=settings)
+    used = manager_rights(kube_api)
+    grants = grants_of(render(), account=SCRIPTS_MANAGER_SA)
+    refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
+                     if not allowed(grants, right=u.right, namespace=u.namespace))
+    assert refused == [], "the scripts-manager needs rights the chart does not grant"
+    granted: set[Right] = set().union(*(grant.rights for grant in grants))
+    assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the scripts-manager never used"
+    assert {u.namespace for u in used} == {NS}
