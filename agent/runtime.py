@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any, Self
 
 import aiohttp
@@ -33,7 +32,7 @@ from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.delegation import agent_tool
-from rockbot.agent.toolsets.kit import Guides, ToolKit, builtin_modules, install_tool_sets
+from rockbot.agent.toolsets.kit import Guides, ToolKit, ToolSetSource, builtin_modules, install_tool_sets
 from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
@@ -61,7 +60,7 @@ class AgentRuntime:
         settings: LoopSettings,
         conversations: Conversations,
         metrics: AgentMetrics,
-        tool_sets: list[str | ModuleType],
+        tool_sets: list[ToolSetSource],
     ):
         self.config = config
         self.llm = llm
@@ -85,13 +84,13 @@ class AgentRuntime:
         bus: Any = None,
         sandbox: Any = None,
         env: Mapping[str, str] | None = None,
-        tool_sets: list[str | ModuleType] | None = None,
+        tool_sets: list[ToolSetSource] | None = None,
         stream: bool = True,
         max_messages: int = 200,
         llm_max_attempts: int = 4,
         llm_backoff_seconds: float = 0.5,
     ) -> AgentRuntime:
-        """Wire an agent from its resolved config; `tool_sets` adds modules with `install(registry=, kit=)`."""
+        """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`."""
         env = dict(os.environ if env is None else env)
         metrics = AgentMetrics()
         model = config.model
@@ -141,7 +140,7 @@ class AgentRuntime:
         if self.ready:
             return self
         await self._install_declared_tools()
-        modules: list[str | ModuleType] = [m for m in builtin_modules(self.config) if not m.endswith(".guides")]
+        modules: list[ToolSetSource] = [m for m in builtin_modules(self.config) if not m.endswith(".guides")]
         modules += self._tool_sets
         modules += [m for m in builtin_modules(self.config) if m.endswith(".guides")]
         await install_tool_sets(registry=self.registry, kit=self.kit, modules=modules)

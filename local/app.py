@@ -42,18 +42,22 @@ async def running(
         manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER))
         await manager.start()
         stack.push_async_callback(manager.stop)
+        scheduler = LocalScheduler(bus=await connected(LOCAL), tasks=tasks, report=report)
         runtimes = {}
         for name, assembled in agents.items():
             bus = await connected(Principal.agent(namespace=assembled.config.namespace, name=name))
             sandbox = ScriptSandbox.for_agent(bus=bus, config=assembled.config)
             runtime = AgentRuntime.from_config(
-                assembled.config, bus=bus, sandbox=sandbox, env={**os.environ, **assembled.env}
+                assembled.config,
+                bus=bus,
+                sandbox=sandbox,
+                env={**os.environ, **assembled.env},
+                tool_sets=[scheduler.tool_set()] if assembled.scheduling else [],
             )
             await stack.enter_async_context(runtime)
             inbox = await serve_inbox(runtime=runtime, bus=bus)
             stack.push_async_callback(inbox.close)
             runtimes[name] = runtime
-        scheduler = LocalScheduler(bus=await connected(LOCAL), tasks=tasks, report=report)
         scheduler.start()
         stack.push_async_callback(scheduler.close)
         yield LocalRun(agents=runtimes)

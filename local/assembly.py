@@ -13,8 +13,8 @@ from rockbot.resources.common import SecretKeyRef
 #: Locally nothing needs these Secrets: the bus is in process and the HTTP API is not served.
 _BUS = SecretKeyRef(name="local-bus", key="amqp-url")
 _TOKEN = SecretKeyRef(name="local-http-token", key="token")
-#: The set whose tools talk to the operator; there is none locally.
-_NEEDS_OPERATOR = "scheduling"
+#: The set whose tools talk to the operator: locally the scheduler answers them (`LocalScheduler.tool_set`).
+_SCHEDULING = "scheduling"
 
 
 @dataclass
@@ -32,6 +32,8 @@ class AssembledAgent:
     #: Environment the runtime reads secrets from: Secret-manifest values under their wired names.
     env: dict[str, str]
     warnings: list[str]
+    #: Whether it has the `scheduling` set, which the local scheduler provides instead of the operator.
+    scheduling: bool = False
 
 
 def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledAgent]:
@@ -49,13 +51,7 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
             bus_secret=_BUS,
             http_token_secret=_TOKEN,
         )
-        warnings = list(resolution.tool_problems)
-        builtins = list(resolution.config.builtin_tools)
-        if _NEEDS_OPERATOR in builtins:
-            builtins.remove(_NEEDS_OPERATOR)
-            warnings.append(
-                "the scheduling tools need the operator and are off locally (ScheduledTask manifests still fire)"
-            )
+        builtins = [name for name in resolution.config.builtin_tools if name != _SCHEDULING]
         env = {
             item.env: manifests.secrets[item.ref.name][item.ref.key]
             for item in resolution.secret_env
@@ -75,5 +71,10 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
                 "http_token": None,
             }
         )
-        assembled[name] = AssembledAgent(config=config, env=env, warnings=warnings)
+        assembled[name] = AssembledAgent(
+            config=config,
+            env=env,
+            warnings=list(resolution.tool_problems),
+            scheduling=_SCHEDULING in resolution.config.builtin_tools,
+        )
     return assembled

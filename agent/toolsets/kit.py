@@ -96,7 +96,16 @@ class ToolKit:
         return value or None
 
 
-async def install_tool_sets(*, registry: ToolRegistry, kit: ToolKit, modules: list[str | ModuleType]) -> None:
+class ToolSet(Protocol):
+    """A tool set that is an object rather than a module (one built around a running service, say)."""
+
+    async def install(self, *, registry: ToolRegistry, kit: ToolKit) -> None: ...
+
+
+ToolSetSource = str | ModuleType | ToolSet
+
+
+async def install_tool_sets(*, registry: ToolRegistry, kit: ToolKit, modules: list[ToolSetSource]) -> None:
     for module in modules:
         loaded = importlib.import_module(module) if isinstance(module, str) else module
         await loaded.install(registry=registry, kit=kit)

@@ -8,7 +8,8 @@ time, so the model can turn "in two hours" into a cron expression.
 Every request is signed with this agent's token (`ROCKBOT_HTTP_TOKEN`, from the Secret the operator
 generates for the Agent), so the operator knows it comes from this agent and not from another one
 sharing the bus (see `rockbot.contracts.scheduling` for what that does and does not protect). Without
-the token the tools refuse, saying so.
+the token the tools refuse, saying so. `scheduling_tools(ask)` builds the same three tools over any
+answerer: `rockbot local` answers them with its in-process scheduler.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import datetime
 import secrets
 import zoneinfo
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from pydantic import Field
 
 from rockbot.agent.defining import tool
-from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.registry import Tool, ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.bus import OPERATOR, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
@@ -55,7 +57,11 @@ GUIDE = Guide(
 )
 
 
+Ask = Callable[[ScheduleTask | ListTasks | CancelTask], Awaitable[SchedulingReply]]
+
+
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
+    """The tools, answered by the operator over the bus (`rockbot local` answers them itself)."""
     replies = scheduling_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
     token_env = kit.config.http_token.env if kit.config.http_token else HTTP_TOKEN_ENV
 
@@ -84,7 +90,18 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                               code=ErrorCode.TIMEOUT, retryable=True) from None
         except (BusUnavailable, BusError) as exc:
             raise ToolFailure(f"cannot reach the operator: {exc}", code=ErrorCode.UNAVAILABLE, retryable=True) from exc
-        reply = delivery.decode(SchedulingReply)
+        return delivery.decode(SchedulingReply)
+
+    for defined in scheduling_tools(ask):
+        registry.register(defined)
+    kit.guides.add(GUIDE)
+
+
+def scheduling_tools(ask: Ask) -> list[Tool]:
+    """The three tools over whatever answers the operations (`ask`); a reply's error is the tool's error."""
+
+    async def answered(operation: ScheduleTask | ListTasks | CancelTask) -> SchedulingReply:
+        reply = await ask(operation)
         if reply.error is not None:
             raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)
         return reply
@@ -98,7 +115,9 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         run_once: Annotated[bool, Field(description="Fire at the next matching time only.")] = False,
         time_zone: Annotated[str, Field(description="IANA zone of the cron times, e.g. Europe/Berlin.")] = "UTC",
     ) -> str:
-        reply = await ask(ScheduleTask(name=name, cron=cron, prompt=prompt, run_once=run_once, time_zone=time_zone))
+        reply = await answered(
+            ScheduleTask(name=name, cron=cron, prompt=prompt, run_once=run_once, time_zone=time_zone)
+        )
         assert reply.task is not None
         task = reply.task
         when = _local(task.next_run, task.time_zone) if task.next_run else "as soon as the operator has scheduled it"
@@ -106,7 +125,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
 
     @tool(name="list_scheduled_tasks", description=catalogue_description("list_scheduled_tasks"))
     async def list_scheduled_tasks(context: ToolContext) -> str:
-        reply = await ask(ListTasks())
+        reply = await answered(ListTasks())
         return render_tasks(reply.tasks, now=reply.now)
 
     @tool(name="cancel_scheduled_task", description=catalogue_description("cancel_scheduled_task"))
@@ -114,13 +133,11 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         name: Annotated[str, Field(min_length=1, description="The task's name as list_scheduled_tasks shows it.")],
         context: ToolContext,
     ) -> str:
-        reply = await ask(CancelTask(name=name))
+        reply = await answered(CancelTask(name=name))
         assert reply.task is not None
         return f"Cancelled task {reply.task.name!r}; it will not run again."
 
-    for defined in (schedule_task, list_scheduled_tasks, cancel_scheduled_task):
-        registry.register(defined)
-    kit.guides.add(GUIDE)
+    return [schedule_task, list_scheduled_tasks, cancel_scheduled_task]
 
 
 def render_tasks(tasks: list[TaskSummary], *, now: datetime.datetime) -> str:

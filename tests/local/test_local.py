@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pathlib
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 
+from rockbot.agent.registry import ToolContext
 from rockbot.contracts.inbox import InboxReply
 from rockbot.local import broker
 from rockbot.local.app import running
@@ -64,9 +66,8 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
     assert tool_result.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in tool_result
     first = scripted_llm.requests[0]
     assert first.authorization == "Bearer sk-local"
-    assert {"execute_python_script", "exchange-rates", "researcher"} <= set(first.tool_names)
-    assert "schedule_task" not in first.tool_names  # needs the operator: off locally, with a warning
-    assert "the scheduling tools need the operator" in result.stderr
+    assert {"execute_python_script", "exchange-rates", "researcher", "schedule_task"} <= set(first.tool_names)
+    assert "warning" not in result.stderr.lower()
 
 
 async def test_without_a_model_it_says_how_to_point_it_at_one():
@@ -289,3 +290,52 @@ spec: {description: Other., mcp: {server: other, url: "http://127.0.0.1:9/other"
     header = search.headers["Authorization"]
     assert header.prefix == "Bearer " and assembled.env[header.env] == "s3cret"
     assert other.headers == {} and "s3cret" not in assembled.config.model_dump_json()
+
+
+async def test_the_readme_command_prints_no_warning_and_keeps_logs_out_of_the_chat(scripted_llm, tmp_path):
+    scripted_llm.play(Turn(text="Hello."))
+    result = await rockbot_local("-f", str(EXAMPLES), "--prompt", "hi",
+                                 env={**model_env(scripted_llm), "XDG_STATE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower()
+    assert all(line.startswith(("[", "  ")) for line in result.stderr.splitlines()), result.stderr
+
+
+async def test_an_agent_schedules_lists_and_cancels_its_own_tasks_and_they_fire(scripted_llm, tmp_path):
+    """The scheduling tools answered by the local scheduler, by the operator's rules."""
+    write(tmp_path, "agents.yaml", (EXAMPLES / "analyst.yaml").read_text())
+    steps = [
+        Turn(tool_calls=[ScriptedCall(name="schedule_task", arguments={
+            "name": "ping", "cron": "* * * * * *", "prompt": "Ping!", "run_once": True})]),
+        Turn(tool_calls=[ScriptedCall(name="cancel_scheduled_task", arguments={"name": "morning-rates"})]),
+        Turn(text="Scheduled."),
+    ]
+
+    def respond(body):  # the scheduled prompt may come in between the chat's rounds
+        if body["messages"][-1] == {"role": "user", "content": "Ping!"}:
+            return Turn(text="Pong.")
+        return steps[sum(message["role"] == "tool" for message in body["messages"])]
+
+    scripted_llm.play(*[respond] * 4)
+    manifests = load([tmp_path])
+    agents = assemble(manifests, model=LocalModel(base_url=scripted_llm.url, name=scripted_llm.model, api_key_env=None))
+    reports: list[tuple[str, InboxReply | None, str | None]] = []
+    fired = asyncio.Event()
+    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
+    scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
+    async with running(connect=await broker.in_memory([a.config for a in agents.values()]), agents=agents,
+                       tasks=tasks, report=lambda *r: (reports.append(r), fired.set()), scripts=scripts) as local:
+        analyst = local.agents["analyst"]
+        result = await analyst.chat("s", "Remind me with a ping.")
+        async with asyncio.timeout(10):
+            await fired.wait()
+        listing = await analyst.registry.invoke("list_scheduled_tasks", {}, context=ToolContext(session_id="s"))
+    assert result.answer == "Scheduled." and result.tools_called == ["schedule_task", "cancel_scheduled_task"]
+    last_round = next(r for r in scripted_llm.requests if sum(m["role"] == "tool" for m in r.messages) == 2)
+    scheduled, refused = (m["content"] for m in last_round.messages if m["role"] == "tool")
+    assert scheduled.startswith("Scheduled task 'ping' (* * * * * * in UTC); next run: ")
+    assert json.loads(refused)["error"]["code"] == "Rejected" and "not created by you" in refused
+    assert reports == [("analyst.ping", reports[0][1], None)] and reports[0][1].answer == "Pong."
+    assert "| ping | `* * * * * *` (once) | UTC | done (ran once) |" in listing.content
+    assert "| morning-rates | `0 8 * * *` | Europe/Berlin |" in listing.content
+    assert "no (set by a person)" in listing.content
