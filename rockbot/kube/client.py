@@ -7,7 +7,11 @@ HTTP session with its TLS and token refresh; this client only builds URLs, sends
 Every request has a deadline, so a hung API server cannot hold a caller (and the lock it holds)
 forever: `request_timeout` (default 30 s, `$ROCKBOT_KUBE_TIMEOUT_SECONDS`) bounds each request
 but a watch, and a timeout or a broken connection raises `Unavailable` (an `ApiError`, status 504
-or 503). A watch may wait for its `timeoutSeconds` plus `request_timeout` between two lines before
+or 503). The deadline is the API server's, never the client's own queue: at most `max_in_flight`
+requests (default 32) are on the wire at once, the others wait for their turn untimed, and the
+connection pool has no limit of its own (long-lived watches would otherwise take its places and
+leave requests timing out while they wait for a connection, which the server never saw).
+A watch may wait for its `timeoutSeconds` plus `request_timeout` between two lines before
 aiohttp's `ServerTimeoutError` (a `ClientError`) ends it, as any broken stream does.
 """
 
@@ -38,6 +42,7 @@ Query = list[tuple[str, str]]
 JsonPatch = list[K8sObject]
 
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_IN_FLIGHT = 32
 TIMEOUT_VARIABLE = "ROCKBOT_KUBE_TIMEOUT_SECONDS"
 _CONNECT_TIMEOUT_SECONDS = 30.0
 
@@ -67,12 +72,17 @@ class KubeClient:
     """An async client for the Kubernetes API speaking plain dicts; use `async with` or `close()`."""
 
     def __init__(
-        self, *, api_client: k8s_client.ApiClient, request_timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS
+        self,
+        *,
+        api_client: k8s_client.ApiClient,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_SECONDS,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         if not request_timeout > 0:
             raise ValueError(f"request_timeout must be a positive number of seconds, not {request_timeout!r}")
         self._api = api_client
         self._request_timeout = request_timeout
+        self._turns = asyncio.Semaphore(max_in_flight)
 
     @classmethod
     async def from_environment(cls, *, request_timeout: float | None = None) -> Self:
@@ -109,6 +119,7 @@ class KubeClient:
                     f"the kubeconfig {config_file} is not usable ({' '.join(str(exc).split())}): "
                     "fix it, or set KUBECONFIG to another"
                 ) from exc
+        configuration.connection_pool_maxsize = 0  # no limit: see the module docstring
         return cls(api_client=k8s_client.ApiClient(configuration), request_timeout=request_timeout)
 
     async def __aenter__(self) -> Self:
@@ -339,12 +350,13 @@ class KubeClient:
         """The answer's body; an error status becomes the matching `ApiError`, no answer in time `Unavailable`."""
         timeout = aiohttp.ClientTimeout(total=self._request_timeout, sock_connect=_CONNECT_TIMEOUT_SECONDS)
         try:
-            response = await self._send(method, path, query=query, body=body, content_type=content_type,
-                                        client_timeout=timeout)
-            try:
-                text = await response.text()
-            finally:
-                response.release()
+            async with self._turns:  # waiting for a turn is not the server's time: the deadline starts after
+                response = await self._send(method, path, query=query, body=body, content_type=content_type,
+                                            client_timeout=timeout)
+                try:
+                    text = await response.text()
+                finally:
+                    response.release()
         except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors (some also ClientErrors)
             raise Unavailable(status=504, reason="Timeout",
                               message=f"{method} {path}: no answer within {self._request_timeout:g} s") from exc

@@ -235,3 +235,16 @@ async def test_configuration_errors_name_the_file_or_variable_and_the_fix(tmp_pa
     monkeypatch.setenv("ROCKBOT_KUBE_TIMEOUT_SECONDS", "soon")
     with pytest.raises(KubeConfigError, match="ROCKBOT_KUBE_TIMEOUT_SECONDS='soon' is not a positive number"):
         await KubeClient.from_environment()
+
+
+async def test_no_request_times_out_while_the_server_answers_each_in_time(kube_api: KubeApiEmulator):
+    """A burst of requests larger than the connection pool: each is answered in 0.25 s, well within the 0.75 s
+    limit, so none may fail, however long it waited for its turn in the client."""
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.75) as kube:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "busy"}}
+        await kube.create(CONFIGMAPS, namespace="default", body=body)
+        kube_api.latency = 0.25
+        answers = await asyncio.gather(*(kube.get(CONFIGMAPS, namespace="default", name="busy") for _ in range(400)),
+                                       return_exceptions=True)
+    failures = [answer for answer in answers if isinstance(answer, BaseException)]
+    assert not failures, f"{len(failures)} of 400 failed, e.g. {failures[0]!r}"
