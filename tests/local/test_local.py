@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -101,6 +102,31 @@ async def test_an_unreachable_model_is_one_line_not_a_traceback():
     assert "Traceback" not in result.stderr
 
 
+class Reports:
+    """What the local scheduler reported, as it arrives."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, InboxReply | None, str | None]] = []
+        self.arrived = asyncio.Event()
+
+    def __call__(self, *report) -> None:
+        self.items.append(report)
+        self.arrived.set()
+
+
+@contextlib.asynccontextmanager
+async def running_in_process(folder: pathlib.Path, llm):
+    """Every part of a local run for the manifests in `folder`, in this process, on the in-memory bus."""
+    manifests = load([folder])
+    agents = assemble(manifests, model=LocalModel(base_url=llm.url, name=llm.model, api_key_env=None))
+    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
+    scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
+    connect = await broker.in_memory([assembled.config for assembled in agents.values()])
+    reports = Reports()
+    async with running(connect=connect, agents=agents, tasks=tasks, report=reports, scripts=scripts) as local:
+        yield local, reports
+
+
 async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_path):
     (tmp_path / "task.yaml").write_text(
         (EXAMPLES / "analyst.yaml")
@@ -109,20 +135,9 @@ async def test_a_scheduled_task_fires_through_the_agent_inbox(scripted_llm, tmp_
         .replace("concurrencyPolicy: Forbid", "runOnce: true")
     )
     scripted_llm.play(Turn(text="Rates look calm."))
-    manifests = load([tmp_path])
-    agents = assemble(manifests, model=LocalModel(base_url=scripted_llm.url, name=scripted_llm.model, api_key_env=None))
-    reports: list[tuple[str, InboxReply | None, str | None]] = []
-    reported = asyncio.Event()
-    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
-    scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
-    connect = await broker.in_memory([assembled.config for assembled in agents.values()])
-    async with running(
-        connect=connect, agents=agents, tasks=tasks, report=lambda *r: (reports.append(r), reported.set()),
-        scripts=scripts,
-    ):
-        async with asyncio.timeout(10):
-            await reported.wait()
-    ((task, reply, problem),) = reports
+    async with running_in_process(tmp_path, scripted_llm) as (_, reports), asyncio.timeout(10):
+        await reports.arrived.wait()
+    ((task, reply, problem),) = reports.items
     assert (task, problem) == ("morning-rates", None)
     assert reply is not None and reply.answer == "Rates look calm."
     assert scripted_llm.requests[0].messages[-1]["content"].startswith("Compare today's EUR rates")
@@ -317,25 +332,19 @@ async def test_an_agent_schedules_lists_and_cancels_its_own_tasks_and_they_fire(
         return steps[sum(message["role"] == "tool" for message in body["messages"])]
 
     scripted_llm.play(*[respond] * 4)
-    manifests = load([tmp_path])
-    agents = assemble(manifests, model=LocalModel(base_url=scripted_llm.url, name=scripted_llm.model, api_key_env=None))
-    reports: list[tuple[str, InboxReply | None, str | None]] = []
-    fired = asyncio.Event()
-    tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
-    scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
-    async with running(connect=await broker.in_memory([a.config for a in agents.values()]), agents=agents,
-                       tasks=tasks, report=lambda *r: (reports.append(r), fired.set()), scripts=scripts) as local:
+    async with running_in_process(tmp_path, scripted_llm) as (local, reports):
         analyst = local.agents["analyst"]
         result = await analyst.chat("s", "Remind me with a ping.")
         async with asyncio.timeout(10):
-            await fired.wait()
+            await reports.arrived.wait()
         listing = await analyst.registry.invoke("list_scheduled_tasks", {}, context=ToolContext(session_id="s"))
     assert result.answer == "Scheduled." and result.tools_called == ["schedule_task", "cancel_scheduled_task"]
     last_round = next(r for r in scripted_llm.requests if sum(m["role"] == "tool" for m in r.messages) == 2)
     scheduled, refused = (m["content"] for m in last_round.messages if m["role"] == "tool")
     assert scheduled.startswith("Scheduled task 'ping' (* * * * * * in UTC); next run: ")
     assert json.loads(refused)["error"]["code"] == "Rejected" and "not created by you" in refused
-    assert reports == [("analyst.ping", reports[0][1], None)] and reports[0][1].answer == "Pong."
+    [(task, reply, problem)] = reports.items
+    assert (task, problem) == ("analyst.ping", None) and reply.answer == "Pong."
     assert "| ping | `* * * * * *` (once) | UTC | done (ran once) |" in listing.content
     assert "| morning-rates | `0 8 * * *` | Europe/Berlin |" in listing.content
     assert "no (set by a person)" in listing.content
