@@ -4,24 +4,35 @@ Each `InboxRequest` becomes a turn of the conversation named by its session id; 
 back as an `InboxReply` to `reply_to` (when there is one). Nothing is acked before it is handled:
 the bus acks after this handler returns, i.e. after the reply is published. A call that would
 loop back to this agent or go too deep is refused before any work (see `delegation`), and every
-failure, including an unreadable message, is answered as an error, never silently dropped. A
-request id is worked on once: a redelivered or duplicated copy joins the run in flight or gets the
-remembered reply, so the model is not asked (and tools not called) twice. A retryable error reply
-(the model endpoint was down) is not remembered, so a later copy of the request runs again.
+failure, including an unreadable message, is answered as an error, never silently dropped.
+
+Who asks is the message's sender (`user_id`, checked by the broker): answers go only to one of the
+sender's own reply queues (a request asking for replies elsewhere is dead-lettered unanswered); an
+`agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
+operator (or `rockbot local`), a `user_message` from a platform service; a request over
+`MAX_REQUEST_BYTES` is refused before it is parsed. Those refusals are answered, then dead-lettered.
+
+A request is known by its sender and request id: a redelivered or duplicated copy joins the run in
+flight or gets the remembered reply, so the model is not asked (and tools not called) twice, while
+the same id with another body or reply queue is Rejected, never answered from memory (nobody gets
+another caller's answer by replaying its id). A retryable error reply (the model endpoint was
+down) is not remembered, so a later copy of the request runs again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 from rockbot.agent.llm import LlmAuthError, LlmError
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.delegation import refusal
-from rockbot.bus import BadMessage, Bus, Delivery, NoRoute, Subscription
-from rockbot.bus.once import RunOnce
+from rockbot.bus import LOCAL, OPERATOR, BadMessage, Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
+from rockbot.bus.once import Conflict, RunOnce
+from rockbot.bus.permissions import is_reply_queue_of
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
-from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,25 +44,56 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
     once: RunOnce[InboxReply] = RunOnce()  # a turn outlives a delivery lost with the connection
 
     async def handle(delivery: Delivery) -> None:
+        sender = delivery.sender
+        assert sender is not None  # the bus refuses messages without one
+        if delivery.reply_to and not is_reply_queue_of(sender, delivery.reply_to):
+            raise Refused(f"{sender} asked for replies on {delivery.reply_to!r}, which is not one of its own queues")
+        request_id = delivery.correlation_id or delivery.message_id or "unknown"
         try:
-            request = delivery.decode(InboxRequest)
+            request = delivery.decode(InboxRequest, max_bytes=MAX_REQUEST_BYTES)
         except BadMessage as exc:
             log.warning("unreadable inbox message %s: %s", delivery.message_id, exc)
-            await _answer(bus, delivery, InboxReply(
-                request_id=delivery.correlation_id or delivery.message_id or "unknown",
-                session_id="unknown",
-                error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc)),
-            ))
+            error = ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc))
+            await _answer(bus, delivery, InboxReply(request_id=request_id, session_id="unknown", error=error))
+            if isinstance(exc, TooLarge):
+                raise Refused(str(exc)) from None
             return
+        problem = _misaddressed(request, sender=sender)
+        if problem is not None:
+            error = ErrorInfo(code=ErrorCode.REJECTED, message=problem)
+            await _answer(bus, delivery, InboxReply(request_id=request_id, session_id=request.session_id, error=error))
+            raise Refused(problem)
+        fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
         try:
-            reply = await once.run(key=request.request_id, work=lambda: _remembered(runtime, request, agent_id))
+            reply = await once.run(
+                key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
+                work=lambda: _remembered(runtime, request, agent_id),
+            )  # fmt: skip
         except _Retryable as retryable:
             reply = retryable.reply
+        except Conflict:
+            error = ErrorInfo(
+                code=ErrorCode.REJECTED,
+                message=f"request_id {request.request_id!r} was already used for another request or reply queue; "
+                "send each request with a fresh request_id",
+            )
+            reply = InboxReply(request_id=request.request_id, session_id=request.session_id, error=error)
         await _answer(bus, delivery, reply)
 
     return await bus.consume(
         queue=agent_inbox(namespace=config.namespace, name=config.name), handler=handle, prefetch=prefetch
     )
+
+
+def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
+    """Why `sender` may not send this kind of request, or None."""
+    if request.kind == "agent_call" and (sender.kind != "agent" or request.call_chain[-1] != sender.agent_id):
+        return f"an agent_call names {request.call_chain[-1]} as its caller but comes from {sender}"
+    if request.kind == "scheduled_task" and sender not in (OPERATOR, LOCAL):
+        return f"scheduled tasks come from the operator, not from {sender}"
+    if request.kind == "user_message" and sender.kind != "service":
+        return f"user messages come through a platform service, not from {sender}; agents send agent_call"
+    return None
 
 
 class _Retryable(Exception):

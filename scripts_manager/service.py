@@ -1,15 +1,21 @@
 """The scripts-manager's consumer: take a request from `script.invoke`, run it, reply, then ack.
 
-Every request is answered: a body that is not a valid request gets InvalidArguments naming the
-field, policy refusals get their code, sandbox trouble gets Unavailable/ExecutionFailed.
+Who asks is the message's sender (`user_id`, checked by the broker), never a field of the body. A
+request is answered only on one of its sender's own reply queues (`script.result.<namespace>.<agent>.*`):
+one without such a `reply_to`, or from anyone but an agent, can never be answered, so it is
+dead-lettered at once with a log line (never requeued, never holding a slot). Otherwise every
+request is answered: a body over `max_request_bytes` gets InvalidArguments before a byte of it is
+parsed, and one whose `agent` is not its sender gets Rejected (both are then dead-lettered too); a
+body that is not a valid request gets InvalidArguments naming the field, policy refusals get their
+code, sandbox trouble gets Unavailable/ExecutionFailed.
 
-A request is known by its agent and request id together (another agent's same id is another
+A request is known by its sender and request id together (another agent's same id is another
 request). It is run at most once while it is in flight: a redelivered or duplicated copy waits for
 the same run, and a copy arriving shortly after it finished (the manager died between replying and
-acking) gets the remembered answer instead of running the script again. A request that reuses an
-agent's request id with a different body (script, input, timeout or packages) is answered
-Rejected rather than run: a request id is a tool-call id and is never reused honestly, and running
-it would put two different answers under one correlation id.
+acking) gets the remembered answer instead of running the script again. A request that reuses a
+request id with a different body (script, input, timeout or packages) or reply queue is answered
+Rejected rather than run or answered from memory: a request id is a tool-call id and is never
+reused honestly, and running it would put two different answers under one correlation id.
 
 A run outlives its delivery (see `RunOnce`): a delivery cancelled because the broker connection
 was lost leaves the script running, and the copy the broker redelivers joins it. Only `stop()`
@@ -24,9 +30,9 @@ import time
 
 from pydantic import ValidationError
 
-from rockbot.bus import Bus, Delivery, NoRoute, Subscription
+from rockbot.bus import Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
 from rockbot.bus.once import Conflict, RunOnce
-from rockbot.bus.topology import SCRIPT_INVOKE
+from rockbot.bus.topology import SCRIPT_INVOKE, script_result_prefix
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager import policy
@@ -47,7 +53,7 @@ class ScriptService:
         self._backend = backend
         self._settings = settings
         self._metrics = metrics
-        self._once: RunOnce[Reply] = RunOnce()  # keyed by (agent, request id)
+        self._once: RunOnce[Reply] = RunOnce()  # keyed by (sender, request id)
         self._subscription: Subscription | None = None
 
     @property
@@ -67,33 +73,56 @@ class ScriptService:
         await self._once.cancel_all()  # their deliveries were not acked: the broker hands them on
 
     async def handle(self, delivery: Delivery) -> None:
-        reply = await self.answer(delivery)
+        sender = _answerable(delivery)
+        try:
+            reply = await self.answer(delivery, sender=sender)
+        except _Refusal as refusal:
+            await self._reply(delivery, refusal.reply)
+            raise Refused(refusal.reply.error.message) from None
+        await self._reply(delivery, reply)
+
+    async def _reply(self, delivery: Delivery, reply: Reply) -> None:
         try:
             await self._bus.reply(to=delivery, body=reply)
         except NoRoute:
             log.warning("the reply queue %s of request %s is gone; dropping its answer",
                         delivery.reply_to, reply.request_id)
 
-    async def answer(self, delivery: Delivery) -> Reply:
+    async def answer(self, delivery: Delivery, *, sender: Principal) -> Reply:
+        """The answer to a request from `sender`; `_Refusal` (answered, then dead-lettered) for one to refuse."""
+        request_id = delivery.correlation_id or delivery.message_id or ""
+        try:
+            delivery.check_size(self._settings.max_request_bytes)
+        except TooLarge as exc:
+            raise _Refusal(self._count(_error(
+                request_id=request_id, code=ErrorCode.INVALID_ARGUMENTS,
+                message=f"{exc}: send a shorter script or less input_data",
+            ))) from None  # fmt: skip
         try:
             request = ScriptInvokeRequest.model_validate_json(delivery.body)
         except ValidationError as exc:
             return self._count(_error(
-                request_id=delivery.correlation_id or delivery.message_id or "",
+                request_id=request_id,
                 code=ErrorCode.INVALID_ARGUMENTS,
                 message=_describe(exc),
             ))  # fmt: skip
-        fingerprint = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        if request.agent != sender.name:
+            raise _Refusal(self._count(_error(
+                request_id=request.request_id, code=ErrorCode.REJECTED,
+                message=f"this request comes from agent {sender.agent_id}, not {request.agent}: ask as yourself",
+            )))  # fmt: skip
+        fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
         try:
             return await self._once.run(
-                key=(request.agent, request.request_id), fingerprint=fingerprint, work=lambda: self._run(request)
-            )
+                key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
+                work=lambda: self._run(request),
+            )  # fmt: skip
         except Conflict:
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.REJECTED,
                 message=(
                     f"request_id {request.request_id!r} of agent {request.agent!r} was already used for a different "
-                    "script, input, timeout or packages; send each new request with a fresh request_id"
+                    "script, input, timeout, packages or reply queue; send each new request with a fresh request_id"
                 ),
             ))  # fmt: skip
 
@@ -133,6 +162,28 @@ class ScriptService:
             outcome = "succeeded" if reply.exit_code == 0 else "exited_nonzero"
         self._metrics.runs.labels(self._metrics.backend, outcome).inc()
         return reply
+
+
+class _Refusal(Exception):
+    """A request answered with an error and then dead-lettered (it claims too much, or is too large)."""
+
+    def __init__(self, reply: ScriptInvokeError) -> None:
+        super().__init__(reply.error.message)
+        self.reply = reply
+
+
+def _answerable(delivery: Delivery) -> Principal:
+    """The agent that sent `delivery`, when its `reply_to` is one of that agent's own queues; else `Refused`."""
+    sender = delivery.sender
+    reply_to = delivery.reply_to or ""
+    if sender is None or sender.kind != "agent" or not reply_to.startswith(
+        script_result_prefix(namespace=sender.namespace, agent=sender.name)
+    ):
+        raise Refused(
+            f"a script request is answered only on one of its agent's own script.result.<namespace>.<agent>.* queues; "
+            f"{delivery.user_id} asked for {reply_to!r}, so it can never be answered"
+        )
+    return sender
 
 
 def _error(*, request_id: str, code: ErrorCode, message: str, retryable: bool = False) -> ScriptInvokeError:

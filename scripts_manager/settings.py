@@ -84,6 +84,14 @@ class ScriptsManagerSettings(BaseSettings):
     # Default: the first of this process's base interpreter and /usr/bin/python3 that starts in the sandbox.
     scripts_local_python: str | None = None
 
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest request body read: a script and input at their limits, every byte escaped in JSON (6x).
+
+        Anything longer cannot be a valid request, so it is refused before it is parsed.
+        """
+        return 6 * (self.scripts_max_script_bytes + self.scripts_max_input_bytes) + 64 * 1024
+
     @field_validator("scripts_allowed_packages", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from rockbot.bus import BadMessage, Bus, BusError, Delivery, Subscription
+from rockbot.bus import BadMessage, Bus, BusError, Delivery, Principal, Subscription
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
@@ -262,9 +262,13 @@ class Scheduler:
             return
         namespace, task, run = parsed
         error = None if reply.error is None else f"{reply.error.code.value}: {reply.error.message}"
-        await self._complete(namespace, task, run, answer=reply.answer, error=error)
+        await self._complete(namespace, task, run, answer=reply.answer, error=error, sender=delivery.sender)
 
-    async def _complete(self, namespace: str, task: str, run: str, *, answer: str | None, error: str | None) -> None:
+    async def _complete(
+        self, namespace: str, task: str, run: str, *, answer: str | None, error: str | None,
+        sender: Principal | None = None,
+    ) -> None:
+        """Record the run's outcome; `sender`, when the outcome is an agent's reply, must be the task's agent."""
         for _ in range(WRITE_ATTEMPTS):
             try:
                 body = await self._kube.get(SCHEDULED_TASKS, namespace=namespace, name=task)
@@ -272,6 +276,11 @@ class Scheduler:
                 return
             if not run.endswith("-" + str(body["metadata"].get("uid", ""))[:8]):
                 return  # a run of an earlier task by the same name
+            agent = Principal.agent(namespace=namespace, name=body["spec"]["agentRef"]["name"])
+            if sender is not None and sender != agent:
+                log.warning("ignoring %s's reply to run %s of %s/%s: the run was sent to %s",
+                            sender, run, namespace, task, agent)
+                return
             status = complete_run(body=body, run_id=run, now=self._clock.now(), answer=answer, error=error)
             if status is None:
                 return

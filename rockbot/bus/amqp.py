@@ -108,7 +108,10 @@ class AmqpBus(Bus):
             await channel.set_qos(prefetch_count=prefetch)
             amqp_queue = await self._declare_on(channel, queue)
             subscription = _AmqpSubscription(channel=channel, queue=amqp_queue, handler=handler)  # type: ignore[arg-type]
-            await subscription.start()
+            try:
+                await subscription.start()
+            except aiormq.exceptions.ChannelAccessRefused as exc:
+                raise AccessRefused(f"user {self.user!r} may not read {queue.name!r}: {exc}") from exc
         except BaseException:
             with contextlib.suppress(*_TRANSIENT):
                 await channel.close()

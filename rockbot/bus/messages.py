@@ -80,7 +80,7 @@ class Delivery(BaseModel):
         return Principal.parse(self.user_id)
 
     def json(self, *, max_bytes: int | None = None) -> Any:  # type: ignore[override]
-        """The body as plain JSON data."""
+        """The body as plain JSON data; `TooLarge` past `max_bytes`."""
         self._check(max_bytes)
         try:
             return json.loads(self.body)
@@ -96,11 +96,16 @@ class Delivery(BaseModel):
         except ValidationError as exc:
             raise BadMessage(f"message on {self.queue!r} does not match the contract: {exc}") from exc
 
-    def _check(self, max_bytes: int | None) -> None:
-        if max_bytes is not None and len(self.body) > max_bytes:
+    def check_size(self, max_bytes: int) -> None:
+        """`TooLarge` when the body is longer than `max_bytes`: call it before parsing anything."""
+        if len(self.body) > max_bytes:
             raise TooLarge(
                 f"message on {self.queue!r} has {len(self.body)} bytes, over the {max_bytes} its reader accepts"
             )
+
+    def _check(self, max_bytes: int | None) -> None:
+        if max_bytes is not None:
+            self.check_size(max_bytes)
         if self.content_type != CONTENT_TYPE:
             raise BadMessage(
                 f"message on {self.queue!r} has content type {self.content_type!r}, expected {CONTENT_TYPE!r}"

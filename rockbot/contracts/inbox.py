@@ -18,6 +18,8 @@ SCHEMA_VERSION = 1
 
 #: How many agent-to-agent hops one request may take (the user's agent is depth 0).
 MAX_CALL_DEPTH = 4
+#: The largest inbox request an agent reads (its prompt, escaped, and the rest); longer ones are refused unparsed.
+MAX_REQUEST_BYTES = 1024 * 1024
 
 InboxKind = Literal["user_message", "scheduled_task", "agent_call"]
 

@@ -1,0 +1,162 @@
+"""Issue 13 §1 and §2 as an attacker tries them on the real broker: one compromised agent, logged in with its
+own credentials (exactly what the operator gives its pods), against the scripts-manager and another agent."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import aio_pika
+import aiormq
+import pytest
+
+from agent.sandbox import ScriptSandbox
+from rockbot.bus import SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal, TooLarge
+from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, script_result
+from rockbot.contracts.errors import ErrorCode
+from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
+from rockbot.scripts_manager.app import ScriptsManager
+from tests.buses import ALICE
+from tests.fixtures.rabbitmq import Vhost
+from tests.scripts_manager.conftest import MakeSettings
+from tests.waiting import eventually
+
+MALLORY = Principal.agent(namespace="default", name="mallory")
+WAIT = 30.0
+
+
+@pytest.fixture
+async def manager(vhost: Vhost, make_settings: MakeSettings) -> AsyncIterator[ScriptsManager]:
+    manager = ScriptsManager(settings=make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER)))
+    await manager.start()
+    yield manager
+    await manager.stop()
+
+
+@pytest.fixture
+async def alice(vhost: Vhost) -> AsyncIterator[AmqpBus]:
+    async with await AmqpBus.connect(url=await vhost.url(ALICE)) as bus:
+        yield bus
+
+
+@pytest.fixture
+async def mallory_url(vhost: Vhost) -> str:
+    return await vhost.url(MALLORY)
+
+
+async def test_an_agent_cannot_take_script_requests_in_the_managers_place(
+    manager: ScriptsManager, alice: AmqpBus, mallory_url: str
+) -> None:
+    async with await AmqpBus.connect(url=mallory_url) as mallory:
+        taken: list[Delivery] = []
+
+        async def forge(delivery: Delivery) -> None:  # would read input_data and answer with a forged result
+            taken.append(delivery)
+
+        with pytest.raises(AccessRefused, match=r"agent\.default\.mallory' may not read 'script\.invoke'"):
+            await mallory.consume(queue=SCRIPT_INVOKE, handler=forge)
+        sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+        answers = await asyncio.gather(*(
+            sandbox.execute_python_script(script=f"print({n} + 1)", input_data={"secret": n}) for n in range(5)
+        ))  # fmt: skip
+    assert [a.stdout for a in answers] == [f"{n + 1}\n" for n in range(5)], answers  # type: ignore[union-attr]
+    assert taken == []
+
+
+async def test_an_agent_cannot_attach_to_another_agents_reply_queue(
+    manager: ScriptsManager, alice: AmqpBus, mallory_url: str
+) -> None:
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    await sandbox.execute_python_script(script="pass")  # alice's reply queue exists; its name is in every reply_to
+    victim = sandbox.reply_queue.name
+    connection = await aio_pika.connect(mallory_url)
+    try:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            queue = await channel.declare_queue(victim, passive=True)
+            await queue.consume(_never)
+        # Nor can it bind a queue of its own to the victim's name (or to '#') and listen in.
+        for key in (victim, "#"):
+            channel = await connection.channel()
+            own = await channel.declare_queue(f"script.result.default.mallory.{uuid.uuid4().hex[:8]}", auto_delete=True)
+            with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                await own.bind(EXCHANGE, routing_key=key)
+    finally:
+        await connection.close()
+    answers = await asyncio.gather(*(sandbox.execute_python_script(script=f"print({n})") for n in range(5)))
+    assert [a.stdout for a in answers] == [f"{n}\n" for n in range(5)], answers  # type: ignore[union-attr]
+
+
+async def test_a_request_claiming_another_agent_is_rejected_and_dead_lettered(
+    manager: ScriptsManager, vhost: Vhost, mallory_url: str
+) -> None:
+    async with await AmqpBus.connect(url=mallory_url) as mallory:
+        reply = await mallory.request(
+            queue=SCRIPT_INVOKE, body=ScriptInvokeRequest(request_id="r1", agent="alice", script="print(1)"),
+            reply_queue=script_result(namespace="default", agent="mallory", instance="m1"), correlation_id="r1",
+            timeout_seconds=WAIT, responder=SCRIPTS_MANAGER,
+        )  # fmt: skip
+    answer = reply.decode(SCRIPT_INVOKE_REPLY)
+    assert isinstance(answer, ScriptInvokeError) and answer.error.code == ErrorCode.REJECTED, answer
+    assert "comes from agent default/mallory, not alice" in answer.error.message
+    letters = await eventually(lambda: _dead_letters(vhost, 1))
+    assert [(d.queue, d.reason, d.user_id) for d in letters] == [("script.invoke", "rejected", MALLORY.user)]
+
+
+async def test_requests_without_a_reply_queue_are_dead_lettered_and_never_hold_a_slot(
+    manager: ScriptsManager, alice: AmqpBus, vhost: Vhost
+) -> None:
+    for n in range(manager.settings.scripts_concurrency):  # as many as the manager has slots
+        request = ScriptInvokeRequest(request_id=f"poison-{n}", agent="alice", script="print('never')")
+        await alice.publish(queue=SCRIPT_INVOKE, body=request, message_id=request.request_id)
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    answer = await sandbox.execute_python_script(script="print('good')")
+    assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "good\n", answer
+    letters = await eventually(lambda: _dead_letters(vhost, 4))
+    assert sorted(d.message_id or "" for d in letters) == [f"poison-{n}" for n in range(4)]
+    assert {(d.queue, d.reason) for d in letters} == {("script.invoke", "rejected")}
+    assert (await asyncio.to_thread(vhost.queues))[SCRIPT_INVOKE.name] == (0, 0)  # nothing requeued, nothing held
+
+
+async def test_the_broker_refuses_a_message_over_its_size_limit(alice: AmqpBus, mallory_url: str) -> None:
+    huge = ScriptInvokeRequest(request_id="huge", agent="alice", script="x" * 50 * 2**20)
+    with pytest.raises(TooLarge, match="over the bus's limit"):  # the client does not even send it
+        await alice.publish(queue=SCRIPT_INVOKE, body=huge)
+    connection = await aio_pika.connect(mallory_url)  # a client that skips that check meets the broker's
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed, match="larger than configured max size"):
+            await exchange.publish(
+                aio_pika.Message(huge.model_dump_json().encode(), user_id=MALLORY.user), routing_key=SCRIPT_INVOKE.name
+            )
+    finally:
+        await connection.close()
+
+
+async def test_a_request_over_the_managers_size_limit_is_refused_unread_and_dead_lettered(
+    manager: ScriptsManager, alice: AmqpBus, vhost: Vhost
+) -> None:
+    limit = manager.settings.max_request_bytes
+    replies = script_result(namespace="default", agent="alice", instance="big1")
+    oversized = ScriptInvokeRequest(request_id="big-1", agent="alice", script="print(1)", input_data="x" * limit)
+    reply = await alice.request(
+        queue=SCRIPT_INVOKE, body=oversized, reply_queue=replies, correlation_id="big-1", timeout_seconds=WAIT,
+        responder=SCRIPTS_MANAGER,
+    )
+    answer = reply.decode(SCRIPT_INVOKE_REPLY)
+    assert isinstance(answer, ScriptInvokeError) and answer.error.code == ErrorCode.INVALID_ARGUMENTS, answer
+    assert f"over the {limit} its reader accepts" in answer.error.message  # refused before it was parsed
+    letters = await eventually(lambda: _dead_letters(vhost, 1))
+    assert [(d.message_id, d.reason) for d in letters] == [("big-1", "rejected")]
+
+
+async def _never(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    raise AssertionError("the broker delivered another agent's reply")
+
+
+async def _dead_letters(vhost: Vhost, count: int) -> list:
+    letters = await vhost.admin.dead_letters()
+    assert len(letters) >= count, letters
+    return letters
