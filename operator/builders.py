@@ -24,6 +24,8 @@ CONFIG_DIR = "/etc/rockbot"
 CHECKSUM_ANNOTATION = f"{GROUP}/config-checksum"
 #: Rolls the pods when the HTTP token Secret is recreated: env from a Secret is read at pod start only.
 TOKEN_CHECKSUM_ANNOTATION = f"{GROUP}/http-token-checksum"
+#: The same for the agent's own broker login (its bus Secret), when the operator provisions one.
+BUS_CHECKSUM_ANNOTATION = f"{GROUP}/bus-checksum"
 #: The generated Secret holding an agent's bearer token (also its key for signed scheduling requests).
 HTTP_TOKEN_SUFFIX = "-http-token"
 HTTP_TOKEN_KEY = "token"
@@ -165,7 +167,13 @@ def build_service(agent: Agent, settings: OperatorSettings) -> K8sObject:
 
 
 def build_deployment(
-    agent: Agent, resolution: Resolution, settings: OperatorSettings, config_text: str, *, token_checksum: str
+    agent: Agent,
+    resolution: Resolution,
+    settings: OperatorSettings,
+    config_text: str,
+    *,
+    token_checksum: str,
+    bus_checksum: str = "",
 ) -> K8sObject:
     spec = agent.spec
     env: list[K8sObject] = [
@@ -204,6 +212,7 @@ def build_deployment(
                         "annotations": {
                             CHECKSUM_ANNOTATION: config_checksum(config_text),
                             TOKEN_CHECKSUM_ANNOTATION: token_checksum,
+                            BUS_CHECKSUM_ANNOTATION: bus_checksum,
                         },
                     },
                     "spec": {

@@ -18,9 +18,11 @@ from rockbot.kube import errors
 from rockbot.kube.client import KubeClient
 from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, SERVICES
 from rockbot.operator import builders
+from rockbot.operator.broker import BusIdentities, bus_secret_ref
 from rockbot.operator.children import ForeignOwner, ensure, ensure_created
 from rockbot.operator.conditions import ConditionUpdate, condition_status, merge_conditions
-from rockbot.operator.resolving import Resolution, referenced_secrets, resolve_agent
+from rockbot.operator.resolving import Resolution, resolve_agent
+from rockbot.operator.secret_refs import forbidden_references, secret_references
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
@@ -42,6 +44,8 @@ class AgentReconciler:
         self._post_event = post_event
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._uses: dict[tuple[str, str], set[str]] = {}
+        #: Each Agent's identity on the bus (None: no broker management configured, agents get no bus).
+        self.bus = BusIdentities.from_settings(kube=kube, settings=settings)
 
     def uses(self, namespace: str, name: str) -> set[str]:
         """The Tools this Agent used at its last reconcile (a Tool change must reach it, even a removal)."""
@@ -65,6 +69,8 @@ class AgentReconciler:
             try:
                 body = await self._kube.get(AGENTS, namespace=namespace, name=name)
             except errors.NotFound:
+                if self.bus is not None:
+                    await self.bus.forget(namespace=namespace, name=name)
                 self._locks.pop((namespace, name), None)
                 self._uses.pop((namespace, name), None)
                 return False
@@ -114,8 +120,14 @@ class AgentReconciler:
         token_ref = SecretKeyRef(
             name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
         )
-        bus_ref = SecretKeyRef(name=self._settings.bus_secret_name, key=self._settings.bus_secret_key)
-        secret_keys = await self._secret_keys(namespace, referenced_secrets(agent, tools=tools, bus=bus_ref))
+        references = secret_references(agent, tools=tools)
+        found = await self._secrets(namespace, {name for _, name in references})
+        forbidden = forbidden_references(agent, references, secrets=found)
+        secret_keys = {name: set(secret.get("data") or {}) for name, secret in found.items()}
+        bus_ref, bus_secret = None, None
+        if self.bus is not None and not forbidden:
+            bus_ref, bus_secret = bus_secret_ref(agent), await self.bus.secret(agent)
+            secret_keys[bus_ref.name] = set(bus_secret.get("data") or {})
         resolution = resolve_agent(
             agent=agent,
             tools=tools,
@@ -126,8 +138,11 @@ class AgentReconciler:
         )
         self._uses[(namespace, agent.metadata["name"])] = set(resolution.used_tools)
         config_text = builders.render_config(resolution.config)
-        blocking = list(resolution.blocking_problems)
+        blocking = list(resolution.blocking_problems) + forbidden
         deployment: K8sObject | None = None
+        if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
+            await self._write_status(body, agent, resolution, blocking=blocking, deployment=None, now=now)
+            return
         try:
             token = await ensure_created(
                 self._kube,
@@ -138,24 +153,27 @@ class AgentReconciler:
             await ensure(self._kube, SERVICEACCOUNTS, builders.build_service_account(agent))
             await ensure(self._kube, CONFIGMAPS, builders.build_config_map(agent, config_text))
             await ensure(self._kube, SERVICES, builders.build_service(agent, self._settings))
-            token_checksum = builders.secret_checksum(token)
             wanted = builders.build_deployment(
-                agent, resolution, self._settings, config_text, token_checksum=token_checksum
-            )
+                agent, resolution, self._settings, config_text, token_checksum=builders.secret_checksum(token),
+                bus_checksum=builders.secret_checksum(bus_secret) if bus_secret is not None else "",
+            )  # fmt: skip
             deployment = await ensure(self._kube, DEPLOYMENTS, wanted)
         except ForeignOwner as error:
             blocking.append(str(error))
+        if self.bus is not None and bus_secret is not None:  # after the pods: they wait for their login
+            await self.bus.ensure(agent, config=resolution.config, secret=bus_secret)
         await self._write_status(body, agent, resolution, blocking=blocking, deployment=deployment, now=now)
 
-    async def _secret_keys(self, namespace: str, names: set[str]) -> dict[str, set[str]]:
-        """Key names of the referenced Secrets that exist (values are never kept)."""
-        found: dict[str, set[str]] = {}
+    async def _secrets(self, namespace: str, names: set[str]) -> dict[str, K8sObject]:
+        """The referenced Secrets that exist: their metadata and key names (values are never kept)."""
+        found: dict[str, K8sObject] = {}
         for name in sorted(names):
             try:
                 secret = await self._kube.get(SECRETS, namespace=namespace, name=name)
             except errors.NotFound:
                 continue
-            found[name] = set(secret.get("data") or {}) | set(secret.get("stringData") or {})
+            keys = set(secret.get("data") or {}) | set(secret.get("stringData") or {})
+            found[name] = {"metadata": secret["metadata"], "data": dict.fromkeys(keys, "")}
         return found
 
     async def _write_status(

@@ -99,37 +99,19 @@ def agents_using(tool_name: str, *, tools: Iterable[dict[str, Any]], agents: Ite
     return sorted(users)
 
 
-def referenced_secrets(agent: Agent, *, tools: list[dict[str, Any]], bus: SecretKeyRef) -> set[str]:
-    """Names of the Secrets whose keys `resolve_agent` needs to know (what the reconciler reads)."""
-    names = {bus.name}
-    refs = [agent.spec.model.api_key_secret_ref, agent.spec.web_search and agent.spec.web_search.api_key_secret_ref]
-    used = set(wanted_tools(agent, tools))
-    for body in tools:
-        spec = body.get("spec") or {}
-        rest, mcp = spec.get("rest") or {}, spec.get("mcp") or {}
-        if body["metadata"]["name"] in used:
-            refs.append((rest.get("auth") or {}).get("secretRef"))
-        if mcp and (body["metadata"]["name"] in used or "mcp" in agent.spec.builtin_tools):
-            refs += [item.get("secretKeyRef") for item in (mcp.get("headersFrom") or []) + (mcp.get("envFrom") or [])]
-    for ref in refs:
-        name = ref.name if isinstance(ref, SecretKeyRef) else (ref or {}).get("name")
-        if name:
-            names.add(name)
-    return names
-
-
 def resolve_agent(
     *,
     agent: Agent,
     tools: list[dict[str, Any]],
     agents: Mapping[str, dict[str, Any]],
     secret_keys: Mapping[str, set[str]],
-    bus_secret: SecretKeyRef,
+    bus_secret: SecretKeyRef | None,
     http_token_secret: SecretKeyRef,
 ) -> Resolution:
     """Decide the agent's config and status from what exists in its namespace.
 
-    `secret_keys` maps each Secret that exists in the namespace (of those referenced) to its key names.
+    `secret_keys` maps each Secret that exists in the namespace (of those referenced) to its key names;
+    `bus_secret` holds the agent's own broker login (None: the agent gets no bus).
     """
     name, namespace = agent.metadata["name"], agent.metadata["namespace"]
     spec = agent.spec
@@ -143,11 +125,12 @@ def resolve_agent(
         api_key = secrets.wire(spec.model.api_key_secret_ref, env=cfg.MODEL_API_KEY_ENV, required=False)
         if not secrets.exists(spec.model.api_key_secret_ref):
             blocking.append(secrets.problem(spec.model.api_key_secret_ref, field="spec.model.apiKeySecretRef"))
-    secrets.wire(bus_secret, env=cfg.AMQP_URL_ENV, required=False)
-    if not secrets.exists(bus_secret):
+    if bus_secret is not None:
+        secrets.wire(bus_secret, env=cfg.AMQP_URL_ENV, required=False)
+    if bus_secret is not None and not secrets.exists(bus_secret):
         blocking.append(
             f'the bus Secret "{bus_secret.name}" (key {bus_secret.key!r}) is missing in namespace {namespace}: '
-            "install the chart with this namespace in agentNamespaces, or create the Secret"
+            "the operator makes it for the Agent; delete a Secret of that name without the key and it is made anew"
         )
 
     by_name = {tool["metadata"]["name"]: tool for tool in tools}

@@ -15,6 +15,7 @@ import kopf
 from rockbot.health import HealthServer, Readiness
 from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
+from rockbot.operator.broker import register_broker
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.settings import OperatorSettings
 
@@ -41,6 +42,7 @@ def build_registry(runtime: handlers.Runtime, readiness: Readiness | None = None
         settings.watching.client_timeout = 330
 
     handlers.register(registry, runtime)
+    register_broker(registry, runtime, readiness=readiness)  # before scheduling, which logs in as the operator
     register_scheduling(registry, runtime, readiness=readiness)
 
     @kopf.on.startup(registry=registry)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot import __version__
@@ -19,11 +19,27 @@ class OperatorSettings(BaseSettings):
         default_factory=list, description="Namespaces to watch (comma-separated); empty watches the whole cluster."
     )
     agent_image: str = Field(default=f"ghcr.io/rockbot-dev/rockbot:{__version__}", description="Default agent image.")
-    bus_secret_name: str = Field(
-        default="rockbot-bus", description="Secret, in each agent's namespace, holding the AMQP URL for agent pods."
+    amqp_url: str | None = Field(
+        default=None,
+        description="The operator's own broker login, amqp://service.operator:PASSWORD@host:5672/vhost (scheduling).",
     )
-    bus_secret_key: str = Field(default="amqp-url", description="Key of the AMQP URL in that Secret.")
-    amqp_url: str | None = Field(default=None, description="The operator's own broker connection (scheduling).")
+    broker_management_url: str | None = Field(
+        default=None,
+        description="RabbitMQ's management API (http://host:15672/): with it the operator gives every Agent its own "
+        "broker user, bus Secret and inbox; without it agent pods get no bus.",
+    )
+    broker_admin_username: str = Field(
+        default="rockbot", description="A broker administrator, for management API calls only."
+    )
+    broker_admin_password: SecretStr | None = Field(default=None, description="That administrator's password.")
+    broker_agent_url: str | None = Field(
+        default=None,
+        description="The broker as agent pods reach it, without credentials (amqp://host:5672/vhost); default: the "
+        "address of amqp_url.",
+    )
+    scripts_manager_amqp_url: SecretStr | None = Field(
+        default=None, description="The scripts-manager's login, whose broker user the operator makes at start-up."
+    )
     scripts_namespace: str = Field(
         default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
     )

@@ -43,13 +43,17 @@ class BrokerAdmin(Protocol):
     async def ensure_queue(self, queue: Queue) -> bool:
         """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written."""
 
-    async def ensure_user(
-        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
-    ) -> bool:
-        """The user with this password, tags and permissions in this virtual host; True if anything was written."""
+    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
+        """The user with this password and tags; True if anything was written."""
+
+    async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
+        """The user's permissions in this virtual host, topic ones on `rockbot` included; True if written."""
 
     async def delete_user(self, user: str) -> bool:
         """Remove the user's access (the user itself when this virtual host was its only one); True if it existed."""
+
+    async def delete_queue(self, queue: Queue) -> bool:
+        """Delete a provisioned queue and what it holds; True if it existed."""
 
     async def users(self, *, tag: str) -> set[str]:
         """The users tagged `tag` that have permissions in this virtual host."""
@@ -69,10 +73,19 @@ async def ensure_principal(
     """The principal's user with the permissions `permissions_for` derives, and an agent's inbox; True if written."""
     tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
     permissions = permissions_for(principal, calls=calls, called_by=called_by)
-    wrote = await admin.ensure_user(user=principal.user, password=password, permissions=permissions, tags=(tag,))
+    wrote = await admin.ensure_user(user=principal.user, password=password, tags=(tag,))
+    wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
     if principal.kind == "agent":
         wrote = await admin.ensure_queue(inbox_of(principal)) or wrote
     return wrote
+
+
+async def forget_principal(admin: BrokerAdmin, principal: Principal) -> bool:
+    """The principal's user gone, and an agent's inbox with it; True if anything existed."""
+    existed = await admin.delete_user(principal.user)
+    if principal.kind == "agent":
+        existed = await admin.delete_queue(inbox_of(principal)) or existed
+    return existed
 
 
 def callees(config: AgentConfig) -> list[Principal]:

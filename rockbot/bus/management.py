@@ -86,19 +86,21 @@ class RabbitAdmin:
     async def ensure_queue(self, queue: Queue) -> bool:
         return await self._ensure_queue(queue, exchange=EXCHANGE, routing_key=queue.name)
 
-    async def ensure_user(
-        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
-    ) -> bool:
-        wrote = False
+    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
         name = quote(user, safe="")
         existing = await self._get(f"users/{name}")
-        if existing is None or sorted(existing.get("tags") or []) != sorted(tags) or not password_matches(
+        if existing is not None and sorted(existing.get("tags") or []) == sorted(tags) and password_matches(
             password_hash=existing.get("password_hash", ""),
             algorithm=existing.get("hashing_algorithm", ""),
             password=password,
         ):
-            await self._call("PUT", f"users/{name}", {"password": password, "tags": ",".join(tags)})
-            wrote = True
+            return False
+        await self._call("PUT", f"users/{name}", {"password": password, "tags": ",".join(tags)})
+        return True
+
+    async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
+        wrote = False
+        name = quote(user, safe="")
         wanted = {"configure": permissions.configure, "write": permissions.write, "read": permissions.read}
         current = await self._get(f"permissions/{self._vhost}/{name}") or {}
         if {key: current.get(key) for key in wanted} != wanted:
@@ -123,6 +125,10 @@ class RabbitAdmin:
             await self._call("DELETE", f"permissions/{self._vhost}/{name}")
             await self._call("DELETE", f"topic-permissions/{self._vhost}/{name}", missing_ok=True)
         return True
+
+    async def delete_queue(self, queue: Queue) -> bool:
+        path = f"queues/{self._vhost}/{quote(queue.name, safe='')}"
+        return await self._call("DELETE", path, missing_ok=True, missing=False) is not False
 
     async def users(self, *, tag: str) -> set[str]:
         here = {item["user"] for item in await self._get(f"vhosts/{self._vhost}/permissions") or []}
@@ -166,7 +172,10 @@ class RabbitAdmin:
     async def _get(self, path: str) -> Any:
         return await self._call("GET", path, missing_ok=True)
 
-    async def _call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, missing_ok: bool = False, missing: Any = None
+    ) -> Any:
+        """The call's JSON answer; `missing` for a 404 when `missing_ok`, else `ManagementError` for any failure."""
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers={"Authorization": self._auth})
         url = URL(f"{self._base}/{path}", encoded=True)
@@ -174,7 +183,7 @@ class RabbitAdmin:
             async with self._session.request(method, url, json=body) as response:
                 text = await response.text()
                 if response.status == 404 and missing_ok:
-                    return None
+                    return missing
                 if response.status >= 300:
                     raise ManagementError(
                         f"the broker's management API answered {method} /api/{path} with {response.status}: "

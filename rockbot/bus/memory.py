@@ -86,7 +86,8 @@ class MemoryBroker:
     def __init__(self, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.max_message_bytes = max_message_bytes
         self._queues: dict[str, _MemoryQueue] = {}
-        self._users: dict[str, tuple[Permissions, tuple[str, ...]]] = {}
+        self._users: dict[str, tuple[str, ...]] = {}  # user -> tags
+        self._permissions: dict[str, Permissions] = {}
         self._dead: deque[DeadLetter] = deque(maxlen=int(DEAD_LETTERS.arguments["x-max-length"]))
         for queue in FIXED_QUEUES:
             self._provision(queue)
@@ -108,20 +109,27 @@ class MemoryBroker:
         self._provision(queue)
         return not existed
 
-    async def ensure_user(
-        self, *, user: str, password: str, permissions: Permissions, tags: Sequence[str] = ()
-    ) -> bool:
-        wanted = (permissions, tuple(tags))
-        if self._users.get(user) == wanted:
+    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
+        if self._users.get(user) == tuple(tags):
             return False
-        self._users[user] = wanted
+        self._users[user] = tuple(tags)
+        return True
+
+    async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
+        if self._permissions.get(user) == permissions:
+            return False
+        self._permissions[user] = permissions
         return True
 
     async def delete_user(self, user: str) -> bool:
+        self._permissions.pop(user, None)
         return self._users.pop(user, None) is not None
 
+    async def delete_queue(self, queue: Queue) -> bool:
+        return self._queues.pop(queue.name, None) is not None
+
     async def users(self, *, tag: str) -> set[str]:
-        return {user for user, (_, tags) in self._users.items() if tag in tags}
+        return {user for user, tags in self._users.items() if tag in tags}
 
     async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
         return list(self._dead)[:count]
@@ -129,8 +137,7 @@ class MemoryBroker:
     # ---- what connections use
 
     def check(self, user: str, action: Action, resource: str) -> None:
-        permissions, _ = self._users.get(user, (Permissions(), ()))
-        if not permissions.allows(action, resource):
+        if not self._permissions.get(user, Permissions()).allows(action, resource):
             what = {"topic_write": "publish with routing key", "topic_read": "bind with key"}.get(action, action)
             raise AccessRefused(f"user {user!r} may not {what} {resource!r}")
 

@@ -27,7 +27,7 @@ BuiltinToolSetName = Literal["scripts", "web", "scheduling", "memory", "subagent
 
 #: An Agent's children are named `rockbot-<agent><suffix>`, one suffix per child kind.
 CHILD_PREFIX = "rockbot-"
-CHILD_SUFFIXES = ("", "-config", "-http-token")
+CHILD_SUFFIXES = ("", "-config", "-http-token", "-bus")
 #: The longest Agent name whose every child name still fits a DNS label (63 characters): 44.
 MAX_AGENT_NAME = 63 - len(CHILD_PREFIX) - max(len(suffix) for suffix in CHILD_SUFFIXES)
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from yarl import URL
 
 from rockbot.bus import OPERATOR, Principal
+from rockbot.bus.admin import ensure_principal
 from rockbot.kube import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, KubeClient
 from rockbot.operator.settings import OperatorSettings
-from tests.fixtures.rabbitmq import RabbitBroker, login_of, provision_on
+from tests.fixtures.rabbitmq import RabbitBroker, provisioned
 from tests.operator.harness import operator_running
 from tests.operator.samples import agent_body
 from tests.operator.test_operator_e2e import secret
@@ -51,13 +53,17 @@ class AgentPod:
         return process, Probes(self.port)
 
 
-async def deployed_agent(kube: KubeClient, *, amqp_url: str) -> AgentPod:
-    """Let the operator deploy an Agent whose bus Secret points at `amqp_url`; read back what it wrote."""
+async def deployed_agent(kube: KubeClient, *, broker: RabbitBroker) -> AgentPod:
+    """Let the operator deploy an Agent (its login on `broker`, not started yet, in its own Secret); read back
+    what it wrote."""
     await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
-    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": amqp_url}))
     await kube.create(AGENTS, namespace=NS, body=agent_body())
     port = free_port()
-    settings = OperatorSettings(namespaces=[NS], agent_port=port, resync_seconds=3600)
+    settings = OperatorSettings(
+        namespaces=[NS], agent_port=port, resync_seconds=3600, broker_management_url=broker.management_url,
+        broker_admin_username="guest", broker_admin_password="guest",
+        broker_agent_url=f"amqp://127.0.0.1:{broker.port}/",
+    )  # fmt: skip
     async with operator_running(settings):
         deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
     config_map = await kube.get(CONFIGMAPS, namespace=NS, name="rockbot-analyst-config")
@@ -73,7 +79,14 @@ async def deployed_agent(kube: KubeClient, *, amqp_url: str) -> AgentPod:
 
 @pytest.fixture
 async def agent_pod(kube_client: KubeClient, late_rabbitmq: RabbitBroker) -> AgentPod:
-    return await deployed_agent(kube_client, amqp_url=login_of(late_rabbitmq, ANALYST))
+    return await deployed_agent(kube_client, broker=late_rabbitmq)
+
+
+async def provision(broker: RabbitBroker, pod: AgentPod) -> None:
+    """What the operator does once the broker answers: the agent's user, with the password of its Secret."""
+    password = URL(pod.values_from["ROCKBOT_AMQP_URL"]).password or ""
+    async with provisioned(broker, "/") as vhost:
+        await ensure_principal(vhost.admin, ANALYST, password=password, called_by=[OPERATOR])
 
 
 async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(agent_pod, pods, late_rabbitmq):
@@ -83,13 +96,13 @@ async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(ag
                                  process=process)
     assert "cannot reach the broker at amqp://agent.default.analyst:***@127.0.0.1" in reason
     await asyncio.to_thread(late_rabbitmq.start)
-    await provision_on(late_rabbitmq, ANALYST, called_by=[OPERATOR])
+    await provision(late_rabbitmq, agent_pod)
     await wait_until(probes.ready, within=30, what="ready once the broker answers", process=process)
 
 
 async def test_sigterm_stops_the_agent_within_seconds_when_the_broker_is_gone(agent_pod, pods, late_rabbitmq):
     await asyncio.to_thread(late_rabbitmq.start)
-    await provision_on(late_rabbitmq, ANALYST, called_by=[OPERATOR])
+    await provision(late_rabbitmq, agent_pod)
     process, probes = agent_pod.start(pods)
     await wait_until(probes.ready, within=30, what="ready", process=process)
     await asyncio.to_thread(late_rabbitmq.stop_server)

@@ -51,7 +51,8 @@ async def memory_broker() -> AsyncIterator[Broker]:
     memory = MemoryBroker()
 
     async def login(user: str, permissions: Permissions) -> Bus:
-        await memory.ensure_user(user=user, password="", permissions=permissions)
+        await memory.ensure_user(user=user, password="")
+        await memory.ensure_permissions(user=user, permissions=permissions)
         return memory.connect(user)
 
     async with _closing(Broker(admin=memory, login=login)) as opened:

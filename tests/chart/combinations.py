@@ -11,9 +11,10 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
         "externalBroker": {"url": "amqps://rockbot:s3cret@broker.example:5671/rockbot",
                            "cidrs": ["203.0.113.10/32"], "port": 5671},
     },
-    "existing-bus-secret": {
+    "existing-admin-secret": {
         "rabbitmq": {"enabled": False},
-        "externalBroker": {"existingSecret": "my-amqp", "cidrs": ["10.20.0.0/16"]},
+        "externalBroker": {"url": "amqp://broker.example:5672/", "managementURL": "https://broker.example/api/",
+                           "existingSecret": "my-admin", "cidrs": ["10.20.0.0/16"]},
     },
     "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
     "sandbox-options": {

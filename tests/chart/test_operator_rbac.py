@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from rockbot.bus import OPERATOR, AmqpBus, Principal
+from rockbot.bus import OPERATOR, AmqpBus
+from rockbot.bus.admin import AGENT_TAG
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, SchedulingReply, SchedulingRequest
 from rockbot.kube import (
@@ -31,7 +32,6 @@ from rockbot.kube import (
     TOOLS,
     KubeClient,
 )
-from rockbot.operator.settings import OperatorSettings
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
 from tests.fixtures.kubeapi import client_for
@@ -39,6 +39,7 @@ from tests.fixtures.rabbitmq import Vhost
 from tests.kubeapi import KubeApiEmulator
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent_body, tool_body
+from tests.operator.test_bus_identities import bus_url, settings_for
 from tests.scheduling.conftest import FakeAgent
 from tests.waiting import eventually
 
@@ -92,6 +93,10 @@ def operator_requests(emulator: KubeApiEmulator) -> set[Used]:
     }
 
 
+async def provisioned(vhost: Vhost, user: str) -> None:
+    assert user in await vhost.admin.users(tag=AGENT_TAG)
+
+
 def secret(name: str, **data: str) -> dict:
     encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
@@ -119,14 +124,14 @@ async def ask(
 
 async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: list[str]) -> None:
     """Every path of the operator that talks to the API, once."""
-    analyst = Principal.agent(namespace=NS, name="analyst")
-    agent_url = await vhost.url(analyst, called_by=[OPERATOR])
     await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
-    await kube.create(SECRETS, namespace=NS, body=secret("rockbot-bus", **{"amqp-url": agent_url}))
     await kube.create(TOOLS, namespace=NS, body=tool_body("weather"))
     await kube.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scheduling"]))
-    settings = OperatorSettings(namespaces=namespaces, amqp_url=await vhost.url(OPERATOR), resync_seconds=3600)
-    async with await AmqpBus.connect(url=agent_url) as bus, operator_running(settings):
+    settings = settings_for(vhost).model_copy(update={"namespaces": namespaces})
+    async with operator_running(settings):
+        # The analyst's pods log in with the Secret the operator made for it, once its user exists.
+        await eventually(lambda: provisioned(vhost, f"agent.{NS}.analyst"), within=30)
+        bus = await AmqpBus.connect(url=await bus_url(kube, "analyst"))
         inbox = await FakeAgent(bus=bus, namespace=NS, name="analyst").start()
         try:
             deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
@@ -171,6 +176,7 @@ async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: l
             await eventually(fired, within=20)
         finally:
             await inbox.stop()
+            await bus.close()
 
 
 @pytest.mark.parametrize("watch_all", [False, True], ids=["release-namespaces", "all-namespaces"])

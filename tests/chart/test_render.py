@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from rockbot.bus.topology import MAX_MESSAGE_BYTES
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest
 
@@ -100,23 +101,35 @@ def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
         assert container["image"] == f"ghcr.io/rockbot-dev/rockbot@{digest}"
 
 
-def test_bus_secret_url_uses_the_generated_rabbitmq_credentials(render: Render) -> None:
+def test_each_service_gets_a_broker_login_of_its_own_and_only_the_operator_the_administrators(
+    render: Render,
+) -> None:
     manifests = render()
-    credentials = find(manifests, "Secret", "rockbot-rabbitmq")
-    assert credentials["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    password = secret_text(credentials, "password")
-    assert len(password) == 32
-    url = urlsplit(secret_text(find(manifests, "Secret", "rockbot-bus", NAMESPACE), "amqp-url"))
-    assert (url.scheme, url.username, url.password) == ("amqp", "rockbot", password)
-    # A fully qualified host, so agents in other namespaces reach it too.
-    assert (url.hostname, url.port) == (f"rockbot-rabbitmq.{NAMESPACE}.svc", 5672)
+    admin = find(manifests, "Secret", "rockbot-rabbitmq")
+    assert admin["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(secret_text(admin, "password")) == 32
+    passwords = set()
+    for service in ("operator", "scripts-manager"):
+        login = find(manifests, "Secret", f"rockbot-{service}-bus", NAMESPACE)
+        url = urlsplit(secret_text(login, "amqp-url"))
+        # A fully qualified host, so every namespace reaches it; the service's own user and password.
+        host = f"rockbot-rabbitmq.{NAMESPACE}.svc"
+        assert (url.scheme, url.hostname, url.port, url.path) == ("amqp", host, 5672, "/")
+        assert (url.username, url.password) == (f"service.{service}", secret_text(login, "password"))
+        passwords.add(url.password)
+    assert len(passwords) == 2 and secret_text(admin, "password") not in passwords
+    operator = env_of(find(manifests, "Deployment", "rockbot-operator"))
+    admin_password = {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}}
+    assert operator["ROCKBOT_BROKER_ADMIN_PASSWORD"] == admin_password
+    for name in ("rockbot-scripts-manager", "rockbot-openrouter-mcp"):
+        for deployment in [m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == name]:
+            assert "rockbot-rabbitmq" not in json.dumps(deployment), f"{name} must not see the administrator's login"
 
 
-def test_rabbitmq_password_from_values_is_url_quoted_in_the_bus_secret(render: Render) -> None:
+def test_rabbitmq_password_from_values_reaches_only_the_administrators_secret(render: Render) -> None:
     manifests = render({"rabbitmq": {"auth": {"username": "bot", "password": "p@ss/w:rd"}}})
     assert secret_text(find(manifests, "Secret", "rockbot-rabbitmq"), "password") == "p@ss/w:rd"
-    url = secret_text(find(manifests, "Secret", "rockbot-bus"), "amqp-url")
-    assert url.startswith("amqp://bot:p%40ss%2Fw%3Ard@rockbot-rabbitmq.")
+    assert "p@ss/w:rd" not in secret_text(find(manifests, "Secret", "rockbot-operator-bus"), "amqp-url")
 
 
 def test_rabbitmq_runs_the_official_image_with_a_volume_and_loopback_users_off(render: Render) -> None:
@@ -128,26 +141,32 @@ def test_rabbitmq_runs_the_official_image_with_a_volume_and_loopback_users_off(r
     assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} >= {"/var/lib/rabbitmq"}
     config = find(manifests, "ConfigMap", "rockbot-rabbitmq")["data"]["10-rockbot.conf"]
     assert "loopback_users = none" in config.splitlines()
+    assert f"max_message_size = {MAX_MESSAGE_BYTES}" in config.splitlines()  # what the bus itself refuses over
 
 
 def test_external_broker_url_replaces_the_bundled_rabbitmq(render: Render) -> None:
     manifests = render(COMBINATIONS["external-broker"])
     assert not [m for m in manifests if m["kind"] == "StatefulSet"]
     assert not [m for m in manifests if "rabbitmq" in m["metadata"]["name"]]
-    bus = find(manifests, "Secret", "rockbot-bus")
-    assert secret_text(bus, "amqp-url") == COMBINATIONS["external-broker"]["externalBroker"]["url"]
+    admin = find(manifests, "Secret", "rockbot-broker-admin")
+    assert (secret_text(admin, "username"), secret_text(admin, "password")) == ("rockbot", "s3cret")
+    url = urlsplit(secret_text(find(manifests, "Secret", "rockbot-operator-bus"), "amqp-url"))
+    assert (url.scheme, url.username, url.hostname, url.port, url.path) == (
+        "amqps", "service.operator", "broker.example", 5671, "/rockbot")
+    operator = env_of(find(manifests, "Deployment", "rockbot-operator"))
+    assert operator["ROCKBOT_BROKER_AGENT_URL"] == "amqps://broker.example:5671/rockbot"
+    assert operator["ROCKBOT_BROKER_MANAGEMENT_URL"] == "http://broker.example:15672/"
     egress = find(manifests, "NetworkPolicy", "rockbot-agent-egress")["spec"]["egress"]
     assert {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"protocol": "TCP", "port": 5671}]} in egress
 
 
-def test_existing_bus_secret_is_referenced_and_not_created(render: Render) -> None:
-    manifests = render(COMBINATIONS["existing-bus-secret"])
-    assert not [m for m in manifests if m["kind"] == "Secret"]
+def test_an_existing_administrator_secret_is_referenced_and_not_created(render: Render) -> None:
+    manifests = render(COMBINATIONS["existing-admin-secret"])
+    assert sorted(m["metadata"]["name"] for m in manifests if m["kind"] == "Secret") == [
+        "rockbot-operator-bus", "rockbot-scripts-manager-bus"]
     operator_env = env_of(find(manifests, "Deployment", "rockbot-operator"))
-    assert operator_env["ROCKBOT_BUS_SECRET_NAME"] == "my-amqp"
-    assert operator_env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "my-amqp", "key": "amqp-url"}}
-    scripts_env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
-    assert scripts_env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "my-amqp", "key": "amqp-url"}}
+    assert operator_env["ROCKBOT_BROKER_ADMIN_USERNAME"] == {"secretKeyRef": {"name": "my-admin", "key": "username"}}
+    assert operator_env["ROCKBOT_BROKER_MANAGEMENT_URL"] == "https://broker.example/api/"
 
 
 def test_operator_env_follows_the_settings_contract(render: Render) -> None:
@@ -155,9 +174,13 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
     assert env == {
         "ROCKBOT_NAMESPACES": NAMESPACE,
         "ROCKBOT_AGENT_IMAGE": env["ROCKBOT_AGENT_IMAGE"],
-        "ROCKBOT_BUS_SECRET_NAME": "rockbot-bus",
-        "ROCKBOT_BUS_SECRET_KEY": "amqp-url",
-        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-bus", "key": "amqp-url"}},
+        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-operator-bus", "key": "amqp-url"}},
+        "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": {
+            "secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
+        "ROCKBOT_BROKER_MANAGEMENT_URL": f"http://rockbot-rabbitmq.{NAMESPACE}.svc:15672/",
+        "ROCKBOT_BROKER_ADMIN_USERNAME": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "username"}},
+        "ROCKBOT_BROKER_ADMIN_PASSWORD": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}},
+        "ROCKBOT_BROKER_AGENT_URL": f"amqp://rockbot-rabbitmq.{NAMESPACE}.svc:5672/",
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_LOG_FORMAT": "json",
     }
@@ -171,13 +194,12 @@ def test_operator_watches_all_namespaces_only_when_asked(render: Render) -> None
     assert env["ROCKBOT_EXTRA"] == "1"
 
 
-def test_agent_namespaces_each_get_the_bus_secret_and_the_egress_policy(render: Render) -> None:
+def test_agent_namespaces_each_get_the_egress_policy_and_no_bus_secret(render: Render) -> None:
     manifests = render(COMBINATIONS["agent-namespaces"])
-    urls = set()
     for namespace in (NAMESPACE, "team-a", "team-b"):
-        urls.add(secret_text(find(manifests, "Secret", "rockbot-bus", namespace), "amqp-url"))
         find(manifests, "NetworkPolicy", "rockbot-agent-egress", namespace)
-    assert len(urls) == 1, "every namespace must get the same broker URL"
+    # Agents share no login: the operator makes each its own (issue 13 §5).
+    assert {m["metadata"]["namespace"] for m in manifests if m["kind"] == "Secret"} == {NAMESPACE}
 
 
 def test_agent_egress_allows_only_dns_the_bus_and_the_llm(render: Render) -> None:
@@ -224,7 +246,7 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
     assert container["args"] == ["scripts-manager", "--log-format", "json"]
     env = env_of(deployment)
     assert env == {
-        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-bus", "key": "amqp-url"}},
+        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_SCRIPTS_BACKEND": "pods",
         "ROCKBOT_SCRIPTS_CONCURRENCY": "4",

@@ -35,6 +35,10 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         {"rabbitmq": {"enabled": False}, "externalBroker": {"url": "amqp://u:p@broker:5672/"}},
         "externalBroker.cidrs is empty: agent pods could not reach the broker; set externalBroker.cidrs",
     ),
+    "external-broker-without-an-administrator": (
+        {"rabbitmq": {"enabled": False}, "externalBroker": {"url": "amqp://broker:5672/", "cidrs": ["10.0.0.0/8"]}},
+        "externalBroker.url names no administrator",
+    ),
     "scripts-namespace-shared-with-agents": (
         {"agentNamespaces": ["rockbot-scripts"]},
         'scripts.namespace "rockbot-scripts" is also a namespace where agents run',

@@ -1,4 +1,4 @@
-"""Upgrades keep the generated RabbitMQ password: helm renders against a (emulated) cluster holding the old one."""
+"""Upgrades keep the generated broker passwords: helm renders against a (emulated) cluster holding the old ones."""
 
 from __future__ import annotations
 
@@ -37,13 +37,19 @@ async def test_upgrade_keeps_the_password_generated_at_install(
     await kube_client.create(NAMESPACES, body=namespace)
     first_install = await _render_against(helm, kubeconfig)
     generated = _secret(first_install, "rockbot-rabbitmq", "password")
+    operator = _secret(first_install, "rockbot-operator-bus", "password")
     # What the first install left in the cluster:
     await kube_client.create(SECRETS, namespace=NAMESPACE, body={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rockbot-rabbitmq", "namespace": NAMESPACE},
         "data": {"username": _b64("rockbot"), "password": _b64(generated)},
     })
+    await kube_client.create(SECRETS, namespace=NAMESPACE, body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "rockbot-operator-bus", "namespace": NAMESPACE},
+        "data": {"password": _b64(operator), "amqp-url": _b64("the URL of the first install")},
+    })
 
     upgrade = await _render_against(helm, kubeconfig)
 
     assert _secret(upgrade, "rockbot-rabbitmq", "password") == generated
-    assert f"rockbot:{generated}@" in _secret(upgrade, "rockbot-bus", "amqp-url")
+    assert _secret(upgrade, "rockbot-operator-bus", "password") == operator
+    assert f"service.operator:{operator}@" in _secret(upgrade, "rockbot-operator-bus", "amqp-url")

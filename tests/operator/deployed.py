@@ -3,8 +3,8 @@
 The operator's container comes from `helm template` with the chart's default values: its arguments,
 environment (JSON logs) and uid. What a cluster would add is given by the test: a kubeconfig for the
 emulated API server in place of the service account (with its own token, so the operator's requests
-can be told apart), the broker's URL in place of the bus Secret, and a free port for the health
-server in place of 8080.
+can be told apart), the test's broker (its logins and management API) in place of the chart's
+Secrets and in-cluster addresses, and a free port for the health server in place of 8080.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rockbot.bus import OPERATOR, SCRIPTS_MANAGER
+from tests.fixtures.rabbitmq import RabbitBroker, login_of
 from tests.kubeapi import KubeApiEmulator
 from tests.pod_process import (
     KUBECONFIG,
@@ -46,16 +48,27 @@ def start_operator(
     emulator: KubeApiEmulator,
     pods: list[PodProcess],
     *,
-    amqp_url: str,
+    broker: RabbitBroker | None,
     values: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> DeployedOperator:
+    """The operator, with `broker` as its broker (None: no broker, so no scheduling and no bus for agents)."""
     port = free_port()
+    secrets = {
+        "ROCKBOT_AMQP_URL": login_of(broker, OPERATOR) if broker else "",
+        "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": login_of(broker, SCRIPTS_MANAGER) if broker else "",
+        "ROCKBOT_BROKER_ADMIN_USERNAME": "guest",
+        "ROCKBOT_BROKER_ADMIN_PASSWORD": "guest",
+    }
+    addresses = {
+        "ROCKBOT_BROKER_MANAGEMENT_URL": broker.management_url if broker else "",
+        "ROCKBOT_BROKER_AGENT_URL": f"amqp://127.0.0.1:{broker.port}/" if broker else "",
+    }
     process = start(
         chart_pod_spec(render(values or {}), "operator"),
-        values_from={"ROCKBOT_AMQP_URL": amqp_url},
+        values_from=secrets,
         extra_args=["--liveness", f"http://127.0.0.1:{port}/healthz"],
-        extra_env={"KUBECONFIG": KUBECONFIG, **(extra_env or {})},
+        extra_env={"KUBECONFIG": KUBECONFIG, **addresses, **(extra_env or {})},
         files={KUBECONFIG: kubeconfig_for(emulator, token=OPERATOR_TOKEN)},
     )
     pods.append(process)

@@ -8,10 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from rockbot.bus import OPERATOR
 from rockbot.kube import AGENTS, DEPLOYMENTS, NAMESPACES, SECRETS, TOOLS, KubeClient
 from tests.fixtures.kubeapi import client_for
-from tests.fixtures.rabbitmq import login_of, provision_on
 from tests.operator.deployed import NAMESPACE, start_operator
 from tests.operator.harness import condition
 from tests.operator.samples import agent_body, tool_body
@@ -40,14 +38,14 @@ async def deployed(kube: KubeClient, agent: str = "analyst") -> dict:
 
 
 async def test_the_operator_starts_as_the_chart_runs_it_and_reconciles(kube_api, kube, render, pods):
-    operator = start_operator(render, kube_api, pods, amqp_url="")  # no broker: scheduling off
+    operator = start_operator(render, kube_api, pods, broker=None)  # no broker: scheduling off
     await operator.wait_live()
     await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS))
     await eventually(lambda: deployed(kube), within=30)
 
 
 async def test_json_logs_keep_every_per_object_record(kube_api, kube, render, pods):
-    operator = start_operator(render, kube_api, pods, amqp_url="")  # no broker: scheduling off
+    operator = start_operator(render, kube_api, pods, broker=None)  # no broker: scheduling off
     await kube.create(TOOLS, namespace=NS, body=tool_body("bad", namespace=NS, parameters={"type": "string"}))
     await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS, tools=["bad", "ghost"]))
 
@@ -68,24 +66,22 @@ async def test_json_logs_keep_every_per_object_record(kube_api, kube, render, po
 
 async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(kube_api, kube, render, pods,
                                                                              late_rabbitmq):
-    operator = start_operator(render, kube_api, pods, amqp_url=login_of(late_rabbitmq, OPERATOR))
+    operator = start_operator(render, kube_api, pods, broker=late_rabbitmq)
     await operator.wait_live()
     _, reason = await wait_until(waiting_for_the_broker(operator.probes), within=30,
                                  what="not ready, waiting for the broker", process=operator.process)
     assert "cannot reach the broker at amqp://service.operator:***@127.0.0.1" in reason  # why, without the password
     await kube.create(AGENTS, namespace=NS, body=agent_body(namespace=NS))
     await eventually(lambda: deployed(kube), within=30)  # Agents do not wait for the broker
-    await asyncio.to_thread(late_rabbitmq.start)
-    await provision_on(late_rabbitmq, OPERATOR)
+    await asyncio.to_thread(late_rabbitmq.start)  # the operator provisions it, its own login included
     await wait_until(operator.probes.ready, within=30, what="ready once the broker answers", process=operator.process)
     assert await operator.probes.live()
 
 
 async def test_sigterm_stops_the_operator_within_seconds_when_the_broker_is_gone(kube_api, kube, render, pods,
                                                                                 late_rabbitmq):
-    await asyncio.to_thread(late_rabbitmq.start)
-    await provision_on(late_rabbitmq, OPERATOR)
-    operator = start_operator(render, kube_api, pods, amqp_url=login_of(late_rabbitmq, OPERATOR))
+    await asyncio.to_thread(late_rabbitmq.start)  # the operator provisions it, its own login included
+    operator = start_operator(render, kube_api, pods, broker=late_rabbitmq)
     await wait_until(lambda: "scheduling started" in operator.process.output(), within=30,
                      what="scheduling started", process=operator.process)
     await asyncio.to_thread(late_rabbitmq.stop_server)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from rockbot.operator.resolving import Resolution, agents_using, referenced_secrets, resolve_agent, secret_env_name
+from rockbot.operator.resolving import Resolution, agents_using, resolve_agent, secret_env_name
+from rockbot.operator.secret_refs import secret_references
 from rockbot.resources.common import SecretKeyRef
 from tests.operator.samples import ALL_SECRETS, agent, agent_body, tool_body
 
 BUS = SecretKeyRef(name="rockbot-bus", key="amqp-url")
 TOKEN = SecretKeyRef(name="rockbot-analyst-http-token", key="token")
+
+
+def referenced_secrets(the_agent, *, tools) -> set[str]:
+    """The Secrets the reconciler reads for this Agent."""
+    return {name for _, name in secret_references(the_agent, tools=tools)}
 
 
 def resolve(the_agent, tools=(), agents=None, secrets=None) -> Resolution:
@@ -101,7 +107,7 @@ def test_missing_model_secret_and_bus_secret_block_readiness():
     assert result.blocking_problems == [
         "spec.model.apiKeySecretRef: Secret \"llm\" not found in namespace default: create it with key 'apiKey'",
         "the bus Secret \"rockbot-bus\" (key 'amqp-url') is missing in namespace default: "
-        "install the chart with this namespace in agentNamespaces, or create the Secret",
+        "the operator makes it for the Agent; delete a Secret of that name without the key and it is made anew",
     ]
     # Still wired, so the pod starts by itself once the Secrets exist.
     assert {item.env for item in result.secret_env} >= {"ROCKBOT_MODEL_API_KEY", "ROCKBOT_AMQP_URL"}
@@ -167,7 +173,7 @@ def test_an_mcp_servers_secret_headers_are_wired_as_env_references_never_values(
     env = secret_env_name(SecretKeyRef(name="mcp-token", key="token"))
     assert resolved.backend.headers["Authorization"].model_dump() == {"env": env, "prefix": "Bearer "}
     assert any(item.env == env and item.ref.name == "mcp-token" for item in result.secret_env)
-    assert "mcp-token" in referenced_secrets(agent(tools=["search"]), tools=[tool], bus=BUS)
+    assert "mcp-token" in referenced_secrets(agent(tools=["search"]), tools=[tool])
 
     missing = resolve(agent(tools=["search"]), [tool])
     assert missing.config.tools == [] and missing.tool_problems == [
@@ -204,11 +210,11 @@ def test_the_mcp_set_lists_the_namespaces_other_servers_for_attaching():
     secrets = {**ALL_SECRETS, "mcp-token": {"token"}}
     with_set = resolve(agent(tools=["mine"], builtinTools=["mcp"]), tools, secrets=secrets)
     assert [server.server for server in with_set.config.mcp_catalog] == ["theirs"]
-    assert "mcp-token" in referenced_secrets(agent(tools=["mine"], builtinTools=["mcp"]), tools=tools, bus=BUS)
+    assert "mcp-token" in referenced_secrets(agent(tools=["mine"], builtinTools=["mcp"]), tools=tools)
     assert {t.name for t in with_set.tools} >= {"mcp_register_server", "mcp_unregister_server"}
     without = resolve(agent(tools=["mine"]), tools, secrets=secrets)
     assert without.config.mcp_catalog == [] and "mcp_register_server" not in {t.name for t in without.tools}
-    assert "mcp-token" not in referenced_secrets(agent(tools=["mine"]), tools=tools, bus=BUS)
+    assert "mcp-token" not in referenced_secrets(agent(tools=["mine"]), tools=tools)
 
 
 def test_a_network_that_does_not_parse_is_named_and_left_out_not_a_failed_reconcile():

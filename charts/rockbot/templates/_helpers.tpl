@@ -60,11 +60,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- prepend .Values.agentNamespaces .Release.Namespace | uniq | toJson -}}
 {{- end -}}
 
-{{/* Name of the Secret holding the AMQP URL. */}}
-{{- define "rockbot.busSecretName" -}}
-{{- default .Values.bus.secretName .Values.externalBroker.existingSecret -}}
-{{- end -}}
-
 {{/* In-cluster host name of the bundled RabbitMQ, reachable from every namespace. */}}
 {{- define "rockbot.rabbitmq.host" -}}
 {{- printf "%s.%s.svc" (include "rockbot.componentName" (list . "rabbitmq")) .Release.Namespace -}}
@@ -91,23 +86,67 @@ is remembered for this render so every template that asks gets the same password
 {{- toJson .Values.rabbitmq.generatedCredentials -}}
 {{- end -}}
 
-{{/* The AMQP URL written into the bus Secrets. */}}
-{{- define "rockbot.amqpURL" -}}
+{{/* The broker's address as JSON {scheme, host (with port), path (the vhost)}: no credentials. */}}
+{{- define "rockbot.broker" -}}
 {{- if .Values.rabbitmq.enabled -}}
-{{- $credentials := include "rockbot.rabbitmq.credentials" . | fromJson -}}
-{{- printf "amqp://%s:%s@%s:5672/" ($credentials.username | urlquery) ($credentials.password | urlquery) (include "rockbot.rabbitmq.host" .) -}}
+{{- dict "scheme" "amqp" "host" (printf "%s:5672" (include "rockbot.rabbitmq.host" .)) "path" "/" | toJson -}}
 {{- else -}}
-{{- .Values.externalBroker.url -}}
+{{- $url := urlParse .Values.externalBroker.url -}}
+{{- dict "scheme" $url.scheme "host" $url.host "path" (default "/" $url.path) | toJson -}}
 {{- end -}}
 {{- end -}}
 
-{{/* Environment variable carrying the AMQP URL from the bus Secret. */}}
-{{- define "rockbot.amqpEnv" -}}
-- name: ROCKBOT_AMQP_URL
+{{/* The broker as agents reach it, without credentials (the operator adds each agent's own login). */}}
+{{- define "rockbot.brokerAddress" -}}
+{{- $broker := include "rockbot.broker" . | fromJson -}}
+{{- printf "%s://%s%s" $broker.scheme $broker.host $broker.path -}}
+{{- end -}}
+
+{{/* RabbitMQ's management API, which only the operator calls (as the broker's administrator). */}}
+{{- define "rockbot.managementURL" -}}
+{{- if .Values.rabbitmq.enabled -}}
+{{- printf "http://%s:15672/" (include "rockbot.rabbitmq.host" .) -}}
+{{- else -}}
+{{- default (printf "http://%s:15672/" (urlParse .Values.externalBroker.url).hostname) .Values.externalBroker.managementURL -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the broker administrator's username and password (keys `username`, `password`). */}}
+{{- define "rockbot.brokerAdminSecret" -}}
+{{- if .Values.rabbitmq.enabled -}}
+{{- include "rockbot.componentName" (list . "rabbitmq") -}}
+{{- else -}}
+{{- default (include "rockbot.componentName" (list . "broker-admin")) .Values.externalBroker.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The password of a service's own broker user (call with (list $ "operator")): read back from the Secret
+of an earlier install, else generated; remembered for this render so every template gets the same.
+*/}}
+{{- define "rockbot.servicePassword" -}}
+{{- $root := index . 0 -}}
+{{- $service := index . 1 -}}
+{{- $remembered := $root.Values.rabbitmq.generatedServicePasswords | default dict -}}
+{{- if not (hasKey $remembered $service) -}}
+{{- $existing := lookup "v1" "Secret" $root.Release.Namespace (include "rockbot.componentName" (list $root (printf "%s-bus" $service))) -}}
+{{- $password := "" -}}
+{{- if and $existing $existing.data -}}
+{{- $password = index $existing.data "password" | b64dec -}}
+{{- end -}}
+{{- $_ := set $remembered $service (default (randAlphaNum 32) $password) -}}
+{{- $_ := set $root.Values.rabbitmq "generatedServicePasswords" $remembered -}}
+{{- end -}}
+{{- index $remembered $service -}}
+{{- end -}}
+
+{{/* Environment variable carrying one service's own broker login. Call with (list $ "operator" "ROCKBOT_AMQP_URL"). */}}
+{{- define "rockbot.serviceLoginEnv" -}}
+- name: {{ index . 2 }}
   valueFrom:
     secretKeyRef:
-      name: {{ include "rockbot.busSecretName" . }}
-      key: {{ .Values.bus.secretKey }}
+      name: {{ include "rockbot.componentName" (list (index . 0) (printf "%s-bus" (index . 1))) }}
+      key: amqp-url
 {{- end -}}
 
 {{/* Pod-level security context of every rockbot pod (Pod Security "restricted"). */}}
@@ -134,8 +173,11 @@ seccompProfile:
 
 {{/* Fail the render early when the broker settings cannot work together. */}}
 {{- define "rockbot.validate" -}}
-{{- if and (not .Values.rabbitmq.enabled) (not .Values.externalBroker.url) (not .Values.externalBroker.existingSecret) -}}
-{{- fail "rabbitmq.enabled is false but no broker is given: set externalBroker.url (or externalBroker.existingSecret), or set rabbitmq.enabled=true" -}}
+{{- if and (not .Values.rabbitmq.enabled) (not .Values.externalBroker.url) -}}
+{{- fail "rabbitmq.enabled is false but no broker is given: set externalBroker.url, or set rabbitmq.enabled=true" -}}
+{{- end -}}
+{{- if and (not .Values.rabbitmq.enabled) .Values.externalBroker.url (not (urlParse .Values.externalBroker.url).userinfo) (not .Values.externalBroker.existingSecret) -}}
+{{- fail "externalBroker.url names no administrator: put one in it (amqp://ADMIN:PASSWORD@host:5672/vhost), or name a Secret with keys username and password in externalBroker.existingSecret" -}}
 {{- end -}}
 {{- if and (not .Values.rabbitmq.enabled) .Values.agents.egress.enabled (not .Values.externalBroker.cidrs) -}}
 {{- fail "rabbitmq.enabled is false and agents.egress.enabled is true, but externalBroker.cidrs is empty: agent pods could not reach the broker; set externalBroker.cidrs to the broker's address ranges (and externalBroker.port), or set agents.egress.enabled=false to manage agent egress yourself" -}}
@@ -164,11 +206,15 @@ seccompProfile:
       port: 53
 {{- end -}}
 
-{{/* RabbitMQ configuration: the rockbot user connects from other pods, so loopback_users is off. */}}
+{{/*
+RabbitMQ configuration: every user connects from other pods, so loopback_users is off; a message is
+at most the bus's limit (rockbot.bus.topology.MAX_MESSAGE_BYTES), so none can exhaust a consumer.
+*/}}
 {{- define "rockbot.rabbitmq.config" -}}
 loopback_users = none
 listeners.tcp.default = 5672
 management.tcp.port = 15672
+max_message_size = 8388608
 log.console = true
 log.console.level = info
 log.file = false

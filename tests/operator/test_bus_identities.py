@@ -1,0 +1,139 @@
+"""The operator gives every Agent its own broker login, inbox and permissions, and takes them away with the Agent:
+the real operator against the emulated API server and the real broker's management API."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+
+import pytest
+
+from rockbot.bus import OPERATOR, SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal
+from rockbot.bus.admin import AGENT_TAG, SERVICE_TAG
+from rockbot.bus.topology import agent_inbox, agent_replies
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.kube import AGENTS, DEPLOYMENTS, SECRETS, KubeClient, NotFound
+from rockbot.operator.settings import OperatorSettings
+from tests.fixtures.rabbitmq import Vhost
+from tests.kubeapi import KubeApiEmulator
+from tests.operator.harness import condition, operator_running
+from tests.operator.samples import agent_body
+from tests.operator.test_operator_e2e import NS, mark_deployment_ready, secret
+from tests.waiting import eventually
+
+LEAD, RESEARCHER = Principal.agent(namespace=NS, name="lead"), Principal.agent(namespace=NS, name="researcher")
+
+
+def settings_for(vhost: Vhost, *, resync_seconds: float = 3600) -> OperatorSettings:
+    """The operator as the chart configures it: its own login, the scripts-manager's, and the admin's API."""
+    return OperatorSettings(
+        namespaces=[NS], resync_seconds=resync_seconds,
+        amqp_url=vhost.url_of(OPERATOR), scripts_manager_amqp_url=vhost.url_of(SCRIPTS_MANAGER),
+        broker_management_url=vhost.broker.management_url, broker_admin_username="guest",
+        broker_admin_password="guest",
+    )  # fmt: skip
+
+
+async def bus_url(kube: KubeClient, agent: str) -> str:
+    """What the agent's pods get: the URL in its own bus Secret."""
+    data = (await kube.get(SECRETS, namespace=NS, name=f"rockbot-{agent}-bus"))["data"]
+    return base64.b64decode(data["amqp-url"]).decode()
+
+
+async def users(vhost: Vhost) -> set[str]:
+    return await vhost.admin.users(tag=AGENT_TAG) | await vhost.admin.users(tag=SERVICE_TAG)
+
+
+async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_them_with_the_agent(
+    kube_client: KubeClient, vhost: Vhost
+) -> None:
+    await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body("researcher"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead", subAgents=[{"name": "researcher"}]))
+    async with operator_running(settings_for(vhost)):
+        async def provisioned() -> None:
+            assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user} <= await users(vhost)
+            queues = await asyncio.to_thread(vhost.queues)
+            assert {agent_inbox(namespace=NS, name=name).name for name in ("lead", "researcher")} <= set(queues)
+
+        await eventually(provisioned, within=30)
+        deployment = await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-lead"))
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {item["name"]: item.get("valueFrom") for item in container["env"]}
+        assert env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "rockbot-lead-bus", "key": "amqp-url"}}
+        lead_url, researcher_url = await bus_url(kube_client, "lead"), await bus_url(kube_client, "researcher")
+        assert lead_url.startswith(f"amqp://{LEAD.user}:") and lead_url != researcher_url
+
+        async with await AmqpBus.connect(url=lead_url) as lead, await AmqpBus.connect(url=researcher_url) as researcher:
+            assert (lead.user, researcher.user) == (LEAD.user, RESEARCHER.user)
+
+            async def answer(delivery: Delivery) -> None:
+                request = delivery.decode(InboxRequest)
+                await researcher.reply(to=delivery, body=InboxReply(
+                    request_id=request.request_id, session_id=request.session_id, answer="Lima."))
+
+            await researcher.consume(queue=agent_inbox(namespace=NS, name="researcher"), handler=answer)
+            request = InboxRequest(kind="agent_call", request_id="r1", session_id="s", content="Capital of Peru?",
+                                   call_chain=("default/lead",))
+            reply = await lead.request(
+                queue=agent_inbox(namespace=NS, name="researcher"), body=request, correlation_id="r1",
+                reply_queue=agent_replies(namespace=NS, name="lead", instance="p1"), timeout_seconds=15,
+                responder=RESEARCHER,
+            )  # fmt: skip
+            assert reply.decode(InboxReply).answer == "Lima."
+            with pytest.raises(AccessRefused):  # the researcher calls nobody: not even its caller's inbox
+                await researcher.publish(queue=agent_inbox(namespace=NS, name="lead"), body=request)
+
+        await kube_client.delete(AGENTS, namespace=NS, name="researcher")
+
+        async def forgotten() -> None:
+            assert RESEARCHER.user not in await users(vhost)
+            assert agent_inbox(namespace=NS, name="researcher").name not in await asyncio.to_thread(vhost.queues)
+
+        await eventually(forgotten, within=30)
+        assert LEAD.user in await users(vhost)
+
+
+async def test_a_settled_agent_costs_no_write_to_the_api_or_the_broker(
+    kube_client: KubeClient, kube_api: KubeApiEmulator, vhost: Vhost, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="rockbot.operator.broker")
+    await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead"))
+    async with operator_running(settings_for(vhost, resync_seconds=0.5)):
+        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-lead"), within=30)
+        await mark_deployment_ready(kube_client, "rockbot-lead")
+
+        async def ready() -> None:
+            agent = await kube_client.get(AGENTS, namespace=NS, name="lead")
+            assert condition(agent, "Ready")["status"] == "True"
+
+        await eventually(ready, within=30)
+        mark, logged = len(kube_api.requests), len(caplog.records)
+
+        async def resynced_twice() -> None:  # each resync reads the agent's bus Secret again
+            reads = [r for r in kube_api.requests[mark:] if str(r.url).endswith("/secrets/rockbot-lead-bus")]
+            assert len(reads) >= 2
+
+        await eventually(resynced_twice, within=30)
+    assert kube_api.writes_since(mark) == []
+    assert [r.getMessage() for r in caplog.records[logged:] if r.name == "rockbot.operator.broker"] == []
+
+
+async def test_the_users_of_agents_deleted_while_the_operator_was_down_are_swept_at_start(
+    kube_client: KubeClient, vhost: Vhost
+) -> None:
+    ghost = Principal.agent(namespace=NS, name="ghost")
+    elsewhere = Principal.agent(namespace="other-team", name="ghost")  # not this operator's namespace
+    await vhost.url(ghost)
+    await vhost.url(elsewhere)
+    async with operator_running(settings_for(vhost)):
+        async def swept() -> None:
+            assert ghost.user not in await users(vhost)
+            assert agent_inbox(namespace=NS, name="ghost").name not in await asyncio.to_thread(vhost.queues)
+
+        await eventually(swept, within=30)
+    assert elsewhere.user in await users(vhost)
+    with pytest.raises(NotFound):
+        await kube_client.get(SECRETS, namespace=NS, name="rockbot-ghost-bus")
