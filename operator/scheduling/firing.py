@@ -28,19 +28,13 @@ from typing import Any
 
 import aiohttp
 
+from rockbot import runs
 from rockbot.bus import BadMessage, Bus, BusError, Delivery, Principal, Subscription
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
 from rockbot.operator.scheduling.clock import Clock
-from rockbot.operator.scheduling.planning import (
-    AgentState,
-    Trigger,
-    active_triggers,
-    complete_run,
-    parse_request_id,
-    plan_task,
-)
+from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
 from rockbot.operator.scheduling.watching import mirror
 
 log = logging.getLogger(__name__)
@@ -256,13 +250,13 @@ class Scheduler:
         except BadMessage as exc:
             log.warning("dropping an unreadable run reply: %s", exc)
             return
-        parsed = parse_request_id(reply.request_id)
+        parsed = runs.parse_request_id(reply.request_id, kind=KIND)
         if parsed is None:
             log.warning("dropping a reply for %r, which is not a scheduled run", reply.request_id)
             return
         namespace, task, run = parsed
-        error = None if reply.error is None else f"{reply.error.code.value}: {reply.error.message}"
-        await self._complete(namespace, task, run, answer=reply.answer, error=error, sender=delivery.sender)
+        answer, error = runs.outcome_of(reply)
+        await self._complete(namespace, task, run, answer=answer, error=error, sender=delivery.sender)
 
     async def _complete(
         self, namespace: str, task: str, run: str, *, answer: str | None, error: str | None,
@@ -274,7 +268,7 @@ class Scheduler:
                 body = await self._kube.get(SCHEDULED_TASKS, namespace=namespace, name=task)
             except NotFound:
                 return
-            if not run.endswith("-" + str(body["metadata"].get("uid", ""))[:8]):
+            if not runs.belongs_to(run, uid=str(body["metadata"].get("uid", ""))):
                 return  # a run of an earlier task by the same name
             agent = Principal.agent(namespace=namespace, name=body["spec"]["agentRef"]["name"])
             if sender is not None and sender != agent:

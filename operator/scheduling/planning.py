@@ -23,14 +23,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from rockbot import runs
 from rockbot.operator.conditions import ConditionUpdate, merge_conditions
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources.common import Condition
-from rockbot.resources.scheduledtask import ActiveRun, RunRecord, ScheduledTaskSpec, ScheduledTaskStatus
+from rockbot.resources.runs import truncate
+from rockbot.resources.scheduledtask import ScheduledTaskSpec, ScheduledTaskStatus, SlotRecord, SlotRun
 
 #: Without startingDeadlineSeconds, how late a slot may still fire under the Skip missed-run policy.
 SKIP_GRACE_SECONDS = 60
-SUMMARY_LIMIT = 1000
+#: The kind part of a scheduled run's request id (see `rockbot.runs.request_id`).
+KIND = "scheduledtask"
 _TICK = datetime.timedelta(microseconds=1)
 
 
@@ -59,7 +62,7 @@ class Trigger(BaseModel):
     @property
     def request_id(self) -> str:
         """The inbox request id (and correlation id of the reply): names the task and the run."""
-        return request_id(namespace=self.namespace, task=self.task, run_id=self.run_id)
+        return runs.request_id(kind=KIND, namespace=self.namespace, name=self.task, run=self.run_id)
 
 
 class Plan(BaseModel):
@@ -72,19 +75,7 @@ class Plan(BaseModel):
 
 def run_id(*, uid: str, scheduled_time: datetime.datetime) -> str:
     """Deterministic: the same task and slot give the same id on every replica and after a restart."""
-    return f"{scheduled_time.astimezone(datetime.UTC):%Y%m%dT%H%M%SZ}-{uid[:8]}"
-
-
-def request_id(*, namespace: str, task: str, run_id: str) -> str:
-    return f"scheduledtask/{namespace}/{task}/{run_id}"
-
-
-def parse_request_id(value: str) -> tuple[str, str, str] | None:
-    """(namespace, task, run id) of a trigger's request id, or None if it is not one."""
-    parts = value.split("/")
-    if len(parts) != 4 or parts[0] != "scheduledtask" or not all(parts[1:]):
-        return None
-    return parts[1], parts[2], parts[3]
+    return runs.run_id(uid=uid, key=f"{scheduled_time.astimezone(datetime.UTC):%Y%m%dT%H%M%SZ}")
 
 
 def canonical_status(raw: dict[str, Any] | None) -> ScheduledTaskStatus:
@@ -107,7 +98,7 @@ def plan_task(*, body: dict[str, Any], agent: AgentState, now: datetime.datetime
         spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         return _invalid(current, status, reason="InvalidSpec", message=str(exc), generation=generation, now=now)
-    _expire_runs(status, spec=spec, now=now)
+    runs.expire(status, timeout_seconds=spec.run_timeout_seconds, now=now)
     try:
         schedule = CronSchedule.parse(schedule=spec.schedule, time_zone=spec.time_zone)
     except InvalidSchedule as exc:
@@ -176,21 +167,9 @@ def complete_run(
     *, body: dict[str, Any], run_id: str, now: datetime.datetime, answer: str | None, error: str | None
 ) -> dict[str, Any] | None:
     """The status with `run_id` finished; None when it is not active (already timed out, replaced, or done)."""
-    current = canonical_status(body.get("status"))
-    run = next((active for active in current.active if active.run_id == run_id), None)
-    if run is None:
+    status = canonical_status(body.get("status"))
+    if not runs.complete(status, run=run_id, now=now, answer=answer, error=error):
         return None
-    status = current.model_copy(deep=True)
-    status.active = [active for active in status.active if active.run_id != run_id]
-    status.history.append(
-        _finished(
-            run,
-            outcome="Failed" if error is not None else "Succeeded",
-            now=now,
-            message=error or "",
-            summary=answer or "",
-        )
-    )
     try:
         spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})
     except ValidationError:
@@ -207,7 +186,7 @@ def _handle_due(
     agent: AgentState,
     uid: str,
     now: datetime.datetime,
-) -> ActiveRun | None:
+) -> SlotRun | None:
     """Handle every slot from the cursor to now; return the run to start, if any."""
     first = status.next_schedule_time
     assert first is not None
@@ -268,66 +247,13 @@ def _handle_due(
             message=f"Agent {spec.agent_ref.name!r} is not Ready: {agent.message or 'no Ready condition yet'}",
         )
         return None
-    if status.active and spec.concurrency_policy == "Forbid":
-        running = ", ".join(active.run_id for active in status.active)
-        _record(
-            status,
-            run=run,
-            scheduled=latest,
-            outcome="Missed",
-            now=now,
-            message=f"skipped: run {running} is still running (concurrencyPolicy Forbid)",
-        )
+    started = SlotRun(run_id=run, scheduled_time=latest, start_time=now)
+    skipped = runs.start(status, started, policy=spec.concurrency_policy, now=now)
+    if skipped is not None:
+        _record(status, run=run, scheduled=latest, outcome="Missed", now=now, message=skipped)
         return None
-    if status.active and spec.concurrency_policy == "Replace":
-        for active in status.active:
-            status.history.append(
-                _finished(
-                    active,
-                    outcome="Replaced",
-                    now=now,
-                    message=f"replaced by run {run} (concurrencyPolicy Replace); its answer will be ignored",
-                )
-            )
-        status.active = []
-    started = ActiveRun(run_id=run, scheduled_time=latest, start_time=now)
-    status.active.append(started)
     status.last_schedule_time = latest
     return started
-
-
-def _expire_runs(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: datetime.datetime) -> None:
-    limit = datetime.timedelta(seconds=spec.run_timeout_seconds)
-    for active in [active for active in status.active if active.start_time + limit <= now]:
-        status.active.remove(active)
-        status.history.append(
-            _finished(
-                active,
-                outcome="Failed",
-                now=now,
-                message=f"no reply from the agent within {spec.run_timeout_seconds} s (runTimeoutSeconds)",
-            )
-        )
-
-
-def _finished(
-    active: ActiveRun,
-    *,
-    outcome: Literal["Succeeded", "Failed", "Replaced"],
-    now: datetime.datetime,
-    message: str,
-    summary: str = "",
-) -> RunRecord:
-    """The history record of an active run that ended now."""
-    return RunRecord(
-        run_id=active.run_id,
-        scheduled_time=active.scheduled_time,
-        start_time=active.start_time,
-        completion_time=now,
-        outcome=outcome,
-        message=_truncate(message),
-        summary=_truncate(summary),
-    )
 
 
 def _record(
@@ -340,26 +266,16 @@ def _record(
     message: str,
 ) -> None:
     status.history.append(
-        RunRecord(
-            run_id=run, scheduled_time=scheduled, completion_time=now, outcome=outcome, message=_truncate(message)
+        SlotRecord(
+            run_id=run, scheduled_time=scheduled, completion_time=now, outcome=outcome, message=truncate(message)
         )
     )
 
 
 def _trim(status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec) -> None:
-    """Keep the newest records of each kind, in order: successes up to the successful limit, failures
-    up to the failed limit, and skipped slots (Missed, Replaced) up to the failed limit too, on their
-    own, so a run of skipped slots never pushes out the failure someone needs to read.
-    """
-    limits = {"Succeeded": spec.successful_runs_history_limit, "Failed": spec.failed_runs_history_limit}
-    kinds: dict[str, list[RunRecord]] = {}
-    for record in status.history:
-        kinds.setdefault(record.outcome if record.outcome in limits else "skipped", []).append(record)
-    keep: set[int] = set()
-    for kind, records in kinds.items():
-        limit = limits.get(kind, spec.failed_runs_history_limit)
-        keep |= {id(record) for record in records[max(0, len(records) - limit) :]}
-    status.history = [record for record in status.history if id(record) in keep]
+    runs.trim(
+        status, successful_limit=spec.successful_runs_history_limit, failed_limit=spec.failed_runs_history_limit
+    )
 
 
 def _conditions(
@@ -424,7 +340,7 @@ def _invalid(
         agent=AgentState(exists=True, ready=True),
         generation=generation,
         now=now,
-        valid=ConditionUpdate(type="Valid", status="False", reason=reason, message=_truncate(message)),
+        valid=ConditionUpdate(type="Valid", status="False", reason=reason, message=truncate(message)),
     )
     status.conditions = [condition for condition in status.conditions if condition.type != "AgentReady"]
     return Plan(
@@ -451,8 +367,8 @@ def _starting_deadline(spec: ScheduledTaskSpec) -> int | None:
 def _wake_at(
     status: ScheduledTaskStatus, *, spec: ScheduledTaskSpec, now: datetime.datetime
 ) -> datetime.datetime | None:
-    limit = datetime.timedelta(seconds=spec.run_timeout_seconds)
-    instants = [active.start_time + limit for active in status.active]
+    expiry = runs.next_expiry(status, timeout_seconds=spec.run_timeout_seconds)
+    instants = [] if expiry is None else [expiry]
     slot = status.next_schedule_time
     if slot is not None and slot > now:
         instants.append(slot)
@@ -464,10 +380,6 @@ def _wake_at(
 def _changed(current: ScheduledTaskStatus, status: ScheduledTaskStatus) -> dict[str, Any] | None:
     wanted = status.to_wire()
     return None if wanted == current.to_wire() else wanted
-
-
-def _truncate(text: str) -> str:
-    return text if len(text) <= SUMMARY_LIMIT else text[: SUMMARY_LIMIT - 1] + "…"
 
 
 def _stamp(instant: datetime.datetime) -> str:

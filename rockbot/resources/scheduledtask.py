@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from rockbot.resources.common import Condition, KubeName, LocalObjectReference, PrinterColumn, Resource, Schema
+from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
 
 #: Five fields (minute), six fields (seconds first), or a macro such as @hourly.
 CRON = (
@@ -26,7 +27,7 @@ class ScheduledTaskSpec(Schema):
     )
     prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
     suspend: bool = False
-    concurrency_policy: Literal["Allow", "Forbid", "Replace"] = "Forbid"
+    concurrency_policy: ConcurrencyPolicy = "Forbid"
     starting_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
     missed_run_policy: Literal["Skip", "RunOnce"] = Field(
         default="RunOnce", description="After downtime: skip missed slots, or run the latest one once."
@@ -37,20 +38,14 @@ class ScheduledTaskSpec(Schema):
     failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 1
 
 
-class ActiveRun(Schema):
-    run_id: str
+class SlotRecord(RunRecord):
     scheduled_time: datetime.datetime
-    start_time: datetime.datetime
 
 
-class RunRecord(Schema):
-    run_id: str
+class SlotRun(ActiveRun):
+    record: ClassVar[type[RunRecord]] = SlotRecord
+
     scheduled_time: datetime.datetime
-    start_time: datetime.datetime | None = None
-    completion_time: datetime.datetime | None = None
-    outcome: Literal["Succeeded", "Failed", "Missed", "Replaced"]
-    message: Annotated[str, Field(max_length=1024)] = ""
-    summary: Annotated[str, Field(max_length=1024)] = Field(default="", description="The answer, truncated.")
 
 
 class ScheduledTaskStatus(Schema):
@@ -58,8 +53,8 @@ class ScheduledTaskStatus(Schema):
     conditions: list[Condition] = Field(default_factory=list)
     last_schedule_time: datetime.datetime | None = None
     next_schedule_time: datetime.datetime | None = None
-    active: list[ActiveRun] = Field(default_factory=list)
-    history: list[RunRecord] = Field(default_factory=list)
+    active: list[SlotRun] = Field(default_factory=list)
+    history: list[SlotRecord] = Field(default_factory=list)
     completed: bool = False
 
 

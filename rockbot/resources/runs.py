@@ -1,0 +1,50 @@
+"""The runs an object starts on an agent, as its status records them: ScheduledTasks and Triggers alike.
+
+A kind adds what names its runs (a slot, a delivery) by subclassing both models and pointing the
+active run at its record type; the bookkeeping over them is `rockbot.runs`.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
+
+from rockbot.resources.common import Schema
+
+Outcome = Literal["Succeeded", "Failed", "Missed", "Replaced"]
+ConcurrencyPolicy = Literal["Allow", "Forbid", "Replace"]
+#: The longest message or answer summary a record keeps.
+TEXT_LIMIT = 1000
+
+
+class RunRecord(Schema):
+    """A run that ended (or never started: Missed, or Failed before it began)."""
+
+    run_id: str
+    start_time: datetime.datetime | None = None
+    completion_time: datetime.datetime | None = None
+    outcome: Outcome
+    message: Annotated[str, Field(max_length=1024)] = ""
+    summary: Annotated[str, Field(max_length=1024)] = Field(default="", description="The answer, truncated.")
+
+
+class ActiveRun(Schema):
+    """A run sent to the agent, waiting for its answer."""
+
+    record: ClassVar[type[RunRecord]] = RunRecord
+
+    run_id: str
+    start_time: datetime.datetime
+
+    def finished(self, *, outcome: Outcome, now: datetime.datetime, message: str = "", summary: str = "") -> RunRecord:
+        """This run's history record, ended now."""
+        return self.record.model_validate(
+            {**self.model_dump(), "completion_time": now, "outcome": outcome,
+             "message": truncate(message), "summary": truncate(summary)}
+        )  # fmt: skip
+
+
+def truncate(text: str) -> str:
+    return text if len(text) <= TEXT_LIMIT else text[: TEXT_LIMIT - 1] + "…"

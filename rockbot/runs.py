@@ -1,0 +1,114 @@
+"""Run bookkeeping shared by every process that starts agent runs and records them in a status.
+
+The operator's scheduler (ScheduledTasks) and the gateway (Triggers) record each run before they
+send it, and complete it from the agent's reply; both keep the same meanings, from here:
+- a run's id ends with the first eight characters of its object's uid, so a reply for a run of an
+  earlier object of the same name is told apart; its request id (the inbox request's, and the
+  reply's correlation id) names the kind, the object and the run;
+- `concurrencyPolicy`: Allow starts runs side by side, Forbid skips a new run while one is active,
+  Replace ends the active runs as Replaced (their answers are ignored; the agent is not interrupted);
+- an active run ends Succeeded or Failed with the agent's reply, or Failed when none came within
+  the run timeout;
+- the history keeps the newest successes up to one limit, the newest failures up to another, and
+  skipped runs (Missed, Replaced) up to that second limit on their own, so a series of skipped runs
+  never pushes out the failure someone needs to read.
+Pure functions over the status models (`rockbot.resources.runs`): no API, no bus, no clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Protocol, TypeVar
+
+from rockbot.contracts.inbox import InboxReply
+from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
+
+A = TypeVar("A", bound=ActiveRun)
+
+
+class Runs(Protocol[A]):
+    """The part of a status that holds runs."""
+
+    active: list[A]
+    history: list[RunRecord]
+
+
+def run_id(*, uid: str, key: str) -> str:
+    """`<key>-<uid[:8]>`: deterministic, so every replica and a restarted process name a run alike."""
+    return f"{key}-{uid[:8]}"
+
+
+def belongs_to(run: str, *, uid: str) -> bool:
+    """Whether `run` is a run of the object with this uid (not of an earlier one by the same name)."""
+    return run.endswith("-" + uid[:8])
+
+
+def request_id(*, kind: str, namespace: str, name: str, run: str) -> str:
+    return f"{kind}/{namespace}/{name}/{run}"
+
+
+def parse_request_id(value: str, *, kind: str) -> tuple[str, str, str] | None:
+    """(namespace, name, run id) of a request id of `kind`, or None if it is not one."""
+    parts = value.split("/")
+    if len(parts) != 4 or parts[0] != kind or not all(parts[1:]):
+        return None
+    return parts[1], parts[2], parts[3]
+
+
+def outcome_of(reply: InboxReply) -> tuple[str | None, str | None]:
+    """(answer, error) of an agent's reply, the error as `Code: message`."""
+    return reply.answer, None if reply.error is None else f"{reply.error.code.value}: {reply.error.message}"
+
+
+def start(runs: Runs[A], run: A, *, policy: ConcurrencyPolicy, now: datetime.datetime) -> str | None:
+    """Make `run` active under `policy`; None when it started, else why it was skipped (to record as Missed)."""
+    if runs.active and policy == "Forbid":
+        running = ", ".join(active.run_id for active in runs.active)
+        return f"skipped: run {running} is still running (concurrencyPolicy Forbid)"
+    if policy == "Replace":
+        message = f"replaced by run {run.run_id} (concurrencyPolicy Replace); its answer will be ignored"
+        runs.history.extend(active.finished(outcome="Replaced", now=now, message=message) for active in runs.active)
+        runs.active.clear()
+    runs.active.append(run)
+    return None
+
+
+def complete(
+    runs: Runs[A], *, run: str, now: datetime.datetime, answer: str | None, error: str | None
+) -> bool:
+    """End the active run `run` with the agent's answer or error; False when it is not active (any more)."""
+    active = next((candidate for candidate in runs.active if candidate.run_id == run), None)
+    if active is None:
+        return False
+    runs.active.remove(active)
+    outcome = "Failed" if error is not None else "Succeeded"
+    runs.history.append(active.finished(outcome=outcome, now=now, message=error or "", summary=answer or ""))
+    return True
+
+
+def expire(runs: Runs[A], *, timeout_seconds: int, now: datetime.datetime) -> None:
+    """Fail the active runs that got no reply within `timeout_seconds`."""
+    limit = datetime.timedelta(seconds=timeout_seconds)
+    for active in [active for active in runs.active if active.start_time + limit <= now]:
+        runs.active.remove(active)
+        message = f"no reply from the agent within {timeout_seconds} s (runTimeoutSeconds)"
+        runs.history.append(active.finished(outcome="Failed", now=now, message=message))
+
+
+def next_expiry(runs: Runs[A], *, timeout_seconds: int) -> datetime.datetime | None:
+    """When the first active run times out, if any is active."""
+    limit = datetime.timedelta(seconds=timeout_seconds)
+    return min((active.start_time + limit for active in runs.active), default=None)
+
+
+def trim(runs: Runs[A], *, successful_limit: int, failed_limit: int) -> None:
+    """Keep the newest records of each kind within its limit, in their order (see the module's docstring)."""
+    limits = {"Succeeded": successful_limit, "Failed": failed_limit}
+    kinds: dict[str, list[RunRecord]] = {}
+    for record in runs.history:
+        kinds.setdefault(record.outcome if record.outcome in limits else "skipped", []).append(record)
+    keep: set[int] = set()
+    for kind, records in kinds.items():
+        limit = limits.get(kind, failed_limit)
+        keep |= {id(record) for record in records[max(0, len(records) - limit) :]}
+    runs.history = [record for record in runs.history if id(record) in keep]
