@@ -4,7 +4,11 @@
    --runs runs, against a bare `python -c pass` of the same interpreter (goal: at most 1.5x).
 2. The bus round trip through a real RabbitMQ broker (a private one is started unless
    --amqp-url, an administrator's URL, is given): an agent's request on `script.invoke` answered
-   by an echoing scripts-manager, each logged in as itself, p50 and p95 (goal: under 5 ms p50).
+   by an echoing scripts-manager, each logged in as itself, p50 and p95 (goal: under 5 ms p50);
+   and the cost of that identity: the same raw AMQP request/reply, interleaved in one run, once as
+   before it (one shared login, the default exchange, no `user_id`) and once with it (each side its
+   own user with its permissions, the `rockbot` topic exchange, `user_id` stamped by the sender,
+   validated by the broker and checked by the receiver).
 3. Scripts per second through the whole path (agent client -> broker -> scripts-manager with
    concurrency --concurrency -> local sandbox -> reply), --scripts scripts in flight at once.
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import secrets
 import statistics
 import tempfile
 import time
@@ -23,9 +28,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aio_pika
+from yarl import URL
+
 from agent.sandbox import ScriptSandbox
 from rockbot.bus import SCRIPTS_MANAGER, Delivery, Principal
-from rockbot.bus.topology import SCRIPT_INVOKE
+from rockbot.bus.admin import ensure_principal
+from rockbot.bus.management import RabbitAdmin
+from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, script_result
 from rockbot.contracts.agent_config import AgentConfig, ModelConfig
 from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.local.broker import Connect, on_rabbitmq
@@ -97,6 +107,110 @@ async def bus_round_trip(connect: Connect, runs: int) -> None:
     print(f"  p50 {p50 * 1000:.2f} ms   p95 {p95 * 1000:.2f} ms (goal p50 < 5 ms)")
 
 
+PERSISTENT = aio_pika.DeliveryMode.PERSISTENT
+
+
+class _RawEcho:
+    """A request/reply pair on plain aio-pika, with per-principal identity or without (the same code).
+
+    Both use the same kinds of queues and persistent messages, so the difference is identity's alone.
+    """
+
+    def __init__(self, *, server_url: str, client_url: str, identity: bool) -> None:
+        self._urls = (server_url, client_url)
+        self._identity = identity
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._opened: list[aio_pika.abc.AbstractConnection] = []
+
+    async def open(self) -> None:
+        server, client = [await aio_pika.connect(url) for url in self._urls]
+        self._opened += [server, client]
+        server_channel = await server.channel(publisher_confirms=True)
+        self._client = await client.channel(publisher_confirms=True)
+        if self._identity:  # the real topology: provisioned work queue, agent's own reply queue, topic exchange
+            self._queue = SCRIPT_INVOKE.name
+            work = await server_channel.declare_queue(self._queue, passive=True)
+            self._reply = script_result(namespace=BENCH.namespace, agent=BENCH.name, instance="raw").name
+            replies = await self._client.declare_queue(self._reply, durable=True, arguments={"x-expires": 3_600_000})
+            await replies.bind(EXCHANGE, routing_key=self._reply)
+            self._server_exchange = await server_channel.get_exchange(EXCHANGE, ensure=False)
+            self._client_exchange = await self._client.get_exchange(EXCHANGE, ensure=False)
+        else:  # one login, the default exchange; the same kinds of queues (a quorum work queue)
+            self._queue, self._reply = f"bench.noid.{uuid.uuid4().hex}", f"bench.noid.r.{uuid.uuid4().hex}"
+            work = await server_channel.declare_queue(self._queue, durable=True, arguments=SCRIPT_INVOKE.arguments)
+            replies = await self._client.declare_queue(self._reply, durable=True, arguments={"x-expires": 3_600_000})
+            self._server_exchange = server_channel.default_exchange
+            self._client_exchange = self._client.default_exchange
+        await work.consume(self._echo)
+        await replies.consume(self._answered, no_ack=True)
+
+    async def _echo(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        if self._identity and Principal.parse(message.user_id) != BENCH:
+            raise RuntimeError(f"a request from {message.user_id!r}")
+        reply = aio_pika.Message(message.body, correlation_id=message.correlation_id, delivery_mode=PERSISTENT,
+                                 user_id=SCRIPTS_MANAGER.user if self._identity else None)
+        await self._server_exchange.publish(reply, routing_key=message.reply_to or "", mandatory=True)
+        await message.ack()
+
+    async def _answered(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        if self._identity and Principal.parse(message.user_id) != SCRIPTS_MANAGER:
+            return
+        future = self._waiting.pop(message.correlation_id or "", None)
+        if future is not None:
+            future.set_result(None)
+
+    async def round_trip(self, body: bytes) -> float:
+        correlation_id = uuid.uuid4().hex
+        self._waiting[correlation_id] = asyncio.get_running_loop().create_future()
+        started = time.perf_counter()
+        request = aio_pika.Message(body, correlation_id=correlation_id, reply_to=self._reply, delivery_mode=PERSISTENT,
+                                   user_id=BENCH.user if self._identity else None)
+        await self._client_exchange.publish(request, routing_key=self._queue, mandatory=True)
+        await asyncio.wait_for(self._waiting[correlation_id], 10)
+        return time.perf_counter() - started
+
+    async def close(self) -> None:
+        server, client = self._opened
+        await server.close()  # its consumer first, so deleting the work queue cancels nobody
+        if not self._identity:
+            channel = await client.channel()
+            await channel.queue_delete(self._queue)
+        await client.close()
+
+
+async def identity_cost(*, admin_url: str, management_url: str | None, runs: int) -> None:
+    """The broker round trip with and without per-principal identity, alternating, in one run."""
+    passwords = {principal: secrets.token_urlsafe(16) for principal in (SCRIPTS_MANAGER, BENCH)}
+    async with RabbitAdmin.for_amqp_url(admin_url, management_url=management_url) as admin:
+        await admin.ensure_topology()
+        for principal, password in passwords.items():
+            await ensure_principal(admin, principal, password=password)
+
+    def login(principal: Principal) -> str:
+        return str(URL(admin_url).with_user(principal.user).with_password(passwords[principal]))
+
+    with_identity = _RawEcho(server_url=login(SCRIPTS_MANAGER), client_url=login(BENCH), identity=True)
+    without = _RawEcho(server_url=admin_url, client_url=admin_url, identity=False)
+    body = ScriptInvokeRequest(request_id="r", agent=BENCH.name, script="pass").model_dump_json().encode()
+    samples: dict[bool, list[float]] = {True: [], False: []}
+    for pair in (with_identity, without):
+        await pair.open()
+        await pair.round_trip(body)  # warm-up
+    try:
+        for _ in range(runs):
+            for identity, pair in ((False, without), (True, with_identity)):
+                samples[identity].append(await pair.round_trip(body))
+    finally:
+        await with_identity.close()
+        await without.close()
+    print(f"the cost of per-principal identity, {runs} raw AMQP round trips each way, interleaved:")
+    for identity, label in ((False, "one shared login, default exchange"), (True, "own logins, topic permissions")):
+        print(f"  {label:38}  p50 {statistics.median(samples[identity]) * 1000:.2f} ms   "
+              f"p95 {percentile(samples[identity], 0.95) * 1000:.2f} ms")
+    difference = statistics.median(samples[True]) - statistics.median(samples[False])
+    print(f"  difference at p50: {difference * 1000:+.2f} ms")
+
+
 async def throughput(connect: Connect, *, concurrency: int, scripts: int) -> None:
     settings = ScriptsManagerSettings(
         scripts_backend="local", scripts_concurrency=concurrency, health_host="127.0.0.1",
@@ -123,24 +237,26 @@ async def throughput(connect: Connect, *, concurrency: int, scripts: int) -> Non
 
 
 @contextlib.asynccontextmanager
-async def broker(url: str | None, management_url: str | None) -> AsyncIterator[Connect]:
-    """Logins for the scripts-manager and the benchmark's agent on the given broker, or on a private one."""
-    bench = AgentConfig(name=BENCH.name, namespace=BENCH.namespace, model=ModelConfig(base_url="http://-", name="-"))
+async def broker(url: str | None, management_url: str | None) -> AsyncIterator[tuple[str, str | None]]:
+    """An administrator's URL and the management API: the given broker's, or a private one's."""
     if url:
-        yield await on_rabbitmq([bench], amqp_url=url, management_url=management_url)
+        yield url, management_url
         return
     with tempfile.TemporaryDirectory(prefix="rockbot-bench-rabbit-") as root:
         rabbit = RabbitBroker(root=Path(root))
         await asyncio.to_thread(rabbit.start)
         try:
-            yield await on_rabbitmq([bench], amqp_url=rabbit.url, management_url=rabbit.management_url)
+            yield rabbit.url, rabbit.management_url
         finally:
             await asyncio.to_thread(rabbit.stop)
 
 
 async def main(args: argparse.Namespace) -> None:
     await sandbox_latency(args.runs)
-    async with broker(args.amqp_url, args.management_url) as connect:
+    bench = AgentConfig(name=BENCH.name, namespace=BENCH.namespace, model=ModelConfig(base_url="http://-", name="-"))
+    async with broker(args.amqp_url, args.management_url) as (admin_url, management_url):
+        await identity_cost(admin_url=admin_url, management_url=management_url, runs=args.round_trips)
+        connect = await on_rabbitmq([bench], amqp_url=admin_url, management_url=management_url)
         await bus_round_trip(connect, args.round_trips)
         await throughput(connect, concurrency=args.concurrency, scripts=args.scripts)
 

@@ -46,7 +46,7 @@ class Resolution:
     tools: list[ResolvedToolStatus]
     #: Tool problems: missing, not accepted, duplicate names, missing Secrets. Empty when all resolved.
     tool_problems: list[str]
-    #: Problems that stop the agent from working at all (its model key, the bus Secret).
+    #: Problems that stop the agent from working at all (its model key, its bus Secret).
     blocking_problems: list[str]
     secret_env: list[SecretEnv] = field(default_factory=list)
     used_tools: list[str] = field(default_factory=list)

@@ -8,12 +8,12 @@ as `ROCKBOT_HTTP_TOKEN`): HMAC-SHA256 over `signing_payload`, which binds the ag
 correlation id and reply queue, the issue time and the operation. The operator recomputes it from
 the Secret and refuses a mismatch or an issue time more than `MAX_CLOCK_SKEW` off its clock.
 
-Trust model. All agent pods share the bus credentials, so the claim `agent` alone proves nothing;
-the signature proves the sender holds that agent's token, so one agent cannot create, change, list
-or cancel another agent's tasks, and a captured request is refused once the window has passed (within
-it, a replay can only repeat the same operation, answered on the same queue). It does not stop
-any bus client from publishing to (or consuming from) any queue, and requests between agents
-(their inboxes) are not authenticated.
+Trust model. The operator takes the requesting agent from the message's sender (its broker login,
+see `rockbot.bus.identity`) and refuses a request whose `agent` is not the sender. The signature is a
+second factor: it proves the sender also holds that agent's token, so a leaked broker login alone
+cannot create, change, list or cancel an agent's tasks, and a captured request is refused once the
+window has passed (within it, a replay can only repeat the same operation, answered on the same
+queue).
 """
 
 from __future__ import annotations
