@@ -1,4 +1,4 @@
-"""The agent's inbox: user messages, scheduled-task triggers and other agents' calls, one handler.
+"""The agent's inbox: user messages, scheduled tasks, Trigger runs and other agents' calls, one handler.
 
 Each `InboxRequest` becomes a turn of the conversation named by its session id; the outcome goes
 back as an `InboxReply` to `reply_to` (when there is one). Nothing is acked before it is handled:
@@ -9,8 +9,9 @@ failure, including an unreadable message, is answered as an error, never silentl
 Who asks is the message's sender (`user_id`, checked by the broker): answers go only to one of the
 sender's own reply queues (a request asking for replies elsewhere is dead-lettered unanswered); an
 `agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
-operator (or `rockbot local`), a `user_message` from a platform service; a request over
-`MAX_REQUEST_BYTES` is refused before it is parsed. Those refusals are answered, then dead-lettered.
+operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), a `user_message`
+from a platform service; a request over `MAX_REQUEST_BYTES` is refused before it is parsed. Those
+refusals are answered, then dead-lettered.
 
 A request is known by its sender and request id: a redelivered or duplicated copy joins the run in
 flight or gets the remembered reply, so the model is not asked (and tools not called) twice, while
@@ -27,7 +28,19 @@ import logging
 from rockbot.agent.llm import LlmAuthError, LlmError
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.delegation import refusal
-from rockbot.bus import LOCAL, OPERATOR, BadMessage, Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
+from rockbot.bus import (
+    GATEWAY,
+    LOCAL,
+    OPERATOR,
+    BadMessage,
+    Bus,
+    Delivery,
+    NoRoute,
+    Principal,
+    Refused,
+    Subscription,
+    TooLarge,
+)
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.permissions import is_reply_queue_of
 from rockbot.bus.topology import agent_inbox
@@ -91,6 +104,8 @@ def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
         return f"an agent_call names {request.call_chain[-1]} as its caller but comes from {sender}"
     if request.kind == "scheduled_task" and sender not in (OPERATOR, LOCAL):
         return f"scheduled tasks come from the operator, not from {sender}"
+    if request.kind == "trigger" and sender not in (GATEWAY, LOCAL):
+        return f"Trigger runs come from the gateway, not from {sender}"
     if request.kind == "user_message" and sender.kind != "service":
         return f"user messages come through a platform service, not from {sender}; agents send agent_call"
     return None

@@ -4,8 +4,8 @@ Per Agent: a Secret `rockbot-<agent>-bus` owned by the Agent (the password gener
 `amqp-url`, the broker's address for agents with the agent's own login), wired into that agent's
 pods only; the broker user `agent.<namespace>.<name>` with the permissions `permissions_for` derives
 from the agents it calls (its resolved config) and the principals that call it (the operator, the
-Agents whose resolved configs call it); and its inbox, declared before the agent starts so nothing
-sent to it is lost. Everything is compared before it is written: a settled Agent costs reads only,
+gateway, the Agents whose resolved configs call it); and its inbox, declared before the agent starts
+so nothing sent to it is lost. Everything is compared before it is written: a settled Agent costs reads only,
 no Kubernetes write and no broker write.
 
 An Agent's calls are remembered from its last reconcile: when they change, the agents it started or
@@ -16,7 +16,8 @@ permissions settle within the first pass.
 A deleted Agent's user and inbox go with it; users of Agents deleted while the operator was down are
 swept at start-up and at every resync (the operator keeps no finalizers, so nothing else would tell).
 At start-up the operator also makes the exchange, the fixed work queues, the dead-letter queue and
-the users of the operator and the scripts-manager (passwords from the Secrets the chart generates).
+the users of the operator, the scripts-manager and the gateway (passwords from the Secrets the chart
+generates).
 The admin login is used for these management calls only.
 """
 
@@ -31,7 +32,7 @@ from typing import Any, Protocol
 import kopf
 from yarl import URL
 
-from rockbot.bus import OPERATOR, SCRIPTS_MANAGER, BusError, Principal
+from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, BusError, Principal
 from rockbot.bus.admin import AGENT_TAG, BrokerAdmin, callees, ensure_principal, forget_principal
 from rockbot.bus.management import RabbitAdmin
 from rockbot.bus.permissions import permissions_for
@@ -117,8 +118,10 @@ class BusIdentities:
         """The topology and the service users (the operator's own, the scripts-manager's)."""
         await self._admin.ensure_topology()
         logins = [(OPERATOR, self._settings.amqp_url)]
-        if self._settings.scripts_manager_amqp_url is not None:
-            logins.append((SCRIPTS_MANAGER, self._settings.scripts_manager_amqp_url.get_secret_value()))
+        for service, url in ((SCRIPTS_MANAGER, self._settings.scripts_manager_amqp_url),
+                             (GATEWAY, self._settings.gateway_amqp_url)):
+            if url is not None:
+                logins.append((service, url.get_secret_value()))
         for principal, url in logins:
             if not url:
                 continue
@@ -183,7 +186,7 @@ class BusIdentities:
                 await self.forget(namespace=principal.namespace, name=principal.name)
 
     def _callers(self, principal: Principal) -> list[Principal]:
-        return [OPERATOR, *sorted(caller for caller, calls in self._calls.items() if principal in calls)]
+        return [OPERATOR, GATEWAY, *sorted(caller for caller, calls in self._calls.items() if principal in calls)]
 
     async def _update_permissions(self, principal: Principal) -> None:
         """Recompute a reconciled agent's permissions from what is known now (its callers changed)."""

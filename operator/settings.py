@@ -40,6 +40,9 @@ class OperatorSettings(BaseSettings):
     scripts_manager_amqp_url: SecretStr | None = Field(
         default=None, description="The scripts-manager's login, whose broker user the operator makes at start-up."
     )
+    gateway_amqp_url: SecretStr | None = Field(
+        default=None, description="The gateway's login (Triggers), whose broker user the operator makes at start-up."
+    )
     scripts_namespace: str = Field(
         default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
     )

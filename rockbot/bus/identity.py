@@ -9,8 +9,9 @@ a consumer reads the sender from `Delivery.user_id` and never from a field the s
 | `agent.<namespace>.<name>`  | the pods of one Agent                                   |
 | `service.operator`          | the operator (scheduled runs, scheduling requests)      |
 | `service.scripts-manager`   | the scripts-manager (the only reader of script.invoke)  |
-| `service.local`             | `rockbot local` (its ScheduledTasks and chat)           |
-| `service.<name>`            | any other platform service (tests, a future gateway)    |
+| `service.gateway`           | the gateway (Trigger runs: webhooks, Kubernetes events) |
+| `service.local`             | `rockbot local` (its ScheduledTasks, Triggers and chat) |
+| `service.<name>`            | any other platform service (tests)                      |
 
 Namespaces and names are DNS labels (no dots), so a user name splits back into its parts exactly.
 """
@@ -81,4 +82,5 @@ class Principal:
 
 OPERATOR = Principal.service("operator")
 SCRIPTS_MANAGER = Principal.service("scripts-manager")
+GATEWAY = Principal.service("gateway")
 LOCAL = Principal.service("local")

@@ -15,7 +15,11 @@ For an agent X in namespace N (see `topology` for the names):
 - it publishes to `script.invoke`, `operator.scheduling`, the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
-Only `service.scripts-manager` reads `script.invoke`; only the operator reads its two queues.
+Only `service.scripts-manager` reads `script.invoke`; only the operator reads its two queues. The
+gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
+runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
+namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
+would protect nothing.
 Every expression is anchored, so none matches more than the names it spells out.
 """
 
@@ -28,10 +32,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus import topology
-from rockbot.bus.identity import OPERATOR, SCRIPTS_MANAGER, Principal
+from rockbot.bus.identity import GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal
 
 #: One segment of a queue name (a DNS label: namespaces, names and instances hold no dots).
 _SEGMENT = r"[-a-z0-9]+"
+_ANY_INBOX = rf"agent\.{_SEGMENT}\.{_SEGMENT}\.inbox"
 _NOTHING = "^$"
 
 Action = Literal["configure", "write", "read", "topic_write", "topic_read"]
@@ -73,6 +78,8 @@ def reply_queues(principal: Principal) -> str:
         return _family(topology.agent_replies_prefix(namespace=principal.namespace, name=principal.name))
     if principal == OPERATOR:
         return _name(topology.OPERATOR_RUNS.name)
+    if principal == GATEWAY:
+        return _name(topology.GATEWAY_RUNS.name)
     return _family(topology.service_replies_prefix(principal.name))
 
 
@@ -90,7 +97,7 @@ def _declared(principal: Principal) -> list[str]:
             _family(topology.scheduling_reply_prefix(namespace=namespace, name=name)),
             _family(topology.script_result_prefix(namespace=namespace, agent=name)),
         ]
-    if principal in (OPERATOR, SCRIPTS_MANAGER):
+    if principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY):
         return []
     return [reply_queues(principal)]
 
@@ -103,6 +110,8 @@ def _provisioned(principal: Principal) -> list[str]:
         return [_name(topology.OPERATOR_SCHEDULING.name), _name(topology.OPERATOR_RUNS.name)]
     if principal == SCRIPTS_MANAGER:
         return [_name(topology.SCRIPT_INVOKE.name)]
+    if principal == GATEWAY:
+        return [_name(topology.GATEWAY_RUNS.name)]
     return []
 
 
@@ -112,10 +121,9 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
         fixed = [_name(topology.SCRIPT_INVOKE.name), _name(topology.OPERATOR_SCHEDULING.name)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
-        return [
-            rf"agent\.{_SEGMENT}\.{_SEGMENT}\.inbox",
-            rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}",
-        ]
+        return [_ANY_INBOX, rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}"]
+    if principal == GATEWAY:  # Trigger runs to any inbox
+        return [_ANY_INBOX]
     if principal == SCRIPTS_MANAGER:
         return [rf"script\.result\.{_SEGMENT}\.{_SEGMENT}\.{_SEGMENT}"]
     return inboxes
@@ -126,8 +134,8 @@ def permissions_for(
 ) -> Permissions:
     """Everything `principal` may do; `calls` and `called_by` matter for agents (and `calls` for services).
 
-    `called_by` holds the agents that call this one and the scheduler that sends it tasks
-    (`service.operator` in a cluster, `service.local` locally).
+    `called_by` holds the agents that call this one and the services that send it runs
+    (`service.operator` and `service.gateway` in a cluster, `service.local` locally).
     """
     declared = _declared(principal)
     exchange = _name(topology.EXCHANGE)

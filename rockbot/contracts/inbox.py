@@ -1,7 +1,8 @@
 """Messages on an agent's inbox queue (`agent.<namespace>.<name>.inbox`) and the reply it sends back.
 
-One request model serves the three ways work reaches an agent (a user's message, a scheduled task
-firing, another agent calling it as a tool) so the agent has one handler and one reply shape.
+One request model serves the four ways work reaches an agent (a user's message, a scheduled task
+firing, a Trigger firing on a webhook or a Kubernetes event, another agent calling it as a tool) so
+the agent has one handler and one reply shape.
 Sub-agent calls carry the chain of agents that led to them: the receiver refuses a call that would
 loop back to an agent already in the chain or go deeper than `MAX_CALL_DEPTH`.
 """
@@ -21,11 +22,12 @@ MAX_CALL_DEPTH = 4
 #: The largest inbox request an agent reads (its prompt, escaped, and the rest); longer ones are refused unparsed.
 MAX_REQUEST_BYTES = 1024 * 1024
 
-InboxKind = Literal["user_message", "scheduled_task", "agent_call"]
+InboxKind = Literal["user_message", "scheduled_task", "trigger", "agent_call"]
 
 
 class InboxRequest(BaseModel):
-    """Work for an agent: `content` is the user turn, the task's prompt, or the calling agent's instruction.
+    """Work for an agent: `content` is the user turn, the task's prompt, the Trigger's rendered prompt, or the
+    calling agent's instruction.
 
     `call_chain` lists the agents (`namespace/name`) the request passed through, caller last; its
     length is the call depth. `reply_to` is the queue the `InboxReply` goes to (correlation id =

@@ -10,9 +10,9 @@ import pytest
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import LOCAL, Bus, MemoryBroker, Principal, Queue, Subscription
-from rockbot.bus.admin import provision_agents
-from rockbot.bus.topology import agent_inbox, agent_replies, local_scheduler_replies
+from rockbot.bus import GATEWAY, LOCAL, OPERATOR, Bus, MemoryBroker, Principal, Queue, Subscription
+from rockbot.bus.admin import ensure_principal, provision_agents
+from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_RUNS, agent_inbox, agent_replies, local_scheduler_replies
 from rockbot.contracts.agent_config import (
     AgentBackend,
     AgentConfig,
@@ -81,7 +81,8 @@ class Team:
 
     async def ask(self, *, name: str, request: InboxRequest, sender: Principal = LOCAL) -> InboxReply:
         bus = await self.connect(sender)
-        replies = CALLER if sender == LOCAL else agent_replies(namespace="team-a", name=sender.name, instance="t1")
+        replies = {LOCAL: CALLER, GATEWAY: GATEWAY_RUNS, OPERATOR: OPERATOR_RUNS}.get(sender) or agent_replies(
+            namespace="team-a", name=sender.name, instance="t1")
         delivery = await bus.request(
             queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=replies,
             correlation_id=request.request_id, timeout_seconds=10, responder=agent(name),
@@ -243,6 +244,33 @@ async def test_a_retryable_failure_is_not_remembered_so_a_copy_runs_again(script
     third = await team.ask(name="flaky", request=request)
     assert (first.error.code, first.error.retryable) == ("Unavailable", True) and "HTTP 503" in first.error.message
     assert second.answer == third.answer == "Back again." and len(scripted_llm.requests) == 2
+
+
+async def test_trigger_runs_are_taken_from_the_gateway_only(scripted_llm):
+    broker = MemoryBroker()
+
+    async def provision(configs: list[AgentConfig]) -> None:
+        await broker.ensure_topology()
+        for service in (GATEWAY, OPERATOR):
+            await ensure_principal(broker, service, password="")
+        for each in configs:
+            await ensure_principal(broker, agent(each.name), password="", called_by=[GATEWAY, OPERATOR])
+
+    team = Team(login=lambda principal: asyncio.sleep(0, broker.connect(principal.user)), provision=provision)
+    scripted_llm.play(Turn(text="Triaged."))
+    try:
+        await team.start(scripted_llm, config(scripted_llm, "triage"))
+        run = InboxRequest(kind="trigger", request_id="trigger/team-a/issues/r1", session_id="trigger/r1",
+                           content="Issue #7 was opened.", reply_to=GATEWAY_RUNS.name)
+        answered = await team.ask(name="triage", request=run, sender=GATEWAY)
+        forged = run.model_copy(update={"request_id": "trigger/team-a/issues/r2", "reply_to": OPERATOR_RUNS.name})
+        refused = await team.ask(name="triage", request=forged, sender=OPERATOR)
+    finally:
+        await team.close()
+    assert answered.answer == "Triaged."
+    assert refused.error is not None and refused.error.code == "Rejected"
+    assert "Trigger runs come from the gateway, not from service.operator" in refused.error.message
+    assert len(scripted_llm.requests) == 1
 
 
 def test_reply_queues_are_per_process():

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from rockbot.bus import OPERATOR, SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal
+from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal
 from rockbot.bus.admin import AGENT_TAG, SERVICE_TAG
 from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.inbox import InboxReply, InboxRequest
@@ -26,10 +26,12 @@ LEAD, RESEARCHER = Principal.agent(namespace=NS, name="lead"), Principal.agent(n
 
 
 def settings_for(vhost: Vhost, *, resync_seconds: float = 3600) -> OperatorSettings:
-    """The operator as the chart configures it: its own login, the scripts-manager's, and the admin's API."""
+    """The operator as the chart configures it: its own login, the scripts-manager's, the gateway's, and the admin's
+    API."""
     return OperatorSettings(
         namespaces=[NS], resync_seconds=resync_seconds,
         amqp_url=vhost.url_of(OPERATOR), scripts_manager_amqp_url=vhost.url_of(SCRIPTS_MANAGER),
+        gateway_amqp_url=vhost.url_of(GATEWAY),
         broker_management_url=vhost.broker.management_url, broker_admin_username="guest",
         broker_admin_password="guest",
     )  # fmt: skip
@@ -53,7 +55,7 @@ async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_th
     await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead", subAgents=[{"name": "researcher"}]))
     async with operator_running(settings_for(vhost)):
         async def provisioned() -> None:
-            assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user} <= await users(vhost)
+            assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user, GATEWAY.user} <= await users(vhost)
             queues = await asyncio.to_thread(vhost.queues)
             assert {agent_inbox(namespace=NS, name=name).name for name in ("lead", "researcher")} <= set(queues)
 
