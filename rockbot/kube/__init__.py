@@ -22,6 +22,7 @@ from rockbot.kube.resources import (
     SERVICEACCOUNTS,
     SERVICES,
     TOOLS,
+    TRIGGERS,
     Resource,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "SERVICEACCOUNTS",
     "SERVICES",
     "TOOLS",
+    "TRIGGERS",
     "ApiError",
     "AttachSession",
     "Conflict",

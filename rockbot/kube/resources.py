@@ -62,3 +62,4 @@ CRDS = Resource(
 AGENTS = Resource(group=GROUP, version=VERSION, plural="agents", kind="Agent")
 TOOLS = Resource(group=GROUP, version=VERSION, plural="tools", kind="Tool")
 SCHEDULED_TASKS = Resource(group=GROUP, version=VERSION, plural="scheduledtasks", kind="ScheduledTask")
+TRIGGERS = Resource(group=GROUP, version=VERSION, plural="triggers", kind="Trigger")

@@ -8,6 +8,7 @@ from rockbot.resources.checking import validate
 from rockbot.resources.common import GROUP, VERSION, Condition
 from rockbot.resources.scheduledtask import ScheduledTask, ScheduledTaskSpec, ScheduledTaskStatus
 from rockbot.resources.tool import Tool, ToolSpec, ToolStatus
+from rockbot.resources.trigger import Trigger, TriggerSpec, TriggerStatus
 
 __all__ = [
     "GROUP",
@@ -22,5 +23,8 @@ __all__ = [
     "Tool",
     "ToolSpec",
     "ToolStatus",
+    "Trigger",
+    "TriggerSpec",
+    "TriggerStatus",
     "validate",
 ]

@@ -14,8 +14,9 @@ from rockbot.resources.agent import Agent
 from rockbot.resources.common import Resource
 from rockbot.resources.scheduledtask import ScheduledTask
 from rockbot.resources.tool import Tool
+from rockbot.resources.trigger import Trigger
 
-MODELS: dict[str, type[Resource]] = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask}
+MODELS: dict[str, type[Resource]] = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask, "Trigger": Trigger}
 
 
 def validate(body: dict[str, Any]) -> list[str]:

@@ -37,10 +37,10 @@ def test_a_bad_flag_is_one_line_not_a_traceback():
     assert "unrecognized arguments: --no-such-flag" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_crds_prints_one_yaml_stream_of_three_definitions():
+def test_crds_prints_one_yaml_stream_of_every_definition():
     result = rockbot("crds")
     kinds = [doc["spec"]["names"]["kind"] for doc in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["Agent", "Tool", "ScheduledTask"]
+    assert kinds == ["Agent", "Tool", "ScheduledTask", "Trigger"]
 
 
 def test_crds_write_regenerates_the_files(tmp_path):
@@ -50,6 +50,7 @@ def test_crds_write_regenerates_the_files(tmp_path):
         "agents.rockbot.dev.yaml",
         "scheduledtasks.rockbot.dev.yaml",
         "tools.rockbot.dev.yaml",
+        "triggers.rockbot.dev.yaml",
     ]
 
 

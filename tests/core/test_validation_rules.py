@@ -40,7 +40,14 @@ TASK = {
     "metadata": {"name": "daily", "namespace": "team-a"},
     "spec": {"agentRef": {"name": "analyst"}, "schedule": "0 8 * * *", "prompt": "Report."},
 }
-BASES = {"Agent": AGENT, "Tool": TOOL, "ScheduledTask": TASK}
+TRIGGER = {
+    "apiVersion": "rockbot.dev/v1alpha1",
+    "kind": "Trigger",
+    "metadata": {"name": "issues", "namespace": "team-a"},
+    "spec": {"agentRef": {"name": "analyst"}, "prompt": "Triage {{ payload.issue.title }}.",
+             "webhook": {"secretKeyRef": {"name": "github-webhook", "key": "secret"}}},
+}
+BASES = {"Agent": AGENT, "Tool": TOOL, "ScheduledTask": TASK, "Trigger": TRIGGER}
 MCP_HTTP = {"server": "rocks", "url": "http://rocks/mcp", "tool": "add"}
 MCP_STDIO = {"server": "rocks", "transport": "stdio", "command": ["rocks"], "tool": "add"}
 SECRET_HEADER = {"name": "Authorization", "prefix": "Bearer ", "secretKeyRef": {"name": "rocks", "key": "token"}}
@@ -105,6 +112,13 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("ScheduledTask", {"spec.schedule": "every morning"}),
     ("ScheduledTask", {"spec.concurrencyPolicy": "Sometimes"}),
     ("ScheduledTask", {"spec.prompt": ""}),
+    ("Trigger", {}),
+    ("Trigger", {"spec.webhook": DELETE}),
+    ("Trigger", {"spec.webhook": DELETE, "spec.kubernetesEvents": {"reason": "BackOff"}}),
+    ("Trigger", {"spec.kubernetesEvents": {"reason": "BackOff"}}),
+    ("Trigger", {"spec.webhook.contentTypes": ["application/json", "application/json"]}),
+    ("Trigger", {"spec.webhook.signature": {"header": "X Signature"}}),
+    ("Trigger", {"spec.maxRunsPerMinute": 0}),
 ]
 
 
