@@ -25,11 +25,11 @@ import yaml
 
 from rockbot.bus import OPERATOR, Delivery, Principal
 from rockbot.bus.topology import agent_inbox
+from rockbot.clock import ManualClock
 from rockbot.contracts.agent_config import AgentConfig, ModelConfig
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, KubeClient
 from rockbot.local import broker
-from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
 from tests.kubeapi import KubeApiEmulator

@@ -31,6 +31,7 @@ from typing import Any
 
 from rockbot.bus import BadMessage, Bus, Delivery, Principal, Refused, Subscription
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_reply_prefix
+from rockbot.clock import Clock, SystemClock
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scheduling import (
     MAX_CLOCK_SKEW,
@@ -44,7 +45,6 @@ from rockbot.contracts.scheduling import (
 )
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, ApiError, Conflict, Invalid, KubeClient, NotFound
 from rockbot.operator.builders import HTTP_TOKEN_KEY, HTTP_TOKEN_SUFFIX, child_name_of
-from rockbot.operator.scheduling.clock import Clock, SystemClock
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources import GROUP, VERSION
 

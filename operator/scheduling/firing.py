@@ -31,9 +31,9 @@ import aiohttp
 from rockbot import runs
 from rockbot.bus import BadMessage, Bus, BusError, Delivery, Principal, Subscription
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
+from rockbot.clock import Clock
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
-from rockbot.operator.scheduling.clock import Clock
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
 from rockbot.operator.scheduling.watching import mirror
 

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 import kopf
 
 from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable
+from rockbot.clock import Clock, SystemClock
 from rockbot.health import Readiness, stop_within, wait_for_dependency
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
-from rockbot.operator.scheduling.clock import Clock, SystemClock
 from rockbot.operator.scheduling.firing import Scheduler
 from rockbot.operator.settings import OperatorSettings
 

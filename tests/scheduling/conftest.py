@@ -14,11 +14,11 @@ from kubernetes_asyncio import client as k8s_client
 
 from rockbot.bus import OPERATOR, Bus, Delivery, MemoryBroker, MemoryBus, Principal, Subscription
 from rockbot.bus.topology import agent_inbox
+from rockbot.clock import ManualClock
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, SECRETS, KubeClient
 from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
 from rockbot.operator.scheduling.agent_requests import token_secret_name
-from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.buses import login
 from tests.fixtures.kubeapi import client_for

@@ -17,6 +17,7 @@ from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import OPERATOR, AmqpBus, Delivery, MemoryBroker, MemoryBus, Principal
 from rockbot.bus.topology import OPERATOR_RUNS, OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
+from rockbot.clock import ManualClock
 from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
 from rockbot.contracts.inbox import InboxRequest
@@ -24,7 +25,6 @@ from rockbot.contracts.scheduling import CancelTask, ListTasks, Operation, Sched
 from rockbot.kube import SCHEDULED_TASKS, SECRETS, NotFound
 from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests, token_secret_name
-from rockbot.operator.scheduling.clock import ManualClock
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.buses import login

@@ -7,7 +7,7 @@ import datetime
 
 import pytest
 
-from rockbot.operator.scheduling.clock import SystemClock
+from rockbot.clock import SystemClock
 
 UTC = datetime.UTC
 

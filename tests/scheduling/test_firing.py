@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 
+from rockbot.clock import ManualClock
 from rockbot.kube import SCHEDULED_TASKS
-from rockbot.operator.scheduling.clock import ManualClock
 from tests.scheduling.conftest import Cluster, FakeAgent
 from tests.scheduling.faulty_link import FaultyLink
 from tests.waiting import eventually

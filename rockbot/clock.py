@@ -1,4 +1,4 @@
-"""Time as a dependency: the firing loop reads and sleeps on a `Clock`, so tests can drive it.
+"""Time as a dependency: the scheduler and the gateway read and sleep on a `Clock`, so tests can drive it.
 
 `SystemClock` is the real one; `ManualClock` only moves when told to and wakes every sleeper whose
 instant has come, so daylight-saving transitions and days of downtime take no real time in tests.
