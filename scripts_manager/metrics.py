@@ -25,13 +25,30 @@ class ScriptMetrics:
         buckets = (0.05, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 120, 300)
         self.first_instruction = Histogram(
             "rockbot_scripts_pod_time_to_first_instruction_seconds",
-            "Pod backend: from taking a job to its script starting in a pod, warm or cold (a pod made for it).",
+            "Pod backend: from taking a job to its script starting in a pod, warm (claimed from the pool) or cold.",
             ["path"], registry=self.registry, buckets=buckets,
         )  # fmt: skip
         self.pod_duration = Histogram(
             "rockbot_scripts_pod_run_duration_seconds",
-            "Pod backend: from taking a job to having its answer, warm or cold (a pod made for it).",
+            "Pod backend: from taking a job to having its answer, warm (claimed from the pool) or cold.",
             ["path"], registry=self.registry, buckets=buckets,
+        )  # fmt: skip
+        self.pool_size = Gauge(
+            "rockbot_scripts_pool_size", "Idle warm pods this manager keeps, by limits class.",
+            ["limits_class"], registry=self.registry,
+        )  # fmt: skip
+        self.pool_idle = Gauge(
+            "rockbot_scripts_pool_idle_pods", "Warm pods of a limits class ready to claim (any manager's).",
+            ["limits_class"], registry=self.registry,
+        )  # fmt: skip
+        self.pool_claims = Counter(
+            "rockbot_scripts_pool_claims", "Warm pods claimed for a job, by limits class.",
+            ["limits_class"], registry=self.registry,
+        )  # fmt: skip
+        self.pool_misses = Counter(
+            "rockbot_scripts_pool_misses", "Jobs of a pooled class that did not get a warm pod first time "
+            "(empty: none idle; raced: another manager claimed it first; failed: it died before the job reached it).",
+            ["limits_class", "reason"], registry=self.registry,
         )  # fmt: skip
         self.swept = Counter(
             "rockbot_scripts_swept_objects", "Leftover script pods deleted by the sweeper.",

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot.kube.quantity import parse_quantity
@@ -30,6 +30,36 @@ def cpu_millicores(quantity: str) -> int:
     if value <= 0:
         raise ValueError(f"{quantity!r} is not a positive CPU quantity such as 250m, 0.5 or 2")
     return math.ceil(value * 1000)
+
+
+class PoolClass(BaseModel):
+    """A limits class the warm pool keeps `size` idle pods of (`CPU/MEMORY=SIZE` in ROCKBOT_SCRIPTS_POOL)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu: str
+    memory: str
+    size: Annotated[int, Field(ge=0, le=64)]
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu(cls, value: str) -> str:
+        cpu_millicores(value)
+        return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        quantity_bytes(value)
+        return value
+
+    @property
+    def label(self) -> str:
+        """The class as a label value: millicores and bytes, so `0.5/256Mi` and `500m/268435456` are one."""
+        return f"{cpu_millicores(self.cpu)}m-{quantity_bytes(self.memory)}"
+
+    def fits(self, *, cpu: str, memory: str) -> bool:
+        return (cpu_millicores(cpu), quantity_bytes(memory)) == (cpu_millicores(self.cpu), quantity_bytes(self.memory))
 
 
 class ScriptsManagerSettings(BaseSettings):
@@ -79,6 +109,15 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_sweep_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
     scripts_sweep_grace_seconds: Annotated[float, Field(ge=0)] = 120.0
 
+    # Warm pool (pod backend): idle pods kept per limits class, `CPU/MEMORY=SIZE,...` (e.g.
+    # `500m/256Mi=2`); empty or size 0: off. Each idle pod reserves its CPU and memory on a node.
+    scripts_pool: Annotated[list[PoolClass], NoDecode] = Field(default_factory=list)
+    # An idle pod's activeDeadlineSeconds (the kubelet stops it then, whatever happens to the manager);
+    # the manager replaces its pods before they are too old for the longest script.
+    scripts_pool_pod_lifetime_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    # How long another manager's sweeper leaves an idle pod whose manager stopped renewing it.
+    scripts_pool_lease_seconds: Annotated[float, Field(gt=0)] = 60.0
+
     # Local backend.
     scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"
     # Default: the first of this process's base interpreter and /usr/bin/python3 that starts in the sandbox.
@@ -98,6 +137,22 @@ class ScriptsManagerSettings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("scripts_pool", mode="before")
+    @classmethod
+    def _pool_classes(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        classes = []
+        for item in (part.strip() for part in value.split(",")):
+            if not item:
+                continue
+            limits, _, size = item.partition("=")
+            cpu, _, memory = limits.partition("/")
+            if not (cpu and memory and size.strip().isdigit()):
+                raise ValueError(f"{item!r} is not CPU/MEMORY=SIZE, e.g. 500m/256Mi=2")
+            classes.append({"cpu": cpu.strip(), "memory": memory.strip(), "size": int(size)})
+        return classes
 
     @field_validator("scripts_memory", "scripts_max_memory", "scripts_ephemeral_storage", "scripts_tmp_size")
     @classmethod
@@ -119,6 +174,21 @@ class ScriptsManagerSettings(BaseSettings):
         if quantity_bytes(self.scripts_memory) > quantity_bytes(self.scripts_max_memory):
             raise ValueError(f"ROCKBOT_SCRIPTS_MEMORY={self.scripts_memory} is over ROCKBOT_SCRIPTS_MAX_MEMORY="
                              f"{self.scripts_max_memory}: lower the default or raise the maximum")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_within_limits(self) -> ScriptsManagerSettings:
+        for pool in self.scripts_pool:
+            if (cpu_millicores(pool.cpu) > cpu_millicores(self.scripts_max_cpu)
+                    or quantity_bytes(pool.memory) > quantity_bytes(self.scripts_max_memory)):
+                raise ValueError(f"ROCKBOT_SCRIPTS_POOL: {pool.cpu}/{pool.memory} is over ROCKBOT_SCRIPTS_MAX_CPU/"
+                                 f"_MAX_MEMORY ({self.scripts_max_cpu}/{self.scripts_max_memory}): no job could use it")
+        if self.scripts_pool_pod_lifetime_seconds < 2 * self.scripts_max_timeout_seconds + 60:
+            raise ValueError(
+                f"ROCKBOT_SCRIPTS_POOL_POD_LIFETIME_SECONDS={self.scripts_pool_pod_lifetime_seconds:g} is under twice "
+                f"ROCKBOT_SCRIPTS_MAX_TIMEOUT_SECONDS plus a minute: warm pods would be replaced before they could "
+                "serve the longest script; raise it"
+            )
         return self
 
     @model_validator(mode="after")

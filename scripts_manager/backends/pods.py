@@ -1,22 +1,30 @@
 """The Kubernetes backend: every script runs in a pod of its own, used once and deleted.
 
-Per job: create a pod for it, watch it until its container runs, attach to its runner, write the
-job, read the answer from the attach stream. The answer is the runner's result line, taken from the
-stream as soon as it is printed (pod_jobs.py), not from the kubelet's report that the container
-ended, which comes on its status relist; the pod is deleted on every path, shielded from
-cancellation. When the stream ends without a result, the pod's end state (OOM kill, deadline) and
-its log, read with a byte limit, give the answer.
+Warm path: when the job's limits match a class of the warm pool (pool.py), claim an idle pod of that
+class, attach to its runner, write the job, read the answer from the attach stream. Cold path (no
+pool, another class, or no idle pod): create a pod for the job, watch it until its container runs,
+then the same. Either way the answer is the runner's result line, taken from the stream as soon as
+it is printed (pod_jobs.py), not from the kubelet's report that the container ended, which comes on
+its status relist; the pod is deleted on every path, shielded from cancellation.
+
+A claimed pod that fails before its runner said the script started (it died, was evicted, or the
+attach was refused) is deleted and the job goes to another pod or the cold path: the script has not
+run. Once it started, a failure is the job's answer: a script never runs twice. When the stream
+ends without a result, the pod's end state (OOM kill, deadline) and its log, read with a byte
+limit, give the answer.
 
 A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) deletes script pods past
-their deadline annotation plus a grace: the pods of jobs whose manager died. The kubelet stops every
-pod at its activeDeadlineSeconds in any case.
+their deadline annotation plus a grace: the pods of jobs whose manager died, and idle warm pods
+whose manager stopped renewing their lease. The kubelet stops every pod at its activeDeadlineSeconds
+in any case.
 
 RBAC: a namespaced Role in the scripts namespace with exactly
-    pods:           create, get, list, watch, delete
+    pods:           create, get, list, watch, patch, delete
     pods/attach:    get, create
     pods/log:       get
-(`get` on pods is the re-read after a watch answers 410 Gone; `list` the sweeper; `pods/attach` is
-a GET upgraded to a WebSocket, which Kubernetes 1.35 and later also authorise as `create`.)
+(`get` on pods is the re-read after a watch answers 410 Gone; `list` the sweeper and the pool's
+cache; `patch` the claim and the lease; `pods/attach` is a GET upgraded to a WebSocket, which
+Kubernetes 1.35 and later also authorise as `create`.)
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -49,6 +58,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     job_pod,
     now_utc,
 )
+from rockbot.scripts_manager.backends.pool import WarmPool
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
@@ -63,18 +73,28 @@ _WATCH_SECONDS = 60
 _WATCH_RETRY_SECONDS = 1.0
 
 
+class _NeverStarted(Exception):
+    """A claimed warm pod failed before its runner started the script: the job may go elsewhere."""
+
+
 class PodBackend:
     name = "pods"
 
     def __init__(self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics) -> None:
         self._kube = kube
         self._settings = settings
-        self._metrics = metrics
+        self.metrics = metrics
         self._namespace = settings.scripts_namespace
         self._tasks: list[asyncio.Task[None]] = []
+        pooled = any(pool.size > 0 for pool in settings.scripts_pool)
+        self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=secrets.token_hex(4)) if pooled \
+            else None
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._sweep_forever(), name="sweep script pods"))
+        if self.pool is not None:
+            self._tasks.append(asyncio.create_task(self.pool.cache.run(), name="watch the warm pool"))
+            self._tasks.append(asyncio.create_task(self.pool.run(), name="keep the warm pool"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -82,10 +102,22 @@ class PodBackend:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.pool is not None:
+            await self.pool.release()
         await self._kube.close()
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
-        return await self._cold(job, since=time.monotonic())
+        started = time.monotonic()
+        if self.pool is not None:
+            async with contextlib.aclosing(self.pool.claims(job)) as claims:
+                async for name in claims:
+                    try:
+                        return await self._run_on(name=name, job=job, path="warm", since=started)
+                    except _NeverStarted as exc:
+                        log.info("warm pod %s failed before the script started (%s); trying another", name, exc)
+                        pool = self.pool.class_of(job)
+                        self.metrics.pool_misses.labels(pool.label if pool else "", "failed").inc()
+        return await self._cold(job, since=started)
 
     async def _cold(self, job: ScriptJob, *, since: float) -> ScriptInvokeResponse:
         pod = job_pod(job=job, settings=self._settings, now=now_utc())
@@ -113,10 +145,11 @@ class PodBackend:
             await asyncio.shield(self._delete(name))
 
     async def _run_on(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
-        """Run the job on a running pod that is ours."""
+        """Run the job on a running pod that is ours, and delete the pod after."""
+        warm = path == "warm"
 
         def started() -> None:
-            self._metrics.first_instruction.labels(path).observe(time.monotonic() - since)
+            self.metrics.first_instruction.labels(path).observe(time.monotonic() - since)
 
         nonce = new_nonce()
         try:
@@ -131,14 +164,20 @@ class PodBackend:
                                      f"{job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS:g} s") from None
             except OutputTooLarge as exc:
                 raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
+            except ApiError as exc:
+                if warm and not _transient(exc):
+                    raise _NeverStarted(f"attach refused: {exc}") from exc
+                raise
             output = attempt.output
             if output.result is not None:
                 answer = _response(job=job, result=output.result)
             else:
+                if warm and not output.started and not await self._log_says_started(name, nonce):
+                    raise _NeverStarted(f"the attach session ended: {(attempt.status or {}).get('message')}")
                 final = await self._follow(name=name, resource_version=None, until=_finished,
                                            limit=job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS)
                 answer = await self._answer_from_end(job=job, pod=final, output=output)
-            self._metrics.pod_duration.labels(path).observe(time.monotonic() - since)
+            self.metrics.pod_duration.labels(path).observe(time.monotonic() - since)
             return answer
         except ApiError as exc:
             if _transient(exc):
@@ -146,6 +185,19 @@ class PodBackend:
             raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
+        finally:
+            if warm:
+                await asyncio.shield(self._delete(name))
+
+    async def _log_says_started(self, name: str, nonce: str) -> bool:
+        """Whether the runner got this job after all (its log keeps what the broken stream lost)."""
+        output = RunnerOutput(nonce=nonce, limit=output_limit(self._settings.scripts_max_output_bytes))
+        try:
+            output.feed((await self._read_log(name)).encode())
+        except (ApiError, OutputTooLarge):
+            return False
+        output.finish()
+        return output.started
 
     async def _read_log(self, name: str) -> str:
         """The pod's log, never more than a runner writes plus one byte (so more is seen, not read)."""
@@ -257,7 +309,7 @@ class PodBackend:
                                         preconditions_resource_version=metadata["resourceVersion"])
                 deleted += 1
                 log.info("swept leftover script pod %s", metadata["name"])
-        self._metrics.swept.inc(deleted)
+        self.metrics.swept.inc(deleted)
         return deleted
 
     async def _sweep_forever(self) -> None:

@@ -18,7 +18,9 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
     "sandbox-options": {
-        "scripts": {"runtimeClassName": "gvisor", "allowedPackages": ["numpy", "pandas"]},
+        "scripts": {"runtimeClassName": "gvisor", "allowedPackages": ["numpy", "pandas"],
+                    "pool": [{"cpu": "500m", "memory": "256Mi", "size": 2}, {"cpu": "250m", "memory": "128Mi",
+                                                                             "size": 0}]},
     },
     "agent-namespaces": {
         "agentNamespaces": ["team-a", "team-b"],
@@ -30,7 +32,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                      "extraEnv": [{"name": "ROCKBOT_EXTRA", "value": "1"}]},
         "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"],
                               "extraRules": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}]}},
-        "scripts": {"runtimeClassName": "gvisor", "concurrency": 8, "allowedPackages": ["numpy"]},
+        "scripts": {"runtimeClassName": "gvisor", "concurrency": 8, "allowedPackages": ["numpy"],
+                    "pool": [{"cpu": "1", "memory": "1Gi", "size": 1}]},
         "openrouterMcp": {"enabled": True},
         "rabbitmq": {"persistence": {"storageClassName": "fast", "size": "10Gi"}},
         "image": {"digest": "sha256:" + "a" * 64},

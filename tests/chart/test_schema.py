@@ -30,6 +30,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "root-user": ({"podSecurityContext": {"runAsUser": 0}}, "podSecurityContext.runAsUser"),
     "resources-without-limits": ({"operator": {"resources": {"limits": None}}}, "operator.resources"),
     "package-with-version": ({"scripts": {"allowedPackages": ["numpy==2.0"]}}, "scripts.allowedPackages.0"),
+    "pool-class-without-size": ({"scripts": {"pool": [{"cpu": "500m", "memory": "256Mi"}]}}, "scripts.pool.0"),
+    "pool-memory-not-a-quantity": ({"scripts": {"pool": [{"cpu": "500m", "memory": "lots", "size": 1}]}},
+                                   "scripts.pool.0.memory"),
     "no-broker-at-all": ({"rabbitmq": {"enabled": False}}, "set externalBroker.url"),
     "external-broker-without-egress": (
         {"rabbitmq": {"enabled": False}, "externalBroker": {"url": "amqp://u:p@broker:5672/"}},

@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 from rockbot.kube import NAMESPACES, PODS, KubeClient
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import job_pod
+from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.chart.conftest import Manifest
-from tests.chart.rbac import SCRIPTS_MANAGER_SA, Right, allowed, grants_of
+from tests.chart.rbac import SCRIPTS_MANAGER_SA, Grant, Right, allowed, grants_of
 from tests.chart.test_operator_rbac import Used, used_right
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.containers import Container
@@ -94,6 +95,25 @@ async def exercise_the_manager(
         await backend.sweep()  # list, delete
 
 
+async def exercise_the_pool(*, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings) -> None:
+    """The warm pool's paths: its cache (list, watch), pods made, leases renewed, a claim, release at the end."""
+    async with node(emulator, client), pod_backend(settings) as backend:
+        assert backend.pool is not None
+
+        async def renewed() -> None:  # a lease renewal is a JSON patch on an idle pod
+            assert any(request.headers.get("Content-Type") == "application/json-patch+json"
+                       for request in emulator.requests)
+
+        await eventually(renewed)
+        result = await backend.run(job("print(1)", "warm"))
+        assert sample_path(backend) == 1 and result.stdout == "1\n"
+
+
+def sample_path(backend: PodBackend) -> float:
+    return backend.metrics.registry.get_sample_value(
+        "rockbot_scripts_pod_run_duration_seconds_count", {"path": "warm"}) or 0.0
+
+
 async def test_every_request_the_scripts_manager_makes_is_granted_by_the_chart(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render  # noqa: F811
 ) -> None:
@@ -101,6 +121,22 @@ async def test_every_request_the_scripts_manager_makes_is_granted_by_the_chart(
     await exercise_the_manager(client=kube, emulator=kube_api, settings=settings)
     used = manager_rights(kube_api)
     grants = grants_of(render(), account=SCRIPTS_MANAGER_SA)
+    check(used, grants)
+
+
+async def test_with_a_warm_pool_every_request_is_granted_by_the_chart_and_patch_is_used(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render  # noqa: F811
+) -> None:
+    cold = make_settings(scripts_backend="pods", scripts_sweep_grace_seconds=0)
+    await exercise_the_manager(client=kube, emulator=kube_api, settings=cold)
+    warm = make_settings(scripts_backend="pods", scripts_pool="500m/256Mi=1", scripts_pool_lease_seconds=1.5)
+    await exercise_the_pool(client=kube, emulator=kube_api, settings=warm)
+    grants = grants_of(render({"scripts": {"pool": [{"cpu": "500m", "memory": "256Mi", "size": 1}]}}),
+                       account=SCRIPTS_MANAGER_SA)
+    check(manager_rights(kube_api), grants)
+
+
+def check(used: set[Used], grants: list[Grant]) -> None:
     refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
                      if not allowed(grants, right=u.right, namespace=u.namespace))
     assert refused == [], "the scripts-manager needs rights the chart does not grant"

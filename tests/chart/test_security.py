@@ -8,7 +8,7 @@ import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
-from tests.chart.rbac import OPERATOR_SA, SCRIPTS_MANAGER_SA, allowed, expand, grants_of, rule_set
+from tests.chart.rbac import OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of, rule_set
 from tests.pod_security import pod_specs, restricted_violations
 
 Render = Callable[..., list[Manifest]]
@@ -87,8 +87,10 @@ def test_the_operator_deletes_nothing_but_scheduled_tasks(render: Render, name: 
         assert not {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
 
 
-def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render) -> None:
-    manifests = render(COMBINATIONS["everything"])
+@pytest.mark.parametrize(("name", "extra"), [("defaults", set()), ("everything", {("", "pods", "patch")})])
+def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render, name: str, extra: set[Right]) -> None:
+    """Patch only with a warm pool (claims and leases are patches)."""
+    manifests = render(COMBINATIONS[name])
     granted = [b for b in bindings(manifests) if any(s["name"] == SCRIPTS_MANAGER_SA for s in b["subjects"])]
     assert [b["kind"] for b in granted] == ["RoleBinding"]
     (binding,) = granted
@@ -96,7 +98,7 @@ def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render) ->
     assert binding["roleRef"]["kind"] == "Role"
     (role,) = [m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"] == binding["roleRef"]["name"]]
     assert role["metadata"]["namespace"] == "rockbot-scripts"
-    assert rule_set(role["rules"]) == SCRIPTS_MANAGER_RIGHTS
+    assert rule_set(role["rules"]) == SCRIPTS_MANAGER_RIGHTS | extra
 
 
 @pytest.mark.parametrize("name", COMBINATIONS)

@@ -115,18 +115,25 @@ class FakeKubelet:
         if self.relist_seconds is None or at_once:
             await self._write_status(pod)
 
-    async def run_container(self, pod: RunningPod) -> None:
-        """Start the pod's command for real (see the module docstring) and follow it to its end."""
+    async def run_container(self, pod: RunningPod, *, stdin: Callable[[bytes], None] | None = None) -> None:
+        """Start the pod's command for real (see the module docstring) and follow it to its end.
+
+        `stdin`, if given, receives what attached clients write instead of the process (a fault: the
+        container dies as the data arrives, say).
+        """
         spec = pod.pod["spec"]["containers"][0]
         command = [_python() if part == "python3" else part for part in spec["command"]]
-        stdin = asyncio.subprocess.PIPE if spec.get("stdin") else asyncio.subprocess.DEVNULL
+        held_open = asyncio.subprocess.PIPE if spec.get("stdin") else asyncio.subprocess.DEVNULL
         process = await asyncio.create_subprocess_exec(
-            *pod_sandbox(), *command, stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            *pod_sandbox(), *command, stdin=held_open, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
         pod.process = process
 
         async def write(data: bytes) -> None:
+            if stdin is not None:
+                stdin(data)
+                return
             pod.stdin_received += data
             assert process.stdin is not None
             with contextlib.suppress(ConnectionError):

@@ -219,3 +219,14 @@ log.console = true
 log.console.level = info
 log.file = false
 {{- end -}}
+
+{{/* The warm pool as ROCKBOT_SCRIPTS_POOL (`CPU/MEMORY=SIZE,...`), classes of size 0 left out; empty: off. */}}
+{{- define "rockbot.scriptsPool" -}}
+{{- $classes := list -}}
+{{- range .Values.scripts.pool -}}
+{{- if gt (int .size) 0 -}}
+{{- $classes = append $classes (printf "%s/%s=%d" .cpu .memory (int .size)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $classes -}}
+{{- end -}}

@@ -1,0 +1,221 @@
+"""The warm pool: idle script pods per limits class, made ahead of demand, each used for one job.
+
+Each manager keeps `size` idle pods of every class in ROCKBOT_SCRIPTS_POOL (labelled with the class,
+itself as owner, state `idle`), replaces those that are claimed, die or grow too old, and renews the
+lease on its idle pods (their deadline annotation) while it lives, so another manager's sweeper
+reaps the pool of a manager that died. Any manager may claim any idle pod of the right class (its
+own first): the claim is one conditional write (the resourceVersion it saw) that marks the pod
+`claimed` and lowers its activeDeadlineSeconds to its age plus the job's bound, so of two managers
+claiming one pod, one gets 409 and tries another. A claimed pod is never idle again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+from rockbot.kube import PODS, ApiError, Conflict, Invalid, K8sObject, KubeClient, NotFound
+from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends.pod_cache import PodCache
+from rockbot.scripts_manager.backends.pod_manifests import (
+    DEADLINE_ANNOTATION,
+    DEADLINE_SLACK_SECONDS,
+    IDLE,
+    OWNER_LABEL,
+    POOL_LABEL,
+    POOL_SELECTOR,
+    STATE_LABEL,
+    claim_patch,
+    lease_end,
+    now_utc,
+    pool_pod,
+)
+from rockbot.scripts_manager.metrics import ScriptMetrics
+from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
+
+log = logging.getLogger(__name__)
+
+#: Pods a request tries to claim before it takes the cold path.
+CLAIM_ATTEMPTS = 3
+_RETRY_SECONDS = 5.0
+
+
+class WarmPool:
+    def __init__(
+        self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics, owner: str
+    ) -> None:
+        self._kube = kube
+        self._settings = settings
+        self._metrics = metrics
+        self._namespace = settings.scripts_namespace
+        self.owner = owner
+        self.classes = [pool for pool in settings.scripts_pool if pool.size > 0]
+        self.cache = PodCache(kube=kube, namespace=self._namespace, selector=POOL_SELECTOR)
+        self._claiming: set[str] = set()  # pods this manager's requests are claiming right now
+        for pool in self.classes:
+            metrics.pool_size.labels(pool.label).set(pool.size)
+
+    def class_of(self, job: ScriptJob) -> PoolClass | None:
+        cpu, memory = job.cpu or self._settings.scripts_cpu, job.memory or self._settings.scripts_memory
+        return next((pool for pool in self.classes if pool.fits(cpu=cpu, memory=memory)), None)
+
+    async def claims(self, job: ScriptJob) -> AsyncIterator[str]:
+        """Idle pods claimed for this job, one at a time (the caller asks for another if one failed)."""
+        pool = self.class_of(job)
+        if pool is None:
+            return
+        tried: set[str] = set()
+        for _ in range(CLAIM_ATTEMPTS):
+            claimed = await self._claim_one(pool, job, tried)
+            if claimed is None:
+                return
+            yield claimed
+
+    async def _claim_one(self, pool: PoolClass, job: ScriptJob, tried: set[str]) -> str | None:
+        candidates = [pod for pod in self._idle(pool)
+                      if _ready(pod) and pod["metadata"]["name"] not in tried | self._claiming]
+        random.shuffle(candidates)  # two managers rarely reach for the same pod first
+        candidates.sort(key=lambda pod: pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner)
+        for pod in candidates[:CLAIM_ATTEMPTS]:
+            name = pod["metadata"]["name"]
+            tried.add(name)
+            patch = claim_patch(pod=pod, job=job, now=now_utc())
+            if patch is None:
+                continue
+            self._claiming.add(name)
+            try:
+                claimed = await self._kube.patch(PODS, namespace=self._namespace, name=name, body=patch)
+            except (Conflict, NotFound, Invalid) as exc:  # claimed by another, gone, or changed
+                log.info("could not claim warm pod %s: %s", name, exc.reason)
+                self._metrics.pool_misses.labels(pool.label, "raced").inc()
+                continue
+            finally:
+                self._claiming.discard(name)
+            self.cache.pods[name] = claimed  # not idle any more, whatever the watch has said so far
+            self._metrics.pool_claims.labels(pool.label).inc()
+            self.cache.notify()  # refill
+            return name
+        if not candidates:
+            self._metrics.pool_misses.labels(pool.label, "empty").inc()
+        return None
+
+    def _idle(self, pool: PoolClass, *, owner: str | None = None) -> list[K8sObject]:
+        return [
+            pod for pod in self.cache.pods.values()
+            if (labels := pod["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.label
+            and labels.get(STATE_LABEL) == IDLE
+            and not pod["metadata"].get("deletionTimestamp")
+            and (owner is None or labels.get(OWNER_LABEL) == owner)
+        ]  # fmt: skip
+
+    async def run(self) -> None:
+        """Keep every class at its size until cancelled: on each change of the pool, and to renew leases."""
+        if not self.classes:
+            return
+        renew_every = self._settings.scripts_pool_lease_seconds / 3
+        while True:
+            await self.cache.synced.wait()
+            seen = self.cache.version
+            try:
+                for pool in self.classes:
+                    await self._maintain(pool)
+            except ApiError as exc:  # quota exceeded, API down: keep what there is, try again soon
+                log.warning("keeping the warm pool failed: %s; trying again in %g s", exc, _RETRY_SECONDS)
+                await asyncio.sleep(_RETRY_SECONDS)
+            except OSError as exc:
+                log.warning("the Kubernetes API is unreachable (%s); trying again in %g s", exc, _RETRY_SECONDS)
+                await asyncio.sleep(_RETRY_SECONDS)
+            await self.cache.changed(since=seen, within=renew_every)
+
+    async def _maintain(self, pool: PoolClass) -> None:
+        mine = self._idle(pool, owner=self.owner)
+        now = now_utc()
+        keep = []
+        for pod in mine:
+            if _ended(pod) or _too_old(pod, settings=self._settings, now=now):
+                await self._delete(pod)
+            else:
+                keep.append(pod)
+        ready = [pod for pod in self._idle(pool) if _ready(pod)]
+        self._metrics.pool_idle.labels(pool.label).set(len(ready))
+        for _ in range(pool.size - len(keep)):
+            created = await self._kube.create(
+                PODS, namespace=self._namespace,
+                body=pool_pod(pool=pool, owner=self.owner, settings=self._settings, now=now),
+            )  # fmt: skip
+            self.cache.remember(created)
+        renewal = lease_end(settings=self._settings, now=now)
+        for pod in keep:
+            if _lease_left(pod, now=now) < self._settings.scripts_pool_lease_seconds * 2 / 3:
+                await self._renew(pod, renewal)
+
+    async def _renew(self, pod: K8sObject, until: str) -> None:
+        """Move the lease on, only while the pod is idle (a JSON patch whose test fails changes nothing)."""
+        patch = [
+            {"op": "test", "path": f"/metadata/labels/{_pointer(STATE_LABEL)}", "value": IDLE},
+            {"op": "replace", "path": f"/metadata/annotations/{_pointer(DEADLINE_ANNOTATION)}", "value": until},
+        ]
+        try:
+            renewed = await self._kube.patch(PODS, namespace=self._namespace, name=pod["metadata"]["name"],
+                                             body=patch, patch_type="json")
+        except (Invalid, Conflict, NotFound):
+            return  # claimed or gone meanwhile: the watch brings its new state
+        self.cache.pods[renewed["metadata"]["name"]] = renewed
+
+    async def _delete(self, pod: K8sObject) -> None:
+        """Delete an idle pod of ours, unless it changed (say, claimed) since we looked."""
+        metadata = pod["metadata"]
+        with contextlib.suppress(Conflict, NotFound):
+            await self._kube.delete(PODS, namespace=self._namespace, name=metadata["name"], grace_period_seconds=0,
+                                    preconditions_resource_version=metadata["resourceVersion"])
+
+    async def release(self) -> None:
+        """At shutdown: delete this manager's idle pods (nobody renews them any more)."""
+        for pool in self.classes:
+            for pod in self._idle(pool, owner=self.owner):
+                try:
+                    await self._delete(pod)
+                except (ApiError, OSError) as exc:  # the sweeper will get them
+                    log.warning("could not delete warm pod %s: %s", pod["metadata"]["name"], exc)
+
+
+def _ready(pod: K8sObject) -> bool:
+    """Its runner is up: the container is running (attach needs that) and the pod is not ending."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return False
+    return any((s.get("state") or {}).get("running") for s in status.get("containerStatuses") or [])
+
+
+def _ended(pod: K8sObject) -> bool:
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    return any((s.get("state") or {}).get("terminated") for s in status.get("containerStatuses") or [])
+
+
+def _too_old(pod: K8sObject, *, settings: ScriptsManagerSettings, now: datetime) -> bool:
+    """Too old to fit the longest script allowed: replace it before a request finds it useless."""
+    started = (pod.get("status") or {}).get("startTime")
+    if not started:
+        return False
+    age = (now - datetime.fromisoformat(started.replace("Z", "+00:00"))).total_seconds()
+    left = settings.scripts_pool_pod_lifetime_seconds - age
+    return left < settings.scripts_max_timeout_seconds + DEADLINE_SLACK_SECONDS + 60
+
+
+def _lease_left(pod: K8sObject, *, now: datetime) -> float:
+    stamp = (pod["metadata"].get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    try:
+        return (datetime.fromisoformat(stamp) - now).total_seconds()
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _pointer(key: str) -> str:
+    """A map key as a JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,204 @@
+"""The warm pool (issue 9) against the API emulator, with a node running the pods for real.
+
+Two managers are two pod backends with their own clients, as two replicas would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from rockbot.kube import PODS, KubeClient
+from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
+from rockbot.scripts_manager.backends.pod_manifests import (
+    DEADLINE_SLACK_SECONDS,
+    IDLE,
+    OWNER_LABEL,
+    POOL_SELECTOR,
+    STATE_LABEL,
+    pool_pod,
+)
+from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
+from tests.kubeapi import KubeApiEmulator
+from tests.kubeapi.kubelet import FakeKubelet, RunningPod
+from tests.pod_security import restricted_violations
+from tests.scripts_manager.conftest import NS, MakeSettings, node, pod_backend
+from tests.waiting import eventually
+
+DEFAULT_CLASS = "500m/256Mi"
+
+
+def job(script: str = "print(6 * 7)", *, request_id: str = "call-1", timeout: float = 10, **limits: str) -> ScriptJob:
+    return ScriptJob(request_id=request_id, script=script, input_data=None, timeout_seconds=timeout, **limits)
+
+
+def pooled(make_settings: MakeSettings, size: int, **overrides: Any) -> ScriptsManagerSettings:
+    return make_settings(scripts_backend="pods", scripts_pool=f"{DEFAULT_CLASS}={size}", **overrides)
+
+
+async def idle_pods(kube: KubeClient, *, owner: str | None = None, ready: bool = True) -> list[dict[str, Any]]:
+    pods = (await kube.list(PODS, namespace=NS, label_selector=f"{POOL_SELECTOR},{STATE_LABEL}={IDLE}")).items
+    return [pod for pod in pods
+            if (owner is None or pod["metadata"]["labels"][OWNER_LABEL] == owner)
+            and (not ready or (pod.get("status") or {}).get("phase") == "Running")
+            and not pod["metadata"].get("deletionTimestamp")]
+
+
+async def pool_full(kube: KubeClient, backend: PodBackend, size: int) -> None:
+    async def full() -> None:
+        assert backend.pool is not None
+        assert len(await idle_pods(kube, owner=backend.pool.owner)) == size
+
+    await eventually(full)
+
+
+def sample(backend: PodBackend, name: str, **labels: str) -> float:
+    return backend.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def jobs_run_by(kubelet: FakeKubelet) -> dict[str, int]:
+    """How many job lines each pod's runner was given (a pod must never get two)."""
+    return {name: pod.stdin_received.count(b"\n") for name, pod in kubelet.history.items()}
+
+
+@pytest.fixture
+async def one_warm(kube: KubeClient, make_settings: MakeSettings) -> AsyncIterator[PodBackend]:
+    async with pod_backend(pooled(make_settings, 1)) as backend:
+        yield backend
+
+
+def test_a_warm_pod_is_as_locked_down_as_any_script_pod(make_settings: MakeSettings) -> None:
+    settings = pooled(make_settings, 1)
+    pod = pool_pod(pool=settings.scripts_pool[0], owner="m1", settings=settings, now=datetime.now(UTC))
+    assert restricted_violations(pod) == []
+    spec = pod["spec"]
+    container = spec["containers"][0]
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert spec["automountServiceAccountToken"] is False and spec["activeDeadlineSeconds"] == 3600
+    assert pod["metadata"]["labels"]["rockbot.dev/sandbox"] == "script"  # the default-deny NetworkPolicy's
+
+
+def test_pool_classes_parse_and_must_fit_the_maximums(make_settings: MakeSettings) -> None:
+    settings = make_settings(scripts_pool="500m/256Mi=2, 0.25/128Mi=1")
+    assert settings.scripts_pool == [PoolClass(cpu="500m", memory="256Mi", size=2),
+                                     PoolClass(cpu="0.25", memory="128Mi", size=1)]
+    assert settings.scripts_pool[1].fits(cpu="250m", memory="134217728")
+    with pytest.raises(ValueError, match="is not CPU/MEMORY=SIZE"):
+        make_settings(scripts_pool="500m=2")
+    with pytest.raises(ValueError, match="no job could use it"):
+        make_settings(scripts_pool="4/256Mi=1")
+
+
+async def test_a_job_runs_on_a_warm_pod_whose_deadline_is_lowered_and_which_is_replaced(
+    one_warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    async with node(kube_api, kube) as kubelet:
+        await pool_full(kube, one_warm, 1)
+        (warm,) = await idle_pods(kube)
+        result = await one_warm.run(job(timeout=5))
+        other_class = await one_warm.run(job(request_id="call-2", memory="128Mi"))
+        await pool_full(kube, one_warm, 1)  # a new idle pod replaces the claimed one
+    assert result.stdout == other_class.stdout == "42\n"
+    used = kubelet.history[warm["metadata"]["name"]]
+    assert json.loads(used.stdin_received)["script"] == "print(6 * 7)"
+    assert used.pod["spec"]["activeDeadlineSeconds"] <= 5 + DEADLINE_SLACK_SECONDS + 5  # lowered from 3600
+    assert used.name not in {pod["metadata"]["name"] for pod in (await kube.list(PODS, namespace=NS)).items}
+    assert sample(one_warm, "rockbot_scripts_pool_claims_total", limits_class=one_warm.pool.classes[0].label) == 1
+    assert sample(one_warm, "rockbot_scripts_pod_time_to_first_instruction_seconds_count", path="warm") == 1
+    assert sample(one_warm, "rockbot_scripts_pod_run_duration_seconds_count", path="cold") == 1  # 128Mi: no pool
+
+
+async def test_two_managers_never_claim_the_same_pod(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
+) -> None:
+    async with node(kube_api, kube) as kubelet, pod_backend(pooled(make_settings, 1)) as first:
+        await pool_full(kube, first, 1)
+        async with pod_backend(pooled(make_settings, 1)) as second:
+            assert second.pool is not None
+            await second.pool.cache.synced.wait()  # it sees the first one's idle pod; its own is still starting
+            results = await asyncio.gather(*(manager.run(job(request_id=f"call-{i}"))
+                                             for i, manager in enumerate((first, second, first, second))))
+    assert [result.stdout for result in results] == ["42\n"] * 4
+    assert max(jobs_run_by(kubelet).values()) == 1
+    assert sum(sample(manager, "rockbot_scripts_pool_misses_total", limits_class=first.pool.classes[0].label,
+                      reason="raced") for manager in (first, second)) >= 1  # they did reach for one pod
+
+
+async def test_a_pod_that_dies_as_the_job_arrives_hands_the_job_on_and_it_runs_once(
+    one_warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    async def first_warm_pod_dies(kubelet: FakeKubelet, pod: RunningPod) -> None:
+        dies = pod.name.startswith("rockbot-script-warm-") and not any(
+            p.name.startswith("rockbot-script-warm-") for p in kubelet.history.values() if p is not pod)
+        await kubelet.run_container(pod, stdin=(lambda data: kubelet.kill(pod)) if dies else None)
+
+    async with node(kube_api, kube, first_warm_pod_dies) as kubelet:
+        await pool_full(kube, one_warm, 1)
+        result = await one_warm.run(job())
+    assert result.stdout == "42\n"
+    runs = jobs_run_by(kubelet)
+    assert sum(runs.values()) == 1, runs  # the dead pod never got it; one other pod ran it, once
+    label = one_warm.pool.classes[0].label
+    assert sample(one_warm, "rockbot_scripts_pool_misses_total", limits_class=label, reason="failed") == 1
+
+
+async def test_a_pod_that_dies_while_the_script_runs_fails_the_job_and_it_is_not_run_again(
+    one_warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    async with node(kube_api, kube) as kubelet:
+        await pool_full(kube, one_warm, 1)
+        (warm,) = await idle_pods(kube)
+        run = asyncio.create_task(one_warm.run(job("import time\nprint('begun', flush=True)\ntime.sleep(30)")))
+        pod = kubelet.pods[warm["metadata"]["name"]]
+
+        async def started() -> None:
+            assert pod.streams is not None and b"rockbot_script_started" in pod.streams.log
+
+        await eventually(started)
+        kubelet.kill(pod)
+        with pytest.raises(SandboxFailure, match="ended without a result"):
+            await run
+    assert sum(jobs_run_by(kubelet).values()) == 1
+
+
+async def test_the_pool_refills_after_a_burst_and_is_released_at_shutdown(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
+) -> None:
+    async with node(kube_api, kube) as kubelet, pod_backend(pooled(make_settings, 2)) as backend:
+        await pool_full(kube, backend, 2)
+        results = await asyncio.gather(*(backend.run(job(request_id=f"burst-{i}")) for i in range(5)))
+        await pool_full(kube, backend, 2)
+        label = backend.pool.classes[0].label
+        assert sample(backend, "rockbot_scripts_pool_idle_pods", limits_class=label) == 2
+        assert sample(backend, "rockbot_scripts_pool_size", limits_class=label) == 2
+    assert [result.stdout for result in results] == ["42\n"] * 5
+    assert sample(backend, "rockbot_scripts_pool_claims_total", limits_class=label) == 2
+    assert max(jobs_run_by(kubelet).values()) == 1
+    assert await idle_pods(kube, ready=False) == []  # a manager that stops deletes its idle pods
+
+
+async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
+) -> None:
+    fast = {"scripts_pool_lease_seconds": 1.5, "scripts_sweep_grace_seconds": 0, "scripts_sweep_interval_seconds": 0.3}
+    async with node(kube_api, kube), contextlib.AsyncExitStack() as dead:
+        gone = await dead.enter_async_context(pod_backend(pooled(make_settings, 2, **fast)))
+        await pool_full(kube, gone, 2)
+        for task in gone._tasks:  # as if its process died: its loops stop, nothing is cleaned up
+            task.cancel()
+        async with pod_backend(pooled(make_settings, 1, **fast)) as survivor:
+            await pool_full(kube, survivor, 1)
+
+            async def reaped() -> None:
+                owners = {pod["metadata"]["labels"][OWNER_LABEL] for pod in await idle_pods(kube, ready=False)}
+                assert owners == {survivor.pool.owner}
+
+            await eventually(reaped)
+        gone.pool = None  # nothing left of it to release
