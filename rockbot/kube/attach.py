@@ -7,7 +7,8 @@ with an empty message on the lowest output channel it serves; when the container
 sends the `Status` (`Success`, or why the session failed, e.g. the container is not running) on
 channel 3, then a close frame. Since Kubernetes 1.30 the API server itself terminates v5 sessions
 (translating them to the kubelet's SPDY), so an error reaching the kubelet arrives as that Status
-after the upgrade, not as an HTTP error.
+after the upgrade, not as an HTTP error. Older servers pass the WebSocket to the kubelet, which speaks
+`v4.channel.k8s.io`: the same channels without the close signal; clients offer both.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 import aiohttp
 
 PROTOCOL = "v5.channel.k8s.io"
+#: What Kubernetes before 1.30 serves (the kubelet's own WebSocket server): the same channels, no close signal.
+PROTOCOL_V4 = "v4.channel.k8s.io"
 STDIN, STDOUT, STDERR, ERROR, RESIZE = 0, 1, 2, 3, 4
 CLOSE_SIGNAL = 255
 
@@ -37,6 +40,7 @@ class AttachSession:
 
     def __init__(self, websocket: aiohttp.ClientWebSocketResponse) -> None:
         self._ws = websocket
+        self.protocol = websocket.protocol
         self.status: dict[str, Any] | None = None
 
     async def write(self, data: bytes) -> None:
@@ -44,7 +48,9 @@ class AttachSession:
         await self._ws.send_bytes(bytes([STDIN]) + data)
 
     async def close_stdin(self) -> None:
-        """End the container's stdin (with `stdinOnce`, the container sees end of file)."""
+        """End the container's stdin (with `stdinOnce`, the container sees end of file); v5 only."""
+        if self.protocol != PROTOCOL:
+            raise ValueError(f"{self.protocol} has no way to close stdin but closing the session")
         await self._ws.send_bytes(bytes([CLOSE_SIGNAL, STDIN]))
 
     async def __aiter__(self) -> AsyncIterator[Output]:

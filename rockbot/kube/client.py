@@ -30,7 +30,7 @@ import yaml
 from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
-from rockbot.kube.attach import PROTOCOL, AttachSession
+from rockbot.kube.attach import PROTOCOL, PROTOCOL_V4, AttachSession
 from rockbot.kube.errors import ApiError, KubeConfigError, Unavailable, error_from_status, error_from_text
 from rockbot.kube.resources import PODS, Resource
 
@@ -309,16 +309,16 @@ class KubeClient:
         session: aiohttp.ClientSession = self._api.rest_client.pool_manager  # kubernetes_asyncio's, with its TLS
         try:
             async with asyncio.timeout(self._request_timeout):
-                websocket = await session.ws_connect(url, headers=headers, protocols=(PROTOCOL,))
+                websocket = await session.ws_connect(url, headers=headers, protocols=(PROTOCOL, PROTOCOL_V4))
         except aiohttp.WSServerHandshakeError as exc:
             raise error_from_status(status=exc.status, text=f"attach to {name}: {exc.message}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Unavailable(status=503, reason="ServiceUnavailable",
                               message=f"attach to {name}: {type(exc).__name__}: {exc}") from exc
         try:
-            if websocket.protocol != PROTOCOL:
+            if websocket.protocol not in (PROTOCOL, PROTOCOL_V4):
                 raise ApiError(status=400, reason="BadRequest",
-                               message=f"attach to {name}: the server does not speak {PROTOCOL}")
+                               message=f"attach to {name}: the server speaks neither {PROTOCOL} nor {PROTOCOL_V4}")
             yield AttachSession(websocket)
         finally:
             await websocket.close()
