@@ -58,6 +58,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     """A Kubernetes API server in memory, over real HTTP; see the package docstring for what it does."""
 
     history_limit: int = 1000
+    #: Seconds every request waits before it is served, as a real API server's round trip does (a few ms).
+    latency: float = 0.0
     api: ApiServer = attrs.field(init=False)
     _logs: dict[tuple[str, str, str | None], str] = attrs.field(factory=dict, init=False)
     _containers: dict[tuple[str, str, str], Container] = attrs.field(factory=dict, init=False)
@@ -143,6 +145,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         raw = request._raw_request
         assert raw is not None
+        if self.latency:
+            await asyncio.sleep(self.latency)
         try:
             for fault in self._faults:
                 if fault.times and raw.method == fault.method and raw.path.endswith(fault.path_suffix):
