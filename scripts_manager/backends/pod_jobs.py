@@ -10,16 +10,21 @@ runner's two capped streams as JSON, at most six bytes per byte written.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import aiohttp
 
 from rockbot.kube import KubeClient
 from rockbot.kube.attach import STDOUT
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import CONTAINER
 from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
+
+log = logging.getLogger(__name__)
 
 _RUNNER_STDERR_KEPT = 4096
 
@@ -103,19 +108,22 @@ async def run_job(
     max_output_bytes: int,
     on_started: Callable[[], None],
 ) -> Attempt:
-    """Attach, write the job, read until the runner's result (or the session's end)."""
+    """Attach, write the job, read until the runner's result (or the session's end, or a broken stream)."""
     attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes)))
     async with kube.attach(namespace=namespace, name=name, container=CONTAINER) as session:
-        await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
-        async for piece in session:
-            if piece.channel != STDOUT:
-                attempt.runner_stderr = (attempt.runner_stderr + piece.data)[-_RUNNER_STDERR_KEPT:]
-                continue
-            was_started = attempt.output.started
-            attempt.output.feed(piece.data)
-            if attempt.output.started and not was_started:
-                on_started()
-            if attempt.output.result is not None:
-                break
+        try:
+            await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
+            async for piece in session:
+                if piece.channel != STDOUT:
+                    attempt.runner_stderr = (attempt.runner_stderr + piece.data)[-_RUNNER_STDERR_KEPT:]
+                    continue
+                was_started = attempt.output.started
+                attempt.output.feed(piece.data)
+                if attempt.output.started and not was_started:
+                    on_started()
+                if attempt.output.result is not None:
+                    break
+        except (aiohttp.ClientError, ConnectionError) as exc:  # the stream broke: the pod and its log tell the rest
+            log.info("the attach session to %s broke (%r)", name, exc)
         attempt.status = session.status
     return attempt

@@ -111,7 +111,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         self.api.store.compact()
 
     def end_watches(self) -> None:
-        """End every open watch stream (and answer hung requests 503), as a restarting API server does."""
+        """End every open watch stream and attach session (and answer hung requests 503), as a restarting
+        API server does."""
         self.api.store.end_watches()
         self._released.set()
         self._released = asyncio.Event()
@@ -329,7 +330,9 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
             )).status()
         else:
             status = await self._pump(ws, streams, stdin=stdin, stdout=stdout, stderr=stderr)
-        if not ws.closed:
+        if status is None:  # the server stops: the connection just drops
+            await ws.close(code=aiohttp.WSCloseCode.GOING_AWAY)
+        elif not ws.closed:
             with contextlib.suppress(ConnectionResetError):
                 await ws.send_bytes(bytes([ERROR]) + json.dumps(status).encode())
             async with asyncio.timeout(_ATTACH_FINISH_SECONDS):
@@ -337,9 +340,13 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         return ws
 
     async def _pump(self, ws: aiohttp.web.WebSocketResponse, streams: Container, *, stdin: bool, stdout: bool,
-                    stderr: bool) -> dict[str, Any]:
-        """Carry one attach session until the container's output ends or the client goes."""
+                    stderr: bool) -> dict[str, Any] | None:
+        """Carry one attach session until the container's output ends or the client goes.
+
+        None when the server goes away (`end_watches()`): the connection drops with no Status.
+        """
         queue = streams.attach()
+        stopping = asyncio.ensure_future(self._released.wait())
 
         async def from_client() -> None:
             async for message in ws:
@@ -356,7 +363,9 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
         try:
             while True:
                 getting = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getting, reader}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({getting, reader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if stopping.done():
+                    return None
                 if not getting.done():  # the client went away
                     break
                 chunk = getting.result()
@@ -367,7 +376,7 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
                     with contextlib.suppress(ConnectionResetError):
                         await ws.send_bytes(bytes([channel]) + data)
         finally:
-            for task in (reader, getting):
+            for task in (reader, getting, stopping):
                 if task is not None and not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -143,6 +143,24 @@ async def test_the_answer_does_not_wait_for_the_kubelet_to_report_the_container_
     assert all("terminated" not in r.text for r in statuses)  # answered before any report of the end
 
 
+async def test_a_stream_broken_mid_run_is_answered_from_the_pods_log_and_the_script_runs_once(
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    async with node(kube_api, kube) as kubelet:
+        script = "import time\nprint('begun', flush=True)\ntime.sleep(1)\nprint('done')"
+        run = asyncio.create_task(backend.run(job(script)))
+
+        async def started() -> None:
+            pods = list(kubelet.history.values())
+            assert len(pods) == 1 and pods[0].streams is not None and b"rockbot_script_started" in pods[0].streams.log
+
+        await eventually(started)
+        kube_api.end_watches()  # the API server restarts: every stream drops, the attach session too
+        result = await run
+    assert (result.stdout, result.exit_code) == ("begun\ndone\n", 0)
+    assert [pod.stdin_received.count(b"\n") for pod in kubelet.history.values()] == [1]
+
+
 async def test_the_runner_enforces_the_timeout_and_keeps_what_was_printed(
     backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
 ) -> None:
