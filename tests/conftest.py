@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.kubeapi",
     "tests.fixtures.rabbitmq",
     "tests.fixtures.llm",
+    "tests.fixtures.tracing",
 ]

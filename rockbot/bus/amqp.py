@@ -30,8 +30,9 @@ from yarl import URL
 
 from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
-from rockbot.bus.messages import CONTENT_TYPE, SCHEMA_VERSION_HEADER, Delivery, Outgoing
+from rockbot.bus.messages import CONTENT_TYPE, PUBLISHED_AT_HEADER, SCHEMA_VERSION_HEADER, Delivery, Outgoing
 from rockbot.bus.topology import EXCHANGE, Queue
+from rockbot.telemetry import TRACE_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +188,17 @@ def _to_amqp(message: Outgoing, *, user_id: str) -> aio_pika.Message:
         correlation_id=message.correlation_id,
         reply_to=message.reply_to,
         type=message.message_type,
-        headers={SCHEMA_VERSION_HEADER: message.schema_version},
+        headers={
+            SCHEMA_VERSION_HEADER: message.schema_version, PUBLISHED_AT_HEADER: message.published_at,
+            **message.trace_context,
+        },
         expiration=message.expires_after_seconds,
         user_id=user_id,
     )
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class _AmqpSubscription(Subscription):
@@ -210,7 +218,9 @@ class _AmqpSubscription(Subscription):
         assert task is not None
         self._in_flight.add(task)
         try:
-            version = (message.headers or {}).get(SCHEMA_VERSION_HEADER)
+            headers = message.headers or {}
+            version = headers.get(SCHEMA_VERSION_HEADER)
+            published_at = headers.get(PUBLISHED_AT_HEADER)
             delivery = Delivery(
                 queue=self._queue.name,
                 body=message.body,
@@ -222,6 +232,8 @@ class _AmqpSubscription(Subscription):
                 reply_to=message.reply_to,
                 redelivered=bool(message.redelivered),
                 user_id=message.user_id,
+                trace_context={k: _text(v) for k, v in headers.items() if k in TRACE_HEADERS},
+                published_at=published_at if isinstance(published_at, int | float) else None,
             )
             try:
                 outcome = await run_handler(handler=self._handler, delivery=delivery)

@@ -16,7 +16,8 @@ A dropped message of a work queue is dead-lettered (see `topology`), and a work 
 a message it has delivered more than `DELIVERY_LIMIT` + 1 times, so no message loops forever, even
 one whose consumer crashes on it. A consumer that stops mid-handle leaves its messages to be
 redelivered. Request/reply is built here once on top of `publish` and `consume`, so both
-implementations share it; a requester takes a reply only from the principal it asked.
+implementations share it; a requester takes a reply only from the principal it asked. Sending and
+handling are traced here too (see `tracing`), once for both implementations.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from typing import Literal, Self
 
 from pydantic import BaseModel
 
+from rockbot.bus import tracing
 from rockbot.bus.errors import AccessRefused, BadMessage, BusError, NoRoute, Refused, RequestTimeout, TooLarge
 from rockbot.bus.identity import Principal
 from rockbot.bus.messages import Delivery, Outgoing, encode
 from rockbot.bus.topology import MAX_MESSAGE_BYTES, Queue
+from rockbot.telemetry import inject
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,15 @@ TRANSIENT_PAUSE_SECONDS = 0.5
 
 
 async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
-    """Run a handler and say what to do with its message (cancellation propagates: no ack)."""
+    """Run a handler in the message's consumer span and say what to do with its message (cancellation
+    propagates: no ack)."""
+    with tracing.handling(delivery) as span:
+        outcome = await _outcome(handler=handler, delivery=delivery)
+        tracing.settled(span, outcome)
+        return outcome
+
+
+async def _outcome(*, handler: Handler, delivery: Delivery) -> Outcome:
     if delivery.sender is None:
         log.warning("refusing message %s on %s: its sender %r is not a rockbot principal (user_id); dead-lettering it",
                     delivery.message_id, delivery.queue, delivery.user_id)
@@ -118,21 +129,26 @@ class Bus(ABC):
         `TooLarge` over `max_message_bytes`. A message with `expires_after_seconds` that no consumer
         has taken by then is discarded (dead-lettered on a work queue).
         """
-        message = encode(
-            body=body,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            reply_to=reply_to,
-            expires_after_seconds=expires_after_seconds,
-        )
-        await self._put(queue_name=queue.name, message=self._checked(message))
+        with tracing.sending(type(body).__name__) as span:
+            message = encode(
+                body=body,
+                message_id=message_id,
+                correlation_id=correlation_id,
+                reply_to=reply_to,
+                expires_after_seconds=expires_after_seconds,
+                trace_context=inject(),
+            )
+            tracing.describe_sent(span, routing_key=queue.name, message=message)
+            await self._put(queue_name=queue.name, message=self._checked(message))
 
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
         if not to.reply_to:
             raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
-        message = encode(body=body, correlation_id=to.correlation_id)
-        await self._put(queue_name=to.reply_to, message=self._checked(message))
+        with tracing.sending(type(body).__name__) as span:
+            message = encode(body=body, correlation_id=to.correlation_id, trace_context=inject())
+            tracing.describe_sent(span, routing_key=to.reply_to, message=message)
+            await self._put(queue_name=to.reply_to, message=self._checked(message))
 
     def _checked(self, message: Outgoing) -> Outgoing:
         if len(message.body) > self.max_message_bytes:

@@ -247,6 +247,8 @@ class _MemorySubscription(Subscription):
             reply_to=message.reply_to,
             redelivered=stored.returns > 0,
             user_id=stored.user_id,
+            trace_context=message.trace_context,
+            published_at=message.published_at,
         )
         try:
             outcome = await run_handler(handler=self._handler, delivery=delivery)

@@ -2,6 +2,9 @@
 
 Bodies are JSON (`content_type` `application/json`); the message `type` is the model's class name
 and the `x-schema-version` header its `schema_version`, so a consumer can refuse what it cannot read.
+Headers also carry the sender's trace context (W3C `traceparent`, `tracestate`) and when it was
+sent (`x-published-at`, seconds since the epoch), so the receiver's work joins the sender's trace
+and shows how long the message waited in its queue.
 A received message says who sent it (`user_id`, set by the sending connection and checked by the
 broker, see `identity`); a consumer bounds what it parses with `max_bytes` before reading a byte
 of JSON, so an oversized body never becomes Python objects.
@@ -10,15 +13,18 @@ of JSON, so an oversized body never becomes Python objects.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rockbot.bus.errors import BadMessage, TooLarge
 from rockbot.bus.identity import Principal
 
 CONTENT_TYPE = "application/json"
 SCHEMA_VERSION_HEADER = "x-schema-version"
+PUBLISHED_AT_HEADER = "x-published-at"
 
 M = TypeVar("M")
 
@@ -36,6 +42,9 @@ class Outgoing(BaseModel):
     reply_to: str | None = None
     #: Discarded undelivered after this long (a request nobody waits for any more is not worth running).
     expires_after_seconds: float | None = None
+    #: The sender's trace context (W3C headers); empty when it traces nothing.
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    published_at: float = Field(default_factory=time.time)
 
 
 def encode(
@@ -45,6 +54,7 @@ def encode(
     correlation_id: str | None = None,
     reply_to: str | None = None,
     expires_after_seconds: float | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> Outgoing:
     return Outgoing(
         body=body.model_dump_json().encode(),
@@ -54,6 +64,7 @@ def encode(
         correlation_id=correlation_id,
         reply_to=reply_to,
         expires_after_seconds=expires_after_seconds,
+        trace_context=dict(trace_context or {}),
     )
 
 
@@ -73,6 +84,9 @@ class Delivery(BaseModel):
     redelivered: bool = False
     #: The broker user that published it (validated by the broker); None when the sender set none.
     user_id: str | None = None
+    #: The sender's trace context (W3C headers), and when it was sent (seconds since the epoch), if it said.
+    trace_context: dict[str, str] = Field(default_factory=dict)
+    published_at: float | None = None
 
     @property
     def sender(self) -> Principal | None:

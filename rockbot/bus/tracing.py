@@ -1,0 +1,91 @@
+"""Spans of the bus: one producer span per message sent, one consumer span per message handled.
+
+The producer span is current while the message is encoded, so the trace context the message carries
+names it, and the consumer span (started from that context) is its child: work a handler does joins
+the sender's trace, across processes. Spans are named by the message's type (`publish
+InboxRequest`, `process ScriptInvokeReply`), never by a queue's name, which may hold a per-process
+id; the routing key and queue are attributes (OpenTelemetry's messaging conventions for RabbitMQ).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from rockbot.bus.messages import Delivery, Outgoing
+from rockbot.bus.topology import EXCHANGE
+from rockbot.telemetry import extract, tracer
+
+SYSTEM = "rabbitmq"
+
+
+@contextmanager
+def sending(message_type: str) -> Iterator[Span]:
+    """The producer span of one message (encode the message inside it)."""
+    with tracer.start_as_current_span(f"publish {message_type}", kind=SpanKind.PRODUCER) as span:
+        yield span
+
+
+def describe_sent(span: Span, *, routing_key: str, message: Outgoing) -> None:
+    if span.is_recording():
+        span.set_attributes({
+            "messaging.system": SYSTEM,
+            "messaging.operation.name": "publish",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": EXCHANGE,
+            "messaging.rabbitmq.destination.routing_key": routing_key,
+            "messaging.message.body.size": len(message.body),
+            **_ids(message.message_id, message.correlation_id),
+        })  # fmt: skip
+
+
+@contextmanager
+def handling(delivery: Delivery) -> Iterator[Span]:
+    """The consumer span of one delivery, a child of the span that sent it."""
+    with tracer.start_as_current_span(
+        f"process {delivery.message_type or 'message'}", context=extract(delivery.trace_context),
+        kind=SpanKind.CONSUMER,
+    ) as span:  # fmt: skip
+        if span.is_recording():
+            span.set_attributes({
+                "messaging.system": SYSTEM,
+                "messaging.operation.name": "process",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": EXCHANGE,
+                "messaging.rabbitmq.destination.routing_key": delivery.queue,
+                "messaging.message.body.size": len(delivery.body),
+                "rockbot.bus.sender": delivery.user_id or "",
+                "rockbot.bus.redelivered": delivery.redelivered,
+                **_ids(delivery.message_id, delivery.correlation_id),
+            })  # fmt: skip
+            wait = queue_wait(delivery)
+            if wait is not None:
+                span.set_attribute("rockbot.bus.queue_wait_seconds", wait)
+        yield span
+
+
+def settled(span: Span, outcome: str) -> None:
+    """Record what became of the message (`ack`, `requeue`, `drop`); anything but ack is an error."""
+    if span.is_recording():
+        span.set_attribute("rockbot.bus.outcome", outcome)
+        if outcome != "ack":
+            span.set_status(Status(StatusCode.ERROR, f"message {outcome}"))
+
+
+def queue_wait(delivery: Delivery) -> float | None:
+    """Seconds from sending to handling (the two clocks may differ a little; never below zero)."""
+    if delivery.published_at is None:
+        return None
+    return max(0.0, time.time() - delivery.published_at)
+
+
+def _ids(message_id: str | None, correlation_id: str | None) -> dict[str, str]:
+    ids = {}
+    if message_id:
+        ids["messaging.message.id"] = message_id
+    if correlation_id:
+        ids["messaging.message.conversation_id"] = correlation_id
+    return ids
