@@ -1,47 +1,12 @@
-"""Status conditions as Kubernetes conventions want them: a transition time that only moves on change."""
+"""Status conditions of the operator's objects; the merging itself is the core's (`rockbot.conditions`)."""
 
 from __future__ import annotations
 
-import datetime
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel
+from rockbot.conditions import ConditionUpdate, merge_conditions
 
-
-class ConditionUpdate(BaseModel):
-    """What a reconcile concluded about one condition type."""
-
-    type: str
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-
-
-def merge_conditions(
-    current: list[dict[str, Any]],
-    updates: list[ConditionUpdate],
-    *,
-    generation: int | None,
-    now: datetime.datetime,
-) -> list[dict[str, Any]]:
-    """New conditions list: `lastTransitionTime` is kept unless the status itself changed."""
-    by_type = {condition.get("type"): condition for condition in current}
-    merged = []
-    for update in updates:
-        previous = by_type.get(update.type)
-        changed = previous is None or previous.get("status") != update.status
-        transition = now.strftime("%Y-%m-%dT%H:%M:%SZ") if changed else previous["lastTransitionTime"]
-        entry: dict[str, Any] = {
-            "type": update.type,
-            "status": update.status,
-            "reason": update.reason,
-            "message": update.message,
-            "lastTransitionTime": transition,
-        }
-        if generation is not None:
-            entry["observedGeneration"] = generation
-        merged.append(entry)
-    return merged
+__all__ = ["ConditionUpdate", "condition_status", "merge_conditions"]
 
 
 def condition_status(conditions: list[dict[str, Any]], type_: str) -> str | None:

@@ -34,8 +34,8 @@ from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.clock import Clock
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
+from rockbot.kube.mirroring import mirror
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
-from rockbot.operator.scheduling.watching import mirror
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rockbot import runs
-from rockbot.operator.conditions import ConditionUpdate, merge_conditions
+from rockbot.conditions import ConditionUpdate, merge_conditions
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources.common import Condition
 from rockbot.resources.runs import truncate

@@ -3,8 +3,8 @@
 Watches end (server timeouts, API restarts) and resourceVersions expire (410 Gone): a stream that
 ends is resumed from the last version seen, an expired one is listed afresh, and objects that
 vanished in between are reported deleted. Any other failure is logged and the mirror lists again.
-The scheduler keeps its own mirror rather than riding on kopf's, so it runs (and is tested) on any
-event loop with nothing but a `KubeClient`.
+The scheduler and the gateway mirror what they need themselves rather than riding on kopf's, so they
+run (and are tested) on any event loop with nothing but a `KubeClient`.
 """
 
 from __future__ import annotations
