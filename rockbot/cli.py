@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("rockbot.operator.cli", "run the operator that reconciles Agents, Tools and ScheduledTasks"),
     "agent": ("rockbot.agent.cli", "run one agent from its rendered config"),
     "scripts-manager": ("rockbot.scripts_manager.cli", "run the service that executes scripts in sandboxes"),
+    "gateway": ("rockbot.gateway.cli", "serve webhook Triggers and start runs from Kubernetes Events"),
     "local": ("rockbot.local.cli", "run the Agents of some YAML files on this machine, with no cluster"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),
     "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),

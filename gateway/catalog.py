@@ -1,0 +1,193 @@
+"""The Triggers the gateway serves, compiled once per generation, their Agents' states, and their conditions.
+
+`Ready` says whether the gateway can take the Trigger's deliveries: its template compiles, its
+reason pattern too, its webhook key is readable, it is not suspended, and its Events come from
+namespaces it may watch (its own; others only when the gateway is started with
+`cross_namespace_events`, since a Trigger reading another namespace's Events hands them to an
+agent of its own). `AgentReady` reports the Agent apart, as a ScheduledTask does: a webhook while
+it is not Ready gets 503.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from rockbot.conditions import ConditionUpdate, merge_conditions
+from rockbot.gateway.admission import AgentState
+from rockbot.gateway.templates import Prompt, TemplateProblem
+from rockbot.resources.common import Condition
+from rockbot.resources.trigger import Trigger, TriggerStatus
+
+Key = tuple[str, str]
+
+
+def webhook_path(*, namespace: str, name: str) -> str:
+    return f"/hooks/{namespace}/{name}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One Trigger as served: its model, its compiled prompt and reason pattern, or why it cannot be served."""
+
+    trigger: Trigger
+    prompt: Prompt | None
+    reason: re.Pattern[str] | None
+    #: (reason, message) of a problem in the spec itself; None when it compiles and is allowed.
+    problem: tuple[str, str] | None
+
+    @property
+    def key(self) -> Key:
+        return self.trigger.metadata["namespace"], self.trigger.metadata["name"]
+
+    @property
+    def generation(self) -> int | None:
+        return self.trigger.metadata.get("generation")
+
+    @property
+    def event_namespaces(self) -> list[str]:
+        events = self.trigger.spec.kubernetes_events
+        if events is None:
+            return []
+        return list(events.namespaces) or [self.key[0]]
+
+
+def compile_entry(trigger: Trigger, *, cross_namespace_events: bool) -> Entry:
+    problem: tuple[str, str] | None = None
+    prompt = reason = None
+    try:
+        prompt = Prompt.compile(prompt=trigger.spec.prompt, when=trigger.spec.when)
+    except TemplateProblem as exc:
+        problem = ("InvalidTemplate", f"{exc}: fix the Jinja2 syntax")
+    events = trigger.spec.kubernetes_events
+    if events is not None and events.reason is not None:
+        try:
+            reason = re.compile(events.reason)
+        except re.error as exc:
+            problem = problem or ("InvalidReason", f"spec.kubernetesEvents.reason is not a regular expression: {exc}")
+    namespace = trigger.metadata["namespace"]
+    others = sorted({*(events.namespaces if events else [])} - {namespace})
+    if others and not cross_namespace_events and problem is None:
+        problem = ("NamespaceNotAllowed",
+                   f"spec.kubernetesEvents.namespaces names {', '.join(others)}: a Trigger reads Events of its own "
+                   "namespace only, unless the gateway runs with ROCKBOT_CROSS_NAMESPACE_EVENTS=true (chart: "
+                   "gateway.crossNamespaceEvents)")  # fmt: skip
+    return Entry(trigger=trigger, prompt=prompt, reason=reason, problem=problem)
+
+
+class Catalog:
+    """What the gateway knows: every Trigger it serves and every Agent's readiness."""
+
+    def __init__(self, *, cross_namespace_events: bool = False) -> None:
+        self._cross_namespace_events = cross_namespace_events
+        self.entries: dict[Key, Entry] = {}
+        self._agents: dict[Key, AgentState] = {}
+
+    def upsert(self, body: dict[str, Any]) -> Entry | None:
+        """Take a Trigger as the API serves it; None (and forgotten) when it does not parse."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        known = self.entries.get(key)
+        metadata = body.get("metadata") or {}
+        if known is not None and known.generation == metadata.get("generation") and known.trigger.metadata.get(
+            "uid"
+        ) == metadata.get("uid"):
+            return known
+        try:
+            trigger = Trigger.model_validate({**body, "status": None})
+        except ValidationError:
+            self.entries.pop(key, None)
+            return None
+        entry = self.entries[key] = compile_entry(trigger, cross_namespace_events=self._cross_namespace_events)
+        return entry
+
+    def delete(self, namespace: str, name: str) -> None:
+        self.entries.pop((namespace, name), None)
+
+    def set_agent(self, body: dict[str, Any]) -> bool:
+        """Take an Agent as the API serves it; True when its readiness changed."""
+        metadata = body["metadata"]
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        state = AgentState(
+            exists=True,
+            ready=ready is not None and ready.get("status") == "True",
+            message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
+        )
+        key = (metadata["namespace"], metadata["name"])
+        changed = self._agents.get(key) != state
+        self._agents[key] = state
+        return changed
+
+    def delete_agent(self, namespace: str, name: str) -> None:
+        self._agents.pop((namespace, name), None)
+
+    def agent(self, entry: Entry) -> AgentState:
+        return self._agents.get((entry.key[0], entry.trigger.spec.agent_ref.name), AgentState(exists=False))
+
+    def using_agent(self, namespace: str, name: str) -> list[Entry]:
+        return [entry for key, entry in self.entries.items()
+                if key[0] == namespace and entry.trigger.spec.agent_ref.name == name]  # fmt: skip
+
+    def watching(self, namespace: str) -> list[Entry]:
+        """The event Triggers that select Events of `namespace` (and are allowed to)."""
+        return [entry for entry in self.entries.values()
+                if entry.problem is None and namespace in entry.event_namespaces]  # fmt: skip
+
+    def event_namespaces(self) -> set[str]:
+        return {namespace for entry in self.entries.values() if entry.problem is None
+                for namespace in entry.event_namespaces}  # fmt: skip
+
+
+def settle(
+    entry: Entry, *, agent: AgentState, secret_problem: str | None, url: str | None, now: datetime.datetime
+) -> Callable[[Trigger, TriggerStatus], None]:
+    """The change that brings a Trigger's conditions, webhook URL and observed generation up to date."""
+
+    def change(trigger: Trigger, status: TriggerStatus) -> None:
+        generation = trigger.metadata.get("generation")
+        if generation != entry.generation:
+            return  # the entry is of another generation: the newer one settles it
+        status.observed_generation = generation
+        status.webhook_url = url
+        updates = [_ready(entry, secret_problem=secret_problem, url=url), _agent_ready(entry, agent)]
+        current = [condition.to_wire() for condition in status.conditions]
+        merged = merge_conditions(current, updates, generation=generation, now=now)
+        status.conditions = [Condition.model_validate(condition) for condition in merged]
+
+    return change
+
+
+def _ready(entry: Entry, *, secret_problem: str | None, url: str | None) -> ConditionUpdate:
+    spec = entry.trigger.spec
+    if entry.problem is not None:
+        return ConditionUpdate(type="Ready", status="False", reason=entry.problem[0], message=entry.problem[1])
+    if secret_problem is not None:
+        return ConditionUpdate(type="Ready", status="False", reason="SecretUnavailable", message=secret_problem)
+    if spec.suspend:
+        return ConditionUpdate(type="Ready", status="False", reason="Suspended",
+                               message="spec.suspend is true: webhooks get 503, events are ignored")  # fmt: skip
+    if spec.webhook is not None:
+        ref = spec.webhook.secret_key_ref
+        message = f"serving POST {url or webhook_path(namespace=entry.key[0], name=entry.key[1])}, signed with the "
+        message += f"key {ref.key!r} of Secret {ref.name!r}"
+        return ConditionUpdate(type="Ready", status="True", reason="Serving", message=message)
+    events = spec.kubernetes_events
+    assert events is not None
+    message = f"watching {events.type} Events in {', '.join(entry.event_namespaces)}"
+    return ConditionUpdate(type="Ready", status="True", reason="Watching", message=message)
+
+
+def _agent_ready(entry: Entry, agent: AgentState) -> ConditionUpdate:
+    name = entry.trigger.spec.agent_ref.name
+    if not agent.exists:
+        return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotFound",
+                               message=f"Agent {name!r} not found in this namespace")  # fmt: skip
+    if not agent.ready:
+        return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotReady",
+                               message=agent.message or "the Agent has no Ready condition yet")  # fmt: skip
+    return ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message="")

@@ -1,0 +1,118 @@
+"""Webhook Triggers end to end: a signed POST to the gateway, a run on a real agent over the real broker, its
+answer in the Trigger's history; and everything the endpoint refuses."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.fixtures.llm import Turn
+from tests.gateway.conftest import ISSUE, NS, PUBLIC_URL, Cluster, StartGateway, send
+
+
+async def test_a_signed_webhook_starts_one_run_and_the_answer_lands_in_the_history(
+    cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
+) -> None:
+    scripted_llm.play(Turn(text="Labelled bug and browser:safari; asked the reporter for the console log."))
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger()
+    gateway = await start_gateway()
+    status = await cluster.ready()
+    assert status["webhookUrl"] == f"{PUBLIC_URL}/hooks/{NS}/issues"
+    answer = await send(gateway, delivery="72d3162e-cc78-11e3-81ab-4c9367dc0958")
+    assert answer.status == 202, answer
+    (record,) = await cluster.history(["Succeeded"])
+    assert record["runId"] == answer.body["runId"]
+    assert record["deliveryId"] == "72d3162e-cc78-11e3-81ab-4c9367dc0958"
+    assert record["summary"] == "Labelled bug and browser:safari; asked the reporter for the console log."
+    (request,) = scripted_llm.requests
+    assert request.messages[-1] == {"role": "user", "content": "Triage issue #7 of acme/shop: Login fails on Safari"}
+    assert (await cluster.status())["lastDelivery"]["id"] == "72d3162e-cc78-11e3-81ab-4c9367dc0958"
+
+
+
+async def test_what_the_endpoint_refuses_is_refused_as_specified_and_never_runs(
+    cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
+) -> None:
+    scripted_llm.play(Turn(text="Triaged."))
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger(webhook={"secretKeyRef": {"name": "github-webhook", "key": "secret"}, "maxBodyBytes": 4096})
+    gateway = await start_gateway()
+    await cluster.ready()
+    forged = await send(gateway, key=b"a guess", delivery="d-forged")
+    unsigned = await send(gateway, delivery="d-unsigned", headers={"X-Hub-Signature-256": ""})
+    oversized = await send(gateway, {**ISSUE, "padding": "x" * 5000}, delivery="d-big")
+    as_text = await send(gateway, delivery="d-text", headers={"Content-Type": "text/plain"})
+    broken = await send(gateway, b"{not json", delivery="d-broken")
+    unknown = await send(gateway, trigger="nothing-here")
+    assert (forged.status, unsigned.status) == (401, 401), (forged, unsigned)
+    assert "X-Hub-Signature-256" in forged.body["message"]
+    assert oversized.status == 413 and "4096" in oversized.body["message"]
+    assert as_text.status == 415 and "application/json" in as_text.body["message"]
+    assert broken.status == 400 and "not JSON" in broken.body["message"]
+    assert unknown.status == 404
+    first = await send(gateway, delivery="d-1")
+    replayed = await send(gateway, delivery="d-1")
+    assert (first.status, replayed.status) == (202, 409), (first, replayed)
+    assert replayed.body["runId"] == first.body["runId"]
+    await cluster.history(["Succeeded"])
+    assert len(scripted_llm.requests) == 1
+    assert [entry["id"] for entry in (await cluster.status())["deliveries"]] == ["d-1"]
+
+
+async def test_a_burst_over_the_rate_limit_gets_429_and_nothing_is_recorded_for_it(
+    cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
+) -> None:
+    scripted_llm.play(Turn(text="One."), Turn(text="Two."))
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger(maxRunsPerMinute=2, successfulRunsHistoryLimit=5)
+    gateway = await start_gateway()
+    await cluster.ready()
+    answers = await asyncio.gather(*(send(gateway, delivery=f"d-{index}") for index in range(6)))
+    assert sorted(answer.status for answer in answers) == [202, 202, 429, 429, 429, 429], answers
+    refused = [answer for answer in answers if answer.status == 429]
+    assert all(1 <= int(answer.headers["Retry-After"]) <= 60 for answer in refused)
+    assert "maxRunsPerMinute" in refused[0].body["message"]
+    await cluster.history(["Succeeded", "Succeeded"])
+    started = {answer.body["runId"] for answer in answers if answer.status == 202}
+    assert {entry["runId"] for entry in (await cluster.status())["deliveries"]} == started
+    assert len(scripted_llm.requests) == 2
+
+
+async def test_the_same_delivery_sent_twice_and_again_after_a_restart_runs_once(
+    cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
+) -> None:
+    scripted_llm.play(Turn(text="Triaged once."))
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger()
+    first_gateway = await start_gateway()
+    await cluster.ready()
+    first = await send(first_gateway, delivery="d-1")
+    again = await send(first_gateway, delivery="d-1")
+    await first_gateway.stop()
+    second_gateway = await start_gateway()
+    after_restart = await send(second_gateway, delivery="d-1")
+    assert [first.status, again.status, after_restart.status] == [202, 409, 409]
+    assert first.body["runId"] == again.body["runId"] == after_restart.body["runId"]
+    (record,) = await cluster.history(["Succeeded"])
+    assert record["summary"] == "Triaged once."
+    assert len(scripted_llm.requests) == 1
+
+
+async def test_two_replicas_racing_on_one_delivery_run_it_once(
+    cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
+) -> None:
+    scripted_llm.play(Turn(text="Triaged once."))
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger()
+    replicas = [await start_gateway(), await start_gateway()]
+    await cluster.ready()
+    answers = await asyncio.gather(*(send(replica, delivery="d-1") for replica in replicas))
+    assert sorted(answer.status for answer in answers) == [202, 409], answers
+    assert answers[0].body["runId"] == answers[1].body["runId"]
+    await cluster.history(["Succeeded"])
+    assert len(scripted_llm.requests) == 1
