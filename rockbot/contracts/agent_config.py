@@ -132,6 +132,11 @@ class ScriptLimits(Contract):
     memory: str = "256Mi"
 
 
+class Limits(Contract):
+    #: Model tokens the Agent may use per UTC day over all its replicas (None: no budget).
+    tokens_per_day: Annotated[int, Field(ge=1)] | None = None
+
+
 class WebSearchConfig(Contract):
     provider: Literal["searxng", "brave"]
     url: str | None = None
@@ -165,6 +170,7 @@ class AgentConfig(Contract):
     parallel_tool_calls: bool = True
     max_iterations: Annotated[int, Field(ge=1, le=100)] = 10  # the Agent CRD's bounds
     script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
+    limits: Limits = Field(default_factory=Limits)
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
     http_token: SecretEnv | None = None

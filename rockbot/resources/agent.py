@@ -145,6 +145,16 @@ class ScriptLimitsSpec(Schema):
     memory: Quantity = "256Mi"
 
 
+class AgentLimitsSpec(Schema):
+    """Spending limits of one Agent, over all its replicas."""
+
+    tokens_per_day: Annotated[int, Field(ge=1)] | None = Field(
+        default=None,
+        description="Model tokens (prompt and completion) the Agent may use per UTC day; once they are used, "
+        "turns are refused until midnight UTC. status.usage shows today's count.",
+    )
+
+
 class ResourceRequirements(Schema):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
@@ -249,6 +259,7 @@ class AgentSpec(Schema):
     resources: ResourceRequirements | None = None
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
     script_limits: ScriptLimitsSpec = Field(default_factory=ScriptLimitsSpec)
+    limits: AgentLimitsSpec | None = None
 
 
 class ResolvedToolStatus(Schema):

@@ -229,3 +229,8 @@ def test_a_network_that_does_not_parse_is_named_and_left_out_not_a_failed_reconc
     assert result.tool_problems[0].endswith("write an address and prefix length, e.g. 10.20.0.0/16; web_browse is "
                                             "given the others")
     assert "write 10.0.0.0/8" in result.tool_problems[1]
+
+
+def test_a_daily_token_budget_reaches_the_agents_config():
+    assert resolve(agent(limits={"tokensPerDay": 50_000})).config.limits.tokens_per_day == 50_000
+    assert resolve(agent()).config.limits.tokens_per_day is None
