@@ -2,10 +2,10 @@
 
 Agents publish a `ScriptInvokeRequest` on `script.invoke`; the manager (`service.py`) checks it
 against the deployment's limits (`policy.py`), runs it on a backend and replies on the agent's
-per-process reply queue before acking. Backends (`backends/`): `pods` creates one
-network-less pod per script in ROCKBOT_SCRIPTS_NAMESPACE (the production path; the agent itself
-has no Kubernetes rights at all); `local` runs a bubblewrap/unshare sandbox for development and
-`rockbot local`.
+per-process reply queue before acking. Backends (`backends/`): `pods` runs each script in a
+network-less pod of its own in ROCKBOT_SCRIPTS_NAMESPACE, made for it or claimed from a warm pool
+(the production path; the agent itself has no Kubernetes rights at all); `local` runs a
+bubblewrap/unshare sandbox for development and `rockbot local`.
 
 `pip_packages` never gives a sandbox network access. Only packages listed in
 ROCKBOT_SCRIPTS_ALLOWED_PACKAGES may be named (bare PEP 508 names); with none listed, a request
