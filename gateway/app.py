@@ -60,7 +60,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.readiness = Readiness()
         self.health = HealthServer(readiness=self.readiness, registry=self.metrics.registry)
-        self.catalog = Catalog(cross_namespace_events=settings.cross_namespace_events)
+        self.catalog = Catalog(cross_namespace_events=settings.cross_namespace_events, namespaces=settings.namespaces)
         self._keys: KubeKeys | None = None
         self._dispatch: Dispatch | None = None
         self._ledger: KubeLedger | None = None

@@ -2,10 +2,10 @@
 
 `Ready` says whether the gateway can take the Trigger's deliveries: its template compiles, its
 reason pattern too, its webhook key is readable, it is not suspended, and its Events come from
-namespaces it may watch (its own; others only when the gateway is started with
-`cross_namespace_events`, since a Trigger reading another namespace's Events hands them to an
-agent of its own). `AgentReady` reports the Agent apart, as a ScheduledTask does: a webhook while
-it is not Ready gets 503.
+namespaces it may watch: its own, and others only when the gateway is started with
+`cross_namespace_events` (a Trigger reading another namespace's Events hands them to an agent of
+its own) and watches them. `AgentReady` reports the Agent apart, as a ScheduledTask does: a webhook
+while it is not Ready gets 503.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ class Entry:
         return list(events.namespaces) or [self.key[0]]
 
 
-def compile_entry(trigger: Trigger, *, cross_namespace_events: bool) -> Entry:
+def compile_entry(trigger: Trigger, *, cross_namespace_events: bool, watched: list[str]) -> Entry:
+    """`watched`: the namespaces the gateway serves (empty: all)."""
     problem: tuple[str, str] | None = None
     prompt = reason = None
     try:
@@ -72,19 +73,25 @@ def compile_entry(trigger: Trigger, *, cross_namespace_events: bool) -> Entry:
             problem = problem or ("InvalidReason", f"spec.kubernetesEvents.reason is not a regular expression: {exc}")
     namespace = trigger.metadata["namespace"]
     others = sorted({*(events.namespaces if events else [])} - {namespace})
+    unwatched = [other for other in others if watched and other not in watched]
     if others and not cross_namespace_events and problem is None:
         problem = ("NamespaceNotAllowed",
                    f"spec.kubernetesEvents.namespaces names {', '.join(others)}: a Trigger reads Events of its own "
                    "namespace only, unless the gateway runs with ROCKBOT_CROSS_NAMESPACE_EVENTS=true (chart: "
                    "gateway.crossNamespaceEvents)")  # fmt: skip
+    elif unwatched and problem is None:
+        problem = ("NamespaceNotAllowed",
+                   f"spec.kubernetesEvents.namespaces names {', '.join(unwatched)}, which the gateway does not watch "
+                   "(chart: agentNamespaces)")  # fmt: skip
     return Entry(trigger=trigger, prompt=prompt, reason=reason, problem=problem)
 
 
 class Catalog:
     """What the gateway knows: every Trigger it serves and every Agent's readiness."""
 
-    def __init__(self, *, cross_namespace_events: bool = False) -> None:
+    def __init__(self, *, cross_namespace_events: bool = False, namespaces: list[str] | None = None) -> None:
         self._cross_namespace_events = cross_namespace_events
+        self._namespaces = list(namespaces or [])
         self.entries: dict[Key, Entry] = {}
         self._agents: dict[Key, AgentState] = {}
 
@@ -102,7 +109,9 @@ class Catalog:
         except ValidationError:
             self.entries.pop(key, None)
             return None
-        entry = self.entries[key] = compile_entry(trigger, cross_namespace_events=self._cross_namespace_events)
+        entry = self.entries[key] = compile_entry(
+            trigger, cross_namespace_events=self._cross_namespace_events, watched=self._namespaces
+        )
         return entry
 
     def delete(self, namespace: str, name: str) -> None:

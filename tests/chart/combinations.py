@@ -22,6 +22,14 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                     "pool": [{"cpu": "500m", "memory": "256Mi", "size": 2}, {"cpu": "250m", "memory": "128Mi",
                                                                              "size": 0}]},
     },
+    "gateway-exposed": {
+        "gateway": {"replicas": 2, "tlsSecretName": "gateway-tls", "crossNamespaceEvents": True,
+                    "ingress": {"enabled": True, "className": "nginx", "host": "hooks.example.com",
+                                "tlsSecretName": "hooks-tls", "annotations": {"cert-manager.io/cluster-issuer": "le"}},
+                    "networkPolicy": {"webhookFrom": [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": "ingress-nginx"}}}], "apiServerCIDRs": ["10.0.0.1/32"]}},
+    },
+    "gateway-off": {"gateway": {"enabled": False}},
     "agent-namespaces": {
         "agentNamespaces": ["team-a", "team-b"],
         "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"], "llmPorts": [443, 8443]}},

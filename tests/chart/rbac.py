@@ -10,6 +10,7 @@ Right = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 OPERATOR_SA = "rockbot-operator"
 SCRIPTS_MANAGER_SA = "rockbot-scripts-manager"
+GATEWAY_SA = "rockbot-gateway"
 
 
 def rule_set(rules: list[dict]) -> set[Right]:

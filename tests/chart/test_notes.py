@@ -60,3 +60,12 @@ def test_notes_say_how_to_create_the_openrouter_secret_named_in_values(notes: Ca
     assert f"kubectl -n {NAMESPACE} create secret generic or-key \\\n" in text
     assert '--from-literal=token="$OPENROUTER_API_KEY"' in text
     assert "OPENROUTER_API_KEY" not in notes({})
+
+
+def test_notes_give_the_webhook_address_and_how_to_open_it_to_senders_outside(notes: Callable[[dict], str]) -> None:
+    inside = notes({})
+    assert f"http://rockbot-gateway.{NAMESPACE}.svc:80/hooks/NAMESPACE/TRIGGER" in inside
+    assert "gateway.ingress.enabled=true" in inside
+    exposed = notes(COMBINATIONS["gateway-exposed"])
+    assert "https://hooks.example.com/hooks/NAMESPACE/TRIGGER" in exposed and "gateway.ingress.enabled" not in exposed
+    assert "Triggers" not in notes(COMBINATIONS["gateway-off"])

@@ -95,7 +95,7 @@ def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
     digest = "sha256:" + "b" * 64
     manifests = render({"image": {"digest": digest, "tag": "ignored"}, "openrouterMcp": {"enabled": True}})
     deployments = [m for m in manifests if m["kind"] == "Deployment"]
-    assert len(deployments) == 3
+    assert len(deployments) == 4
     for deployment in deployments:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == f"ghcr.io/rockbot-dev/rockbot@{digest}"
@@ -109,7 +109,7 @@ def test_each_service_gets_a_broker_login_of_its_own_and_only_the_operator_the_a
     assert admin["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     assert len(secret_text(admin, "password")) == 32
     passwords = set()
-    for service in ("operator", "scripts-manager"):
+    for service in ("operator", "scripts-manager", "gateway"):
         login = find(manifests, "Secret", f"rockbot-{service}-bus", NAMESPACE)
         url = urlsplit(secret_text(login, "amqp-url"))
         # A fully qualified host, so every namespace reaches it; the service's own user and password.
@@ -117,11 +117,11 @@ def test_each_service_gets_a_broker_login_of_its_own_and_only_the_operator_the_a
         assert (url.scheme, url.hostname, url.port, url.path) == ("amqp", host, 5672, "/")
         assert (url.username, url.password) == (f"service.{service}", secret_text(login, "password"))
         passwords.add(url.password)
-    assert len(passwords) == 2 and secret_text(admin, "password") not in passwords
+    assert len(passwords) == 3 and secret_text(admin, "password") not in passwords
     operator = env_of(find(manifests, "Deployment", "rockbot-operator"))
     admin_password = {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}}
     assert operator["ROCKBOT_BROKER_ADMIN_PASSWORD"] == admin_password
-    for name in ("rockbot-scripts-manager", "rockbot-openrouter-mcp"):
+    for name in ("rockbot-scripts-manager", "rockbot-gateway", "rockbot-openrouter-mcp"):
         for deployment in [m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == name]:
             assert "rockbot-rabbitmq" not in json.dumps(deployment), f"{name} must not see the administrator's login"
 
@@ -163,7 +163,7 @@ def test_external_broker_url_replaces_the_bundled_rabbitmq(render: Render) -> No
 def test_an_existing_administrator_secret_is_referenced_and_not_created(render: Render) -> None:
     manifests = render(COMBINATIONS["existing-admin-secret"])
     assert sorted(m["metadata"]["name"] for m in manifests if m["kind"] == "Secret") == [
-        "rockbot-operator-bus", "rockbot-scripts-manager-bus"]
+        "rockbot-gateway-bus", "rockbot-operator-bus", "rockbot-scripts-manager-bus"]
     operator_env = env_of(find(manifests, "Deployment", "rockbot-operator"))
     assert operator_env["ROCKBOT_BROKER_ADMIN_USERNAME"] == {"secretKeyRef": {"name": "my-admin", "key": "username"}}
     assert operator_env["ROCKBOT_BROKER_MANAGEMENT_URL"] == "https://broker.example/api/"
@@ -177,6 +177,7 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-operator-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": {
             "secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
+        "ROCKBOT_GATEWAY_AMQP_URL": {"secretKeyRef": {"name": "rockbot-gateway-bus", "key": "amqp-url"}},
         "ROCKBOT_BROKER_MANAGEMENT_URL": f"http://rockbot-rabbitmq.{NAMESPACE}.svc:15672/",
         "ROCKBOT_BROKER_ADMIN_USERNAME": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "username"}},
         "ROCKBOT_BROKER_ADMIN_PASSWORD": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}},
@@ -274,3 +275,59 @@ def test_openrouter_mcp_gets_a_management_key_only_from_a_secret_named_for_it(re
     values = {"openrouterMcp": {"enabled": True, "managementKeySecret": {"name": "or-admin", "key": "mk"}}}
     deployment = find(render(values), "Deployment", "rockbot-openrouter-mcp")
     assert env_of(deployment)["OPENROUTER_MANAGEMENT_KEY"] == {"secretKeyRef": {"name": "or-admin", "key": "mk"}}
+
+
+def test_gateway_env_follows_the_settings_contract(render: Render) -> None:
+    from rockbot.gateway.settings import GatewaySettings
+
+    manifests = render()
+    deployment = find(manifests, "Deployment", "rockbot-gateway")
+    env = env_of(deployment)
+    assert env == {
+        "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-gateway-bus", "key": "amqp-url"}},
+        "ROCKBOT_NAMESPACES": NAMESPACE,
+        "ROCKBOT_PUBLIC_URL": f"http://rockbot-gateway.{NAMESPACE}.svc:80",
+        "ROCKBOT_CROSS_NAMESPACE_EVENTS": "false",
+        "ROCKBOT_LOG_FORMAT": "json",
+    }
+    fields = {f"ROCKBOT_{field.upper()}" for field in GatewaySettings.model_fields}
+    assert set(env) <= fields, "every variable the chart sets is a gateway setting"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["gateway"]
+    assert {port["containerPort"] for port in container["ports"]} == {8443, 8080}  # the settings' defaults
+    service = find(manifests, "Service", "rockbot-gateway")
+    assert service["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "webhooks"}]
+    assert [m for m in manifests if m["kind"] == "Ingress"] == []
+
+
+def test_an_exposed_gateway_serves_tls_behind_its_ingress_and_takes_webhooks_from_it_only(render: Render) -> None:
+    manifests = render(COMBINATIONS["gateway-exposed"])
+    deployment = find(manifests, "Deployment", "rockbot-gateway")
+    env = env_of(deployment)
+    assert env["ROCKBOT_PUBLIC_URL"] == "https://hooks.example.com"
+    assert env["ROCKBOT_CROSS_NAMESPACE_EVENTS"] == "true"
+    assert (env["ROCKBOT_TLS_CERT_FILE"], env["ROCKBOT_TLS_KEY_FILE"]) == ("/etc/rockbot/tls/tls.crt",
+                                                                            "/etc/rockbot/tls/tls.key")
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": "gateway-tls"}} in volumes
+    assert deployment["spec"]["replicas"] == 2
+    ingress = find(manifests, "Ingress", "rockbot-gateway")
+    assert ingress["spec"]["tls"] == [{"hosts": ["hooks.example.com"], "secretName": "hooks-tls"}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "hooks.example.com"
+    assert rule["http"]["paths"] == [{"path": "/hooks/", "pathType": "Prefix", "backend": {
+        "service": {"name": "rockbot-gateway", "port": {"number": 80}}}}]
+    policy = find(manifests, "NetworkPolicy", "rockbot-gateway")["spec"]
+    webhooks, metrics = policy["ingress"]
+    assert webhooks["ports"] == [{"protocol": "TCP", "port": 8443}]
+    ingress_controller = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    assert webhooks["from"] == [ingress_controller]
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}],
+            "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]} in policy["egress"]
+
+
+def test_without_the_gateway_nothing_of_it_is_rendered(render: Render) -> None:
+    manifests = render(COMBINATIONS["gateway-off"])
+    assert not [m for m in manifests if "gateway" in m["metadata"]["name"]]
+    assert "ROCKBOT_GATEWAY_AMQP_URL" not in env_of(find(manifests, "Deployment", "rockbot-operator"))

@@ -42,6 +42,14 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
         {"rabbitmq": {"enabled": False}, "externalBroker": {"url": "amqp://broker:5672/", "cidrs": ["10.0.0.0/8"]}},
         "externalBroker.url names no administrator",
     ),
+    "gateway-public-url": ({"gateway": {"publicUrl": "hooks.example.com"}}, "gateway.publicUrl"),
+    "gateway-ingress-without-host": ({"gateway": {"ingress": {"enabled": True}}},
+                                     "gateway.ingress.enabled is true but gateway.ingress.host is empty"),
+    "gateway-without-a-way-to-the-external-broker": (
+        {"rabbitmq": {"enabled": False}, "agents": {"egress": {"enabled": False}},
+         "externalBroker": {"url": "amqp://u:p@broker:5672/"}},
+        "gateway.networkPolicy.enabled is true, but externalBroker.cidrs is empty",
+    ),
     "scripts-namespace-shared-with-agents": (
         {"agentNamespaces": ["rockbot-scripts"]},
         'scripts.namespace "rockbot-scripts" is also a namespace where agents run',

@@ -8,7 +8,7 @@ import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
-from tests.chart.rbac import OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of, rule_set
+from tests.chart.rbac import GATEWAY_SA, OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of, rule_set
 from tests.pod_security import pod_specs, restricted_violations
 
 Render = Callable[..., list[Manifest]]
@@ -37,19 +37,31 @@ SCRIPTS_MANAGER_RIGHTS = (
     | expand("", ["pods/log"], ["get"])
 )
 
+# Exactly what the gateway uses in the namespaces it watches (test_gateway_rbac.py checks this list against
+# the requests of a real run).
+GATEWAY_RIGHTS = (
+    expand("rockbot.dev", ["triggers"], ["get", "list", "watch"])
+    | expand("rockbot.dev", ["triggers/status"], ["patch"])
+    | expand("rockbot.dev", ["agents"], ["list", "watch"])
+    | expand("", ["events"], ["list", "watch"])
+    | expand("", ["secrets"], ["get"])
+)
+#: The identities bound to any role: the three components that use the Kubernetes API.
+API_USERS = (OPERATOR_SA, SCRIPTS_MANAGER_SA, GATEWAY_SA)
+
 
 def bindings(manifests: list[Manifest]) -> list[Manifest]:
     return [m for m in manifests if m["kind"] in ("RoleBinding", "ClusterRoleBinding")]
 
 
 @pytest.mark.parametrize("name", COMBINATIONS)
-def test_only_the_operator_and_the_scripts_manager_are_bound_to_any_role(render: Render, name: str) -> None:
+def test_only_the_operator_the_scripts_manager_and_the_gateway_are_bound_to_any_role(render: Render, name: str) -> None:
     """Agent ServiceAccounts (made by the operator) and every other identity are bound to nothing."""
     for binding in bindings(render(COMBINATIONS[name])):
         for subject in binding["subjects"]:
             assert subject["kind"] == "ServiceAccount", f"{binding['metadata']['name']} binds a {subject['kind']}"
             assert subject["namespace"] == NAMESPACE
-            assert subject["name"] in (OPERATOR_SA, SCRIPTS_MANAGER_SA)
+            assert subject["name"] in API_USERS
             assert "agent" not in subject["name"]
 
 
@@ -85,6 +97,23 @@ def test_the_operator_deletes_nothing_but_scheduled_tasks(render: Render, name: 
         deleting = {right for right in grant.rights if right[2] in ("delete", "deletecollection")}
         assert deleting <= {("rockbot.dev", "scheduledtasks", "delete")}, grant.binding
         assert not {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
+
+
+@pytest.mark.parametrize("name", ["defaults", "agent-namespaces", "everything", "gateway-off"])
+def test_the_gateway_has_its_rights_only_where_the_operator_watches_and_writes_only_trigger_status(
+    render: Render, name: str
+) -> None:
+    values = COMBINATIONS[name]
+    grants = grants_of(render(values), account=GATEWAY_SA)
+    if name == "gateway-off":
+        assert grants == []
+        return
+    if values.get("operator", {}).get("watchAllNamespaces"):
+        assert [(grant.namespace, set(grant.rights)) for grant in grants] == [(None, GATEWAY_RIGHTS)]
+        return
+    assert sorted(grant.namespace for grant in grants) == sorted([NAMESPACE, *values.get("agentNamespaces", [])])
+    assert all(set(grant.rights) == GATEWAY_RIGHTS for grant in grants)
+    assert not allowed(grants, right=("", "secrets", "list"), namespace=NAMESPACE)  # named Secrets only
 
 
 @pytest.mark.parametrize(("name", "extra"), [("defaults", set()), ("everything", {("", "pods", "patch")})])
@@ -127,7 +156,7 @@ def test_only_pods_that_use_the_kubernetes_api_get_a_token(render: Render, name:
         assert account["automountServiceAccountToken"] is False, account["metadata"]["name"]
     for manifest in manifests:
         for spec in pod_specs(manifest):
-            uses_api = spec["serviceAccountName"] in (OPERATOR_SA, SCRIPTS_MANAGER_SA)
+            uses_api = spec["serviceAccountName"] in API_USERS
             assert spec["automountServiceAccountToken"] is uses_api, manifest["metadata"]["name"]
 
 

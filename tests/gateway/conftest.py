@@ -175,8 +175,9 @@ async def start_gateway(kube_api: KubeApiEmulator, vhost: Vhost) -> AsyncIterato
     """Start gateways; each stops at the end (or earlier, through `gateway.stop()`)."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(*, clock: Clock | None = None, **settings: Any) -> Gateway:
-            kube = await stack.enter_async_context(client_for(kube_api))
+        async def start(*, clock: Clock | None = None, kube: KubeClient | None = None, **settings: Any) -> Gateway:
+            """`kube`: the gateway's own API client (default: one straight to the emulator, with no token)."""
+            kube = kube or await stack.enter_async_context(client_for(kube_api))
             bus = await AmqpBus.connect(url=await vhost.url(GATEWAY))
             stack.push_async_callback(bus.close)
             gateway = Gateway(

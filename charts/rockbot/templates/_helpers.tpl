@@ -149,6 +149,18 @@ of an earlier install, else generated; remembered for this render so every templ
       key: amqp-url
 {{- end -}}
 
+{{/* Where senders reach the gateway's webhooks: gateway.publicUrl, else the Ingress, else the Service. */}}
+{{- define "rockbot.gatewayPublicURL" -}}
+{{- $gateway := .Values.gateway -}}
+{{- if $gateway.publicUrl -}}
+{{- $gateway.publicUrl | trimSuffix "/" -}}
+{{- else if $gateway.ingress.enabled -}}
+{{- printf "%s://%s" (ternary "https" "http" (not (empty $gateway.ingress.tlsSecretName))) $gateway.ingress.host -}}
+{{- else -}}
+{{- printf "%s://%s.%s.svc:%v" (ternary "https" "http" (not (empty $gateway.tlsSecretName))) (include "rockbot.componentName" (list . "gateway")) .Release.Namespace $gateway.service.port -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Pod-level security context of every rockbot pod (Pod Security "restricted"). */}}
 {{- define "rockbot.podSecurityContext" -}}
 runAsNonRoot: true
@@ -184,6 +196,12 @@ seccompProfile:
 {{- end -}}
 {{- if has .Values.scripts.namespace (include "rockbot.agentNamespaces" . | fromJsonArray) -}}
 {{- fail (printf "scripts.namespace %q is also a namespace where agents run: script pods need a namespace of their own; pick another scripts.namespace" .Values.scripts.namespace) -}}
+{{- end -}}
+{{- if and (not .Values.rabbitmq.enabled) .Values.gateway.enabled .Values.gateway.networkPolicy.enabled (not .Values.externalBroker.cidrs) -}}
+{{- fail "rabbitmq.enabled is false and gateway.networkPolicy.enabled is true, but externalBroker.cidrs is empty: the gateway could not reach the broker; set externalBroker.cidrs, or set gateway.networkPolicy.enabled=false" -}}
+{{- end -}}
+{{- if and .Values.gateway.enabled .Values.gateway.ingress.enabled (not .Values.gateway.ingress.host) -}}
+{{- fail "gateway.ingress.enabled is true but gateway.ingress.host is empty: name the host senders use, e.g. hooks.example.com" -}}
 {{- end -}}
 {{- if and .Values.openrouterMcp.enabled (not .Values.openrouterMcp.apiKeySecret.name) -}}
 {{- fail "openrouterMcp.enabled is true but openrouterMcp.apiKeySecret.name is empty: name the Secret holding the OpenRouter API key" -}}
