@@ -6,6 +6,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
@@ -14,14 +15,20 @@ from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
 from rockbot.local.assembly import AssembledAgent
 from rockbot.local.broker import Connect
 from rockbot.local.scheduler import LocalScheduler, Report
+from rockbot.local.triggers import LocalTriggers, TriggerReport
 from rockbot.resources import ScheduledTask
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+#: Where `rockbot local` serves its webhook Triggers (127.0.0.1 only: nothing outside this machine).
+WEBHOOK_HOST = "127.0.0.1"
 
 
 @dataclass
 class LocalRun:
     agents: dict[str, AgentRuntime]
+    #: The port webhook Triggers are served on (None without any).
+    webhook_port: int | None = None
 
 
 @contextlib.asynccontextmanager
@@ -32,8 +39,13 @@ async def running(
     tasks: list[ScheduledTask],
     report: Report,
     scripts: ScriptsManagerSettings,
+    triggers: list[dict[str, Any]] | None = None,
+    keys: dict[str, dict[str, str]] | None = None,
+    trigger_report: TriggerReport | None = None,
+    webhook_port: int = 0,
 ) -> AsyncIterator[LocalRun]:
-    """The scripts-manager (local sandbox), every agent with its inbox, and the scheduler."""
+    """The scripts-manager (local sandbox), every agent with its inbox, the scheduler, and the webhook Triggers
+    (`triggers`, signed with `keys` from the Secret manifests) on `webhook_port`."""
     async with contextlib.AsyncExitStack() as stack:
 
         async def connected(principal: Principal):
@@ -60,4 +72,11 @@ async def running(
             runtimes[name] = runtime
         scheduler.start()
         stack.push_async_callback(scheduler.close)
-        yield LocalRun(agents=runtimes)
+        port = None
+        if triggers:
+            served = LocalTriggers(bus=await connected(LOCAL), triggers=triggers, agents=list(agents), keys=keys or {},
+                                   report=trigger_report or (lambda *_: None))  # fmt: skip
+            await served.start(host=WEBHOOK_HOST, port=webhook_port)
+            stack.push_async_callback(served.stop)
+            port = served.port
+        yield LocalRun(agents=runtimes, webhook_port=port)

@@ -55,6 +55,11 @@ class Printer:
         self.err.flush()
 
 
+    def trigger_report(self, trigger: str, answer: str | None, error: str | None) -> None:
+        self.err.write(f"[trigger {trigger}] {answer if error is None else error}\n")
+        self.err.flush()
+
+
 def banner(name: str, agent: AgentRuntime, *, base_url: str) -> str:
     """Which model the chat uses and the tools it is offered (blacklisted ones are registered, not offered)."""
     tools = ", ".join(tool["function"]["name"] for tool in agent.registry.openai_tools()) or "none"

@@ -24,7 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=pathlib.Path,
         required=True,
         metavar="PATH",
-        help="YAML file or folder of Agents, Tools, ScheduledTasks and Secrets (repeatable)",
+        help="YAML file or folder of Agents, Tools, ScheduledTasks, Triggers and Secrets (repeatable)",
     )
     parser.add_argument("--agent", help="the Agent to chat with (default: the first one)")
     parser.add_argument("--prompt", help="answer this one message and exit, instead of an interactive chat")
@@ -46,6 +46,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--management-url",
         help="RabbitMQ's management API for --amqp-url (default: the AMQP host on port 15672)",
+    )
+    parser.add_argument(
+        "--webhook-port",
+        type=int,
+        default=8090,
+        help="serve the webhook Triggers at http://127.0.0.1:PORT/hooks/local/<name> (default: %(default)s; "
+        "0 picks a free port)",
     )
     parser.add_argument(
         "--unsafe-no-sandbox",
@@ -101,7 +108,8 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log
     from rockbot.bus import BusError
     from rockbot.local import broker
     from rockbot.local.app import running
-    from rockbot.local.chat import Printer, ask, banner
+    from rockbot.local.chat import Printer
+    from rockbot.local.triggers import PortUnavailable
     from rockbot.resources import ScheduledTask
     from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
@@ -122,21 +130,38 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log
     except BusError as error:
         print(f"rockbot local: {error}", file=sys.stderr)
         return 1
-    async with running(
-        connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts
-    ) as local:
-        agent = local.agents[chosen]
-        print(banner(chosen, agent, base_url=args.base_url), file=sys.stderr)
-        if log_file is not None and log_file.warnings:
-            print(f"[{log_file.warnings} warning(s) while starting: see {log_file.path}]", file=sys.stderr)
-        if args.prompt is not None:
-            return 0 if await ask(agent, args.prompt, printer=printer) else 1
-        print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
-        while True:
-            try:
-                line = await asyncio.to_thread(input, "you> ")
-            except EOFError:
-                return 0
-            if not line.strip():
-                return 0
-            await ask(agent, line, printer=printer)
+    try:
+        async with running(
+            connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts,
+            triggers=list(manifests.triggers.values()), keys=manifests.secrets, trigger_report=printer.trigger_report,
+            webhook_port=args.webhook_port,
+        ) as local:
+            return await _session(args, local=local, manifests=manifests, chosen=chosen, printer=printer,
+                                  log_file=log_file)  # fmt: skip
+    except PortUnavailable as error:
+        print(f"rockbot local: {error}", file=sys.stderr)
+        return 1
+
+
+async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:
+    """The chat (or the one --prompt) while every part runs."""
+    from rockbot.local.chat import ask, banner
+
+    agent = local.agents[chosen]
+    print(banner(chosen, agent, base_url=args.base_url), file=sys.stderr)
+    for name, body in manifests.triggers.items():
+        print(f"[trigger {name}: POST http://127.0.0.1:{local.webhook_port}/hooks/local/{name} runs "
+              f"{body['spec']['agentRef']['name']}]", file=sys.stderr)
+    if log_file is not None and log_file.warnings:
+        print(f"[{log_file.warnings} warning(s) while starting: see {log_file.path}]", file=sys.stderr)
+    if args.prompt is not None:
+        return 0 if await ask(agent, args.prompt, printer=printer) else 1
+    print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
+    while True:
+        try:
+            line = await asyncio.to_thread(input, "you> ")
+        except EOFError:
+            return 0
+        if not line.strip():
+            return 0
+        await ask(agent, line, printer=printer)

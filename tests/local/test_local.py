@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import pathlib
@@ -11,6 +13,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+
+import aiohttp
 
 from rockbot.agent.registry import ToolContext
 from rockbot.contracts.inbox import InboxReply
@@ -103,7 +107,7 @@ async def test_an_unreachable_model_is_one_line_not_a_traceback():
 
 
 class Reports:
-    """What the local scheduler reported, as it arrives."""
+    """What the local scheduler (or the webhook Triggers) reported, as it arrives."""
 
     def __init__(self) -> None:
         self.items: list[tuple[str, InboxReply | None, str | None]] = []
@@ -123,7 +127,9 @@ async def running_in_process(folder: pathlib.Path, llm):
     scripts = ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0)
     connect = await broker.in_memory([assembled.config for assembled in agents.values()])
     reports = Reports()
-    async with running(connect=connect, agents=agents, tasks=tasks, report=reports, scripts=scripts) as local:
+    async with running(connect=connect, agents=agents, tasks=tasks, report=reports, scripts=scripts,
+                       triggers=list(manifests.triggers.values()), keys=manifests.secrets, trigger_report=reports,
+                       webhook_port=0) as local:  # fmt: skip
         yield local, reports
 
 
@@ -348,3 +354,34 @@ async def test_an_agent_schedules_lists_and_cancels_its_own_tasks_and_they_fire(
     assert "| ping | `* * * * * *` (once) | UTC | done (ran once) |" in listing.content
     assert "| morning-rates | `0 8 * * *` | Europe/Berlin |" in listing.content
     assert "no (set by a person)" in listing.content
+
+
+async def test_the_triage_example_serves_its_github_webhook_on_a_local_port(scripted_llm, tmp_path):
+    for example in (EXAMPLES / "github-triage").iterdir():
+        write(tmp_path, example.name, example.read_text())
+    scripted_llm.play(Turn(text="Labels: bug, browser:safari. Priority: P2. Which Safari version?"))
+    issue = {"action": "opened", "issue": {"number": 7, "title": "Login fails on Safari", "body": "",
+             "html_url": "https://github.com/acme/shop/issues/7"}, "repository": {"full_name": "acme/shop"},
+             "sender": {"login": "octocat"}}  # fmt: skip
+
+    async def deliver(payload: dict, delivery: str) -> int:
+        body = json.dumps(payload).encode()
+        signature = "sha256=" + hmac.new(b"local-development-only", body, hashlib.sha256).hexdigest()
+        headers = {"Content-Type": "application/json", "X-GitHub-Event": "issues", "X-GitHub-Delivery": delivery,
+                   "X-Hub-Signature-256": signature}  # fmt: skip
+        url = f"http://127.0.0.1:{local.webhook_port}/hooks/local/github-issues"
+        async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=headers) as response:
+            return response.status
+
+    async with running_in_process(tmp_path, scripted_llm) as (local, reports):
+        statuses = [await deliver(issue, "d-1"), await deliver(issue, "d-1"),
+                    await deliver({**issue, "action": "closed"}, "d-2")]  # fmt: skip
+        async with asyncio.timeout(10):
+            await reports.arrived.wait()
+    assert statuses == [202, 409, 200]
+    assert reports.items == [("github-issues", "Labels: bug, browser:safari. Priority: P2. Which Safari version?",
+                              None)]  # fmt: skip
+    (request,) = scripted_llm.requests
+    assert request.messages[-1]["content"].startswith(
+        "Issue #7 was opened in acme/shop by octocat:\nhttps://github.com/acme/shop/issues/7\n\nTitle: Login fails")
+    assert request.messages[-1]["content"].endswith("(no description)\n")
