@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 
+from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.llm import LlmAuthError, LlmError
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.delegation import refusal
@@ -139,7 +140,12 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         if reason is not None:
             return failed(ErrorCode.REJECTED, reason)
     try:
-        result = await runtime.chat(request.session_id, request.content, call_chain=request.call_chain)
+        result = await runtime.chat(
+            request.session_id, request.content, call_chain=request.call_chain, source=request.kind,
+            request_id=request.request_id,
+        )  # fmt: skip
+    except BudgetExhausted as exc:
+        return failed(ErrorCode.REJECTED, str(exc))
     except LlmAuthError as exc:
         return failed(ErrorCode.UNAVAILABLE, str(exc))
     except LlmError as exc:

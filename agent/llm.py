@@ -13,6 +13,10 @@ that says what to fix, because retrying cannot help.
 
 `timeout_seconds` bounds the connection and each wait for more bytes (`sock_read`), not the whole
 answer: a long stream that keeps sending is never cut, a silent endpoint is.
+
+Each `complete()` is one span (`chat <model>`, OpenTelemetry's GenAI conventions: model, tokens in
+and out, finish reason, retries as events); each HTTP attempt goes to the observers (metrics, the
+daily budget). The messages go into the span only with the content opt-in (`rockbot.telemetry`).
 """
 
 from __future__ import annotations
@@ -20,13 +24,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import aiohttp
+from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, ConfigDict, Field
+from yarl import URL
+
+from rockbot.telemetry import capture_content, tracer
 
 TextSink = Callable[[str], Awaitable[None]]
+#: `gen_ai.system` of every request: the protocol spoken (OpenAI's), whoever serves it (`server.address` says).
+SYSTEM = "openai"
 
 
 class LlmError(Exception):
@@ -65,8 +76,25 @@ class ToolCall(BaseModel):
 
 
 class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+    def openai(self) -> dict[str, int]:
+        """As OpenAI's `usage` object."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}
 
 
 class Completion(BaseModel):
@@ -83,7 +111,18 @@ class Completion(BaseModel):
         return message
 
 
-UsageObserver = Callable[[str, Usage | None], None]
+class Attempt(BaseModel):
+    """One HTTP request to the model endpoint: its status (`200`, `429`, `error`...), what it used, how long it took."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    status: str
+    usage: Usage | None = None
+    seconds: float
+
+
+AttemptObserver = Callable[[Attempt], None]
 
 
 class LlmClient:
@@ -101,7 +140,7 @@ class LlmClient:
         max_attempts: int = 4,
         backoff_seconds: float = 0.5,
         max_backoff_seconds: float = 20.0,
-        observer: UsageObserver | None = None,
+        observers: Iterable[AttemptObserver] = (),
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -115,7 +154,7 @@ class LlmClient:
         self._max_attempts = max(1, max_attempts)
         self._backoff = backoff_seconds
         self._max_backoff = max_backoff_seconds
-        self._observer = observer
+        self._observers = list(observers)
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -138,6 +177,17 @@ class LlmClient:
             body["temperature"] = self._temperature
         if stream:
             body["stream_options"] = {"include_usage": True}
+        with tracer.start_as_current_span(f"chat {self.model}", kind=SpanKind.CLIENT) as span:
+            if span.is_recording():
+                span.set_attributes(self._request_attributes(body))
+            completion = await self._complete(body, stream=stream, on_text=on_text, span=span)
+            if span.is_recording():
+                span.set_attributes(_response_attributes(completion))
+            return completion
+
+    async def _complete(
+        self, body: dict[str, Any], *, stream: bool, on_text: TextSink | None, span: Span
+    ) -> Completion:
         passed_on = False
 
         async def relay(text: str) -> None:
@@ -147,10 +197,14 @@ class LlmClient:
                 await on_text(text)
 
         for attempt in range(1, self._max_attempts + 1):
+            started = time.perf_counter()
             try:
                 completion = await self._attempt(body, stream=stream, on_text=relay)
             except LlmError as error:
-                self._observe(f"{error.status or 'error'}", None)
+                status = f"{error.status or 'error'}"
+                self._observe(Attempt(model=self.model, status=status, seconds=time.perf_counter() - started))
+                if passed_on or not error.retryable or attempt == self._max_attempts:
+                    span.set_attribute("error.type", status)
                 if passed_on:
                     raise LlmStreamBroken(
                         f"{error} (after part of the answer was already streamed, so it is not retried: "
@@ -163,15 +217,38 @@ class LlmClient:
                             f"{error} (gave up after {attempt} attempts)", status=error.status, retryable=True
                         ) from error
                     raise
-                await asyncio.sleep(self._delay(attempt, error.retry_after))
+                delay = self._delay(attempt, error.retry_after)
+                span.add_event("retry", {"http.response.status_code": status, "rockbot.llm.retry_in_seconds": delay})
+                await asyncio.sleep(delay)
                 continue
-            self._observe("200", completion.usage)
+            span.set_attribute("rockbot.llm.attempts", attempt)
+            self._observe(Attempt(model=self.model, status="200", usage=completion.usage,
+                                  seconds=time.perf_counter() - started))
             return completion
         raise AssertionError("unreachable")
 
-    def _observe(self, status: str, usage: Usage | None) -> None:
-        if self._observer is not None:
-            self._observer(status, usage)
+    def _observe(self, attempt: Attempt) -> None:
+        for observer in self._observers:
+            observer(attempt)
+
+    def _request_attributes(self, body: dict[str, Any]) -> dict[str, Any]:
+        """GenAI semantic conventions for the request; the messages only with the content opt-in."""
+        url = URL(self.base_url)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": SYSTEM,
+            "gen_ai.provider.name": SYSTEM,
+            "gen_ai.request.model": self.model,
+            "server.address": url.host or "",
+            "server.port": url.port or 0,
+            "rockbot.llm.stream": bool(body.get("stream")),
+            "rockbot.llm.tools_offered": len(body.get("tools") or ()),
+        }
+        if self._temperature is not None:
+            attributes["gen_ai.request.temperature"] = self._temperature
+        if capture_content():
+            attributes["gen_ai.input.messages"] = json.dumps(body["messages"], ensure_ascii=False, default=str)
+        return attributes
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -224,6 +301,18 @@ class LlmClient:
             retryable=status == 429 or status >= 500,
             retry_after=_retry_after(response.headers.get("Retry-After")),
         )
+
+
+def _response_attributes(completion: Completion) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.input_tokens": completion.usage.prompt_tokens,
+        "gen_ai.usage.output_tokens": completion.usage.completion_tokens,
+        "gen_ai.response.finish_reasons": [completion.finish_reason or ""],
+        "rockbot.llm.tool_calls": len(completion.tool_calls),
+    }
+    if capture_content():
+        attributes["gen_ai.output.messages"] = json.dumps([completion.message()], ensure_ascii=False)
+    return attributes
 
 
 def _error_message(text: str) -> str:

@@ -11,23 +11,31 @@ with an error without running anything (the registry decides). A result longer t
 tool's large result can be read back. Only if the reader is blacklisted is the result cut with a
 notice. The loop ends with the first
 answer without tool calls, or after `max_iterations` rounds with a final message saying so.
+
+Before each model request the loop asks `admit` (the daily token budget): refused before the first,
+the turn fails with `BudgetExhausted`; refused later, the turn ends with a final message saying so,
+after the tools that already ran. The result counts the tokens of the loop's model requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted, emit
-from rockbot.agent.llm import LlmClient, ToolCall
+from rockbot.agent.llm import LlmClient, ToolCall, Usage
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
 from rockbot.agent.toolsets.memory import reader
 
 Message = dict[str, Any]
 READER = "get_from_working_memory"
+#: Asked before each model request; raises `BudgetExhausted` when the request may not go out.
+Admission = Callable[[], Awaitable[None]]
 
 
 class LoopSettings(BaseModel):
@@ -45,6 +53,9 @@ class LoopResult(BaseModel):
     tools_called: list[str] = Field(default_factory=list)
     iterations: int
     hit_iteration_limit: bool = False
+    budget_exhausted: bool = False
+    #: What the loop's model requests used, summed over its rounds.
+    usage: Usage = Field(default_factory=Usage)
 
 
 class ToolLoop:
@@ -56,12 +67,14 @@ class ToolLoop:
         memory: WorkingMemory,
         settings: LoopSettings,
         system_prompt: str = "",
+        admit: Admission | None = None,
     ):
         self.llm = llm
         self.registry = registry
         self.memory = memory
         self.settings = settings
         self.system_prompt = system_prompt
+        self.admit = admit
 
     async def run(
         self,
@@ -82,19 +95,32 @@ class ToolLoop:
             await emit(on_event, TextDelta(text=text))
 
         called: list[str] = []
+        usage = Usage()
         prefix = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         for iteration in range(1, self.settings.max_iterations + 1):
             wrote["before"] = wrote["before"] or wrote["this round"]
             wrote["this round"] = False
+            try:
+                if self.admit is not None:
+                    await self.admit()
+            except BudgetExhausted as exhausted:
+                if iteration == 1:
+                    raise
+                answer = f"I stopped before finishing: {exhausted}."
+                history.append({"role": "assistant", "content": answer})
+                await on_text(answer)
+                return LoopResult(answer=answer, tools_called=called, iterations=iteration - 1,
+                                  budget_exhausted=True, usage=usage)
             completion = await self.llm.complete(
                 messages=prefix + history,
                 tools=self.registry.openai_tools() or None,
                 stream=self.settings.stream,
                 on_text=on_text,
             )
+            usage += completion.usage
             history.append(completion.message())
             if not completion.tool_calls:
-                return LoopResult(answer=completion.content, tools_called=called, iterations=iteration)
+                return LoopResult(answer=completion.content, tools_called=called, iterations=iteration, usage=usage)
             outcomes = await self._run_tools(
                 completion.tool_calls, session_id=session_id, call_chain=call_chain, on_event=on_event
             )
@@ -109,8 +135,9 @@ class ToolLoop:
         history.append({"role": "assistant", "content": answer})
         await on_text(answer)
         return LoopResult(
-            answer=answer, tools_called=called, iterations=self.settings.max_iterations, hit_iteration_limit=True
-        )
+            answer=answer, tools_called=called, iterations=self.settings.max_iterations, hit_iteration_limit=True,
+            usage=usage,
+        )  # fmt: skip
 
     def _fitted(self, outcome: ToolOutcome, *, session_id: str) -> str:
         """A long result goes to working memory (index returned, reader installed), else is cut if it cannot."""

@@ -13,6 +13,9 @@ Names are unique. Two tools from different sources that claim one name are settl
 the operator also applies (`rockbot.contracts.tool_names`: built-ins, then declared tools, then MCP
 server listings), with a warning; two built-ins of one name are a programming error
 (`ToolAlreadyExists`).
+
+Each call is a span (`execute_tool <name>`: tool, call id, source, outcome code); its arguments and
+result go into it only with the content opt-in (`rockbot.telemetry`).
 """
 
 from __future__ import annotations
@@ -28,15 +31,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+from opentelemetry.trace import Span, Status, StatusCode
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.contracts.builtin_tools import builtin_source
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.tool_names import ToolRank, clash_warning, keeps_name
+from rockbot.telemetry import capture_content, tracer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TOOL_TIMEOUT = 30.0
+#: How metrics and spans name a tool the model invented (any string would be a new series or span name).
+UNKNOWN_TOOL = "<unknown>"
 _NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
@@ -241,18 +248,38 @@ class ToolRegistry:
     # -- invocation ---------------------------------------------------------------------------
 
     async def invoke(self, name: str, arguments: str | Mapping[str, Any], *, context: ToolContext) -> ToolOutcome:
-        """Run one tool call; never raises for anything the call itself got wrong."""
-        started = time.perf_counter()
-        try:
-            content = await self._run(name, arguments, context)
-            outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, content=content)
-        except ToolFailure as failure:
-            outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=failure.info,
-                                  known=name in self._tools or name in self._blacklist)
-        outcome = outcome.model_copy(update={"duration_seconds": time.perf_counter() - started})
+        """Run one tool call in its span; never raises for anything the call itself got wrong."""
+        known = name in self._tools or name in self._blacklist
+        with tracer.start_as_current_span(f"execute_tool {name if known else UNKNOWN_TOOL}") as span:
+            started = time.perf_counter()
+            try:
+                content = await self._run(name, arguments, context)
+                outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, content=content)
+            except ToolFailure as failure:
+                outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=failure.info, known=known)
+            outcome = outcome.model_copy(update={"duration_seconds": time.perf_counter() - started})
+            if span.is_recording():
+                self._describe(span, outcome, arguments)
         for observer in self._observers:
             observer(outcome)
         return outcome
+
+    def _describe(self, span: Span, outcome: ToolOutcome, arguments: str | Mapping[str, Any]) -> None:
+        """GenAI conventions for a tool call; arguments and result only with the content opt-in."""
+        tool = self._tools.get(outcome.name)
+        span.set_attributes({
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": outcome.name if outcome.known else UNKNOWN_TOOL,
+            "gen_ai.tool.call.id": outcome.tool_call_id,
+            "rockbot.tool.source": tool.label if tool is not None else "",
+            "rockbot.tool.outcome": outcome.status,
+        })  # fmt: skip
+        if capture_content():
+            span.set_attribute("gen_ai.tool.call.arguments", _as_text(arguments))
+            span.set_attribute("gen_ai.tool.call.result", outcome.for_model())
+        if outcome.error is not None:  # the code only: a message may quote the model's arguments
+            span.set_status(Status(StatusCode.ERROR, outcome.status))
+            span.set_attribute("error.type", outcome.status)
 
     async def _run(self, name: str, arguments: str | Mapping[str, Any], context: ToolContext) -> str:
         if name in self._blacklist:

@@ -13,6 +13,10 @@ stateless OpenAI endpoint). The process around it (`cli`) adds the inbox and the
 
 Secrets come from environment variables the operator wired from Secrets (`env`, default
 `os.environ`); the runtime never needs, reads or expects a Kubernetes token.
+
+Each turn is a span (`invoke_agent <name>`: source, outcome, rounds, tool calls, tokens), the parent
+of its model requests and tool calls, and is counted in the metrics by source and outcome. Turns
+and their model requests are admitted by the daily token budget (`budget`).
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from typing import Any, Self
 
 import aiohttp
 
+from rockbot.agent.budget import BudgetExhausted, TokenBudget
 from rockbot.agent.conversations import Conversations
 from rockbot.agent.events import EventSink
-from rockbot.agent.llm import LlmClient
+from rockbot.agent.llm import LlmClient, LlmError
 from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
@@ -37,6 +42,7 @@ from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
 from rockbot.contracts.tool_names import ToolRank
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ class AgentRuntime:
         settings: LoopSettings,
         conversations: Conversations,
         metrics: AgentMetrics,
+        budget: TokenBudget,
         tool_sets: list[ToolSetSource],
     ):
         self.config = config
@@ -69,12 +76,14 @@ class AgentRuntime:
         self.settings = settings
         self.conversations = conversations
         self.metrics = metrics
+        self.budget = budget
         self._tool_sets = tool_sets
         self._http: aiohttp.ClientSession | None = None
         self.ready = False
         self.loop = ToolLoop(
-            llm=llm, registry=registry, memory=kit.memory, settings=settings, system_prompt=config.system_prompt
-        )
+            llm=llm, registry=registry, memory=kit.memory, settings=settings, system_prompt=config.system_prompt,
+            admit=budget.admit,
+        )  # fmt: skip
 
     @classmethod
     def from_config(
@@ -89,10 +98,16 @@ class AgentRuntime:
         max_messages: int = 200,
         llm_max_attempts: int = 4,
         llm_backoff_seconds: float = 0.5,
+        budget: TokenBudget | None = None,
     ) -> AgentRuntime:
-        """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`."""
+        """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`.
+
+        `budget` is the day's token tally (the agent process's, reported to the operator); by default one
+        of this runtime alone.
+        """
         env = dict(os.environ if env is None else env)
-        metrics = AgentMetrics()
+        metrics = AgentMetrics(agent=config.name)
+        budget = budget or TokenBudget(tokens_per_day=config.limits.tokens_per_day)
         model = config.model
         llm = LlmClient(
             base_url=model.base_url,
@@ -103,7 +118,7 @@ class AgentRuntime:
             timeout_seconds=model.request_timeout_seconds,
             max_attempts=llm_max_attempts,
             backoff_seconds=llm_backoff_seconds,
-            observer=metrics.llm_observer(model.name),
+            observers=[metrics.observe_llm, budget.record],
         )
         registry = ToolRegistry(blacklist=config.tool_blacklist, observers=[metrics.observe_tool])
         runtime: AgentRuntime
@@ -131,6 +146,7 @@ class AgentRuntime:
             settings=settings,
             conversations=Conversations(max_messages=max_messages),
             metrics=metrics,
+            budget=budget,
             tool_sets=list(tool_sets or []),
         )
         return runtime
@@ -178,15 +194,21 @@ class AgentRuntime:
         *,
         on_event: EventSink | None = None,
         call_chain: tuple[str, ...] = (),
+        source: str = "chat",
+        request_id: str | None = None,
     ) -> ChatResult:
-        """One user turn in the kept conversation `session_id`; turns of one session run in order."""
+        """One user turn in the kept conversation `session_id`; turns of one session run in order.
+
+        `source` (the inbox request's kind) and `request_id` label the turn's span and metrics.
+        """
         async with self.conversations.lock(session_id):
             history = self.conversations.history(session_id)
             history.append({"role": "user", "content": text})
             try:
-                return await self.loop.run(
-                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
-                )
+                return await self._turn(
+                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event,
+                    source=source, request_id=request_id,
+                )  # fmt: skip
             finally:
                 self.conversations.save(session_id, _complete_turns(history))
 
@@ -194,7 +216,60 @@ class AgentRuntime:
         self, messages: list[dict[str, Any]], *, session_id: str, on_event: EventSink | None = None
     ) -> ChatResult:
         """One turn over a history the caller keeps (OpenAI semantics); nothing is stored but working memory."""
-        return await self.loop.run(history=list(messages), session_id=session_id, on_event=on_event)
+        return await self._turn(history=list(messages), session_id=session_id, on_event=on_event, source="http")
+
+    async def admit(self, *, source: str) -> None:
+        """Refuse a turn before it starts, counted as one (a stream's status is chosen before its first byte)."""
+        try:
+            await self.budget.admit()
+        except BudgetExhausted:
+            self.metrics.observe_turn(source=source, outcome="budget_exhausted", tool_calls=0)
+            raise
+
+    async def _turn(
+        self,
+        *,
+        history: list[dict[str, Any]],
+        session_id: str,
+        source: str,
+        on_event: EventSink | None,
+        call_chain: tuple[str, ...] = (),
+        request_id: str | None = None,
+    ) -> ChatResult:
+        """Run the loop in the turn's span, and count the turn by its outcome."""
+        outcome, result = "failed", None
+        with tracer.start_as_current_span(f"invoke_agent {self.config.name}") as span:
+            if span.is_recording():
+                span.set_attributes({
+                    "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.config.name,
+                    "gen_ai.conversation.id": session_id, "rockbot.agent.namespace": self.config.namespace,
+                    "rockbot.turn.source": source, "rockbot.turn.depth": len(call_chain),
+                })  # fmt: skip
+                if request_id:
+                    span.set_attribute("rockbot.request.id", request_id)
+            try:
+                result = await self.loop.run(
+                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
+                )
+                outcome = _outcome(result)
+                return result
+            except BudgetExhausted:
+                outcome = "budget_exhausted"
+                raise
+            except LlmError:
+                outcome = "llm_error"
+                raise
+            finally:
+                calls = len(result.tools_called) if result else 0
+                self.metrics.observe_turn(source=source, outcome=outcome, tool_calls=calls)
+                if span.is_recording():
+                    span.set_attributes({"rockbot.turn.outcome": outcome, "rockbot.turn.tool_calls": calls})
+                    if result is not None:
+                        span.set_attributes({
+                            "rockbot.turn.iterations": result.iterations,
+                            "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+                            "gen_ai.usage.output_tokens": result.usage.completion_tokens,
+                        })  # fmt: skip
 
     async def _install_declared_tools(self) -> None:
         """Tool resources and sub-agents (MCP ones come with the `mcp` set, which connects their servers)."""
@@ -235,11 +310,17 @@ class AgentRuntime:
     ) -> str:
         prompt = f"{self.config.system_prompt}\n\n{HELPER_PROMPT}".strip()
         loop = ToolLoop(llm=self.llm, registry=registry, memory=self.kit.memory, settings=self.settings,
-                        system_prompt=prompt)
+                        system_prompt=prompt, admit=self.budget.admit)
         result = await loop.run(
             history=[{"role": "user", "content": instruction}], session_id=session_id, call_chain=call_chain
         )
         return result.answer
+
+
+def _outcome(result: LoopResult) -> str:
+    if result.budget_exhausted:
+        return "budget_exhausted"
+    return "iteration_limit" if result.hit_iteration_limit else "answered"
 
 
 def _complete_turns(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,6 +11,11 @@ token, so two conversations that start with the same words share their working m
 header to keep them apart. While streaming, tool activity is sent as SSE comment lines
 (`: tool web_search started`), which OpenAI clients ignore and curl users can read.
 
+Answers carry `usage`: the tokens of every model request of the turn (a stream sends it as a last
+chunk without choices when the client asks with `stream_options.include_usage`, as OpenAI does). A
+turn the daily token budget refuses is answered 429 (`insufficient_quota`) with `Retry-After`.
+Each `/v1/*` request is a server span continuing the caller's trace (`traceparent`), if any.
+
 The endpoint can run scripts on someone's behalf, so `/v1/*` requires `Authorization: Bearer
 <token>` with the token from the Secret the operator wires (compared in constant time); without
 a configured token it answers 401 to everyone rather than serve openly. `/healthz`, `/readyz`
@@ -28,12 +33,15 @@ import time
 from typing import Any
 
 from aiohttp import web
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
-from rockbot.agent.llm import LlmAuthError, LlmError
+from rockbot.agent.llm import LlmAuthError, LlmError, Usage
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.resources.checking import describe
+from rockbot.telemetry import extract, tracer
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +56,17 @@ class ChatRequest(BaseModel):
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
 
 
 def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
-    app = web.Application(middlewares=[_bearer_auth(token)], client_max_size=8 * 1024 * 1024)
+    app = web.Application(middlewares=[_traced, _bearer_auth(token)], client_max_size=8 * 1024 * 1024)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await _chat(request, runtime)
@@ -76,6 +91,28 @@ def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+@web.middleware
+async def _traced(request: web.Request, handler):
+    """A server span for each API request, continuing the caller's trace when it sent `traceparent`."""
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else ""  # no route: named by the method alone
+    with tracer.start_as_current_span(
+        f"{request.method} {route}".strip(), context=extract(request.headers), kind=SpanKind.SERVER
+    ) as span:  # fmt: skip
+        span.set_attributes({"http.request.method": request.method, "http.route": route, "url.path": request.path})
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            span.set_attribute("http.response.status_code", exc.status)
+            raise
+        span.set_attribute("http.response.status_code", response.status)
+        if response.status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        return response
 
 
 def _bearer_auth(token: str | None):
@@ -118,6 +155,8 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
     if not body.stream:
         try:
             result = await runtime.complete(messages, session_id=session_id)
+        except BudgetExhausted as exc:
+            return _exhausted(exc)
         except LlmError as exc:
             return _error(502 if not isinstance(exc, LlmAuthError) else 503, str(exc), "upstream_error")
         return web.json_response(headers=session_header, data={
@@ -127,21 +166,30 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
             "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
                          "finish_reason": "stop"}],
+            "usage": result.usage.openai(),
         })
+    try:
+        await runtime.admit(source="http")  # refused before the stream starts, with a status a client can read
+    except BudgetExhausted as exc:
+        return _exhausted(exc)
 
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **session_header}
     )
     await response.prepare(request)
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        data = {
+    with_usage = body.stream_options is not None and body.stream_options.include_usage
+
+    def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None, *, usage: Usage | None = None) -> bytes:
+        data: dict[str, Any] = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
         }
+        if with_usage:  # OpenAI's shape: null on every chunk but the last, which has no choices
+            data["usage"] = usage.openai() if usage is not None else None
         return f"data: {json.dumps(data)}\n\n".encode()
 
     async def on_event(event: Event) -> None:
@@ -155,8 +203,13 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
 
     await response.write(chunk({"role": "assistant", "content": ""}))
     try:
-        await runtime.complete(messages, session_id=session_id, on_event=on_event)
+        result = await runtime.complete(messages, session_id=session_id, on_event=on_event)
         await response.write(chunk({}, "stop"))
+        if with_usage:
+            await response.write(chunk(None, usage=result.usage))
+    except BudgetExhausted as exc:  # used up by another turn since the check above
+        error = {"error": {"message": str(exc), "type": "insufficient_quota", "code": "token_budget_exhausted"}}
+        await response.write(f"data: {json.dumps(error)}\n\n".encode())
     except LlmError as exc:
         error = {"error": {"message": str(exc), "type": "upstream_error", "code": exc.status}}
         await response.write(f"data: {json.dumps(error)}\n\n".encode())
@@ -186,6 +239,14 @@ def _message(index: int, message: dict[str, Any]) -> dict[str, Any]:
         if key in message:
             cleaned[key] = message[key]
     return cleaned
+
+
+def _exhausted(exc: BudgetExhausted) -> web.Response:
+    """429, as OpenAI answers a used-up quota, with when to try again."""
+    return web.json_response(
+        {"error": {"message": str(exc), "type": "insufficient_quota", "code": "token_budget_exhausted"}},
+        status=429, headers={"Retry-After": str(exc.retry_after_seconds)},
+    )  # fmt: skip
 
 
 def _error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:

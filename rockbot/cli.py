@@ -1,7 +1,9 @@
 """The `rockbot` command: one entry point, a subcommand per process.
 
 Subcommands import their process lazily, so `rockbot crds` works without the operator's
-dependencies being importable and `--help` stays fast.
+dependencies being importable and `--help` stays fast. Every process exports traces as
+`rockbot-<subcommand>` when an OTLP endpoint is configured (see `rockbot.telemetry`), and sends
+what it still holds when it stops.
 """
 
 from __future__ import annotations
@@ -71,12 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rockbot.telemetry import flush_tracing, setup_tracing
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    setup_tracing(service=f"rockbot-{args.command}")  # only with OTEL_EXPORTER_OTLP_* set
     try:
         return int(args._module.run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    finally:
+        flush_tracing()
 
 
 if __name__ == "__main__":

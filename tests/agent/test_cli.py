@@ -69,12 +69,12 @@ async def ready(http: aiohttp.ClientSession, base: str, process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving_agent(tmp_path, config):
+async def serving_agent(tmp_path, config, *, env: dict[str, str] | None = None):
     """`rockbot agent --bus memory --port 0` with this config: (the process, its base URL) once it is ready."""
     path = tmp_path / "agent.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command, env = rockbot_agent("--config", str(path), "--bus", "memory", "--host", "127.0.0.1", "--port", "0",
-                                 "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k"})
+                                 "--log-format", "text", env={TOKEN_ENV: SECRET, API_KEY_ENV: "k", **(env or {})})
     process = await asyncio.create_subprocess_exec(*command, env=env, stderr=asyncio.subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{await asyncio.wait_for(bound_port(process), 30)}"
@@ -118,3 +118,20 @@ async def test_with_the_in_memory_bus_a_script_is_refused_at_once_not_after_the_
     assert answer["choices"][0]["message"]["content"] == "No sandbox here."
     refusal = json.loads(scripted_llm.requests[1].messages[-1]["content"])["error"]
     assert refusal["code"] == "Unavailable" and "no scripts-manager is in reach" in refusal["message"]
+
+
+async def test_the_agent_process_exports_its_spans_to_the_otlp_endpoint_it_is_given(tmp_path, scripted_llm,
+                                                                                    otlp_collector):
+    scripted_llm.play(Turn(text="Traced."))
+    config = agent_config(llm_url=scripted_llm.url, http_token={"env": TOKEN_ENV})
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_collector.url, "OTEL_RESOURCE_ATTRIBUTES": "team=a"}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    auth = {"Authorization": f"Bearer {SECRET}"}
+    async with serving_agent(tmp_path, config, env=env) as (process, base), aiohttp.ClientSession() as http, \
+            http.post(f"{base}/v1/chat/completions", json=body, headers=auth) as answer:
+        assert answer.status == 200
+    assert process.returncode == 0  # and it sent what it held before it stopped
+    spans = otlp_collector.spans()
+    assert {"POST /v1/chat/completions", "invoke_agent helper-bot", "chat scripted-model"} <= set(spans)
+    [resource] = otlp_collector.resources()
+    assert (resource["service.name"], resource["team"]) == ("rockbot-agent", "a")

@@ -139,7 +139,8 @@ async def test_health_readiness_models_and_metrics(agent_url, scripted_llm):
             metrics = await response.text()
     assert "# TYPE rockbot_tool_invoke_duration_seconds histogram" in metrics
     assert "# TYPE rockbot_tool_invocations_total counter" in metrics
-    assert 'rockbot_llm_requests_total{model="scripted-model",status="200"} 1.0' in metrics
+    assert 'rockbot_llm_requests_total{agent="helper-bot",model="scripted-model",status="200"} 1.0' in metrics
+    assert 'rockbot_agent_turns_total{agent="helper-bot",outcome="answered",source="http"} 1.0' in metrics
 
 
 async def test_without_a_session_header_a_conversation_keeps_one_session_and_is_told_it(agent_url, scripted_llm):

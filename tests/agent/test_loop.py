@@ -166,10 +166,10 @@ async def test_unknown_and_blacklisted_tools_are_answered_without_running(script
     assert errors == ["Blacklisted", "ToolNotFound"]
     assert tool_messages(scripted_llm.requests[1])[2]["content"] == "3"
     statuses = agent.metrics.exposition().decode()
-    assert 'rockbot_tool_invocations_total{status="Blacklisted",tool="wipe_disk"} 1.0' in statuses
-    assert 'rockbot_tool_invocations_total{status="ToolNotFound",tool="<unknown>"} 1.0' in statuses
+    assert 'rockbot_tool_invocations_total{agent="helper-bot",status="Blacklisted",tool="wipe_disk"} 1.0' in statuses
+    assert 'rockbot_tool_invocations_total{agent="helper-bot",status="ToolNotFound",tool="<unknown>"} 1.0' in statuses
     assert "summon_dragon" not in statuses  # a name the model invents never becomes a label
-    assert 'rockbot_tool_invoke_duration_seconds_count{status="ok",tool="add"} 1.0' in statuses
+    assert 'rockbot_tool_invoke_duration_seconds_count{agent="helper-bot",status="ok",tool="add"} 1.0' in statuses
 
 
 async def test_a_large_result_is_chunked_and_read_back_from_working_memory(scripted_llm):
@@ -258,9 +258,11 @@ async def test_429_is_retried(scripted_llm):
         result = await agent.chat("s", "hi")
         metrics = agent.metrics.exposition().decode()
     assert result.answer == "hello" and len(scripted_llm.requests) == 2
-    assert 'rockbot_llm_requests_total{model="scripted-model",status="429"} 1.0' in metrics
-    assert 'rockbot_llm_requests_total{model="scripted-model",status="200"} 1.0' in metrics
-    assert 'rockbot_llm_tokens_total{kind="completion",model="scripted-model"}' in metrics
+    assert 'rockbot_llm_requests_total{agent="helper-bot",model="scripted-model",status="429"} 1.0' in metrics
+    assert 'rockbot_llm_requests_total{agent="helper-bot",model="scripted-model",status="200"} 1.0' in metrics
+    assert 'rockbot_llm_tokens_total{agent="helper-bot",kind="completion",model="scripted-model"}' in metrics
+    assert 'rockbot_llm_request_duration_seconds_count{agent="helper-bot",model="scripted-model",status="429"} 1.0' \
+        in metrics
 
 
 async def test_5xx_is_retried_until_attempts_run_out(scripted_llm):
