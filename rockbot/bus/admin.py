@@ -43,8 +43,11 @@ class BrokerAdmin(Protocol):
     async def ensure_queue(self, queue: Queue) -> bool:
         """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written."""
 
-    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
-        """The user with this password and tags; True if anything was written."""
+    async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
+        """The user with this password and tags; True if anything was written.
+
+        `password=None` keeps an existing user's password and makes a new user one that cannot log in yet.
+        """
 
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
         """The user's permissions in this virtual host, topic ones on `rockbot` included; True if written."""
@@ -70,14 +73,17 @@ async def ensure_principal(
     calls: Iterable[Principal] = (),
     called_by: Iterable[Principal] = (),
 ) -> bool:
-    """The principal's user with the permissions `permissions_for` derives, and an agent's inbox; True if written."""
+    """The principal's user with the permissions `permissions_for` derives, and an agent's inbox; True if written.
+
+    The login works only once everything else is in place (inbox, then a user that cannot log in yet,
+    its permissions, then its password), so a process that logs in as soon as it can finds all it needs.
+    """
     tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
     permissions = permissions_for(principal, calls=calls, called_by=called_by)
-    wrote = await admin.ensure_user(user=principal.user, password=password, tags=(tag,))
+    wrote = principal.kind == "agent" and await admin.ensure_queue(inbox_of(principal))
+    wrote = await admin.ensure_user(user=principal.user, password=None, tags=(tag,)) or wrote
     wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
-    if principal.kind == "agent":
-        wrote = await admin.ensure_queue(inbox_of(principal)) or wrote
-    return wrote
+    return await admin.ensure_user(user=principal.user, password=password, tags=(tag,)) or wrote
 
 
 async def forget_principal(admin: BrokerAdmin, principal: Principal) -> bool:

@@ -86,16 +86,25 @@ class RabbitAdmin:
     async def ensure_queue(self, queue: Queue) -> bool:
         return await self._ensure_queue(queue, exchange=EXCHANGE, routing_key=queue.name)
 
-    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
+    async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
         name = quote(user, safe="")
         existing = await self._get(f"users/{name}")
-        if existing is not None and sorted(existing.get("tags") or []) == sorted(tags) and password_matches(
-            password_hash=existing.get("password_hash", ""),
-            algorithm=existing.get("hashing_algorithm", ""),
-            password=password,
-        ):
+        if existing is not None and sorted(existing.get("tags") or []) == sorted(tags) and (
+            password is None or password_matches(
+                password_hash=existing.get("password_hash", ""),
+                algorithm=existing.get("hashing_algorithm", ""),
+                password=password,
+            )
+        ):  # fmt: skip
             return False
-        await self._call("PUT", f"users/{name}", {"password": password, "tags": ",".join(tags)})
+        if password is not None:
+            login: dict[str, str] = {"password": password}
+        elif existing is not None:  # keep it as it is
+            login = {"password_hash": existing.get("password_hash", ""),
+                     "hashing_algorithm": existing.get("hashing_algorithm", "")}
+        else:  # no password: nobody can log in as it yet
+            login = {"password_hash": ""}
+        await self._call("PUT", f"users/{name}", {**login, "tags": ",".join(tags)})
         return True
 
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:

@@ -87,6 +87,7 @@ class MemoryBroker:
         self.max_message_bytes = max_message_bytes
         self._queues: dict[str, _MemoryQueue] = {}
         self._users: dict[str, tuple[str, ...]] = {}  # user -> tags
+        self._locked: set[str] = set()  # users made without a password: no login yet
         self._permissions: dict[str, Permissions] = {}
         self._dead: deque[DeadLetter] = deque(maxlen=int(DEAD_LETTERS.arguments["x-max-length"]))
         for queue in FIXED_QUEUES:
@@ -94,8 +95,8 @@ class MemoryBroker:
 
     def connect(self, user: str) -> MemoryBus:
         """A connection acting as `user`; `AccessRefused` for a user the broker does not know."""
-        if user not in self._users:
-            raise AccessRefused(f"the broker has no user {user!r}: provision it first")
+        if user not in self._users or user in self._locked:
+            raise AccessRefused(f"the broker refused the login of user {user!r}: provision it first")
         return MemoryBus(broker=self, user=user)
 
     # ---- administration (the same operations `RabbitAdmin` offers)
@@ -109,10 +110,15 @@ class MemoryBroker:
         self._provision(queue)
         return not existed
 
-    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
-        if self._users.get(user) == tuple(tags):
+    async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
+        locked = password is None and (user not in self._users or user in self._locked)
+        if self._users.get(user) == tuple(tags) and (user in self._locked) == locked:
             return False
         self._users[user] = tuple(tags)
+        if locked:
+            self._locked.add(user)
+        else:
+            self._locked.discard(user)
         return True
 
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
@@ -123,6 +129,7 @@ class MemoryBroker:
 
     async def delete_user(self, user: str) -> bool:
         self._permissions.pop(user, None)
+        self._locked.discard(user)
         return self._users.pop(user, None) is not None
 
     async def delete_queue(self, queue: Queue) -> bool:

@@ -112,15 +112,20 @@ async def test_a_settled_agent_costs_no_write_to_the_api_or_the_broker(
             assert condition(agent, "Ready")["status"] == "True"
 
         await eventually(ready, within=30)
-        mark, logged = len(kube_api.requests), len(caplog.records)
 
-        async def resynced_twice() -> None:  # each resync reads the agent's bus Secret again
-            reads = [r for r in kube_api.requests[mark:] if str(r.url).endswith("/secrets/rockbot-lead-bus")]
-            assert len(reads) >= 2
+        async def two_resyncs_without_a_write() -> None:
+            """Settled: two full resyncs (each reads the agent's bus Secret) write nothing, anywhere."""
+            mark, logged = len(kube_api.requests), len(caplog.records)
 
-        await eventually(resynced_twice, within=30)
-    assert kube_api.writes_since(mark) == []
-    assert [r.getMessage() for r in caplog.records[logged:] if r.name == "rockbot.operator.broker"] == []
+            async def resynced_twice() -> None:
+                reads = [r for r in kube_api.requests[mark:] if str(r.url).endswith("/secrets/rockbot-lead-bus")]
+                assert len(reads) >= 2
+
+            await eventually(resynced_twice, within=30)
+            assert kube_api.writes_since(mark) == []
+            assert [r.getMessage() for r in caplog.records[logged:] if r.name == "rockbot.operator.broker"] == []
+
+        await eventually(two_resyncs_without_a_write, within=60)
 
 
 async def test_the_users_of_agents_deleted_while_the_operator_was_down_are_swept_at_start(
