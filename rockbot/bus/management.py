@@ -7,6 +7,7 @@ settled broker costs GETs only. The admin login is used for these calls and noth
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -24,11 +25,16 @@ from rockbot.bus.permissions import Permissions
 from rockbot.bus.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, Queue
 
 MANAGEMENT_PORT = 15672
+_GET_RETRY_PAUSES = (0.1, 0.5)
 _HASHES = {"rabbit_password_hashing_sha256": hashlib.sha256, "rabbit_password_hashing_sha512": hashlib.sha512}
 
 
 class ManagementError(BusError):
     """The management API refused a call or could not be reached."""
+
+
+class _ServerError(ManagementError):
+    """The management API failed (5xx); a read is worth trying again."""
 
 
 def password_matches(*, password_hash: str, algorithm: str, password: str) -> bool:
@@ -179,6 +185,12 @@ class RabbitAdmin:
         return wrote
 
     async def _get(self, path: str) -> Any:
+        """A read, tried again on a server error: listing users while one is deleted can answer 500."""
+        for pause in _GET_RETRY_PAUSES:
+            try:
+                return await self._call("GET", path, missing_ok=True)
+            except _ServerError:
+                await asyncio.sleep(pause)
         return await self._call("GET", path, missing_ok=True)
 
     async def _call(
@@ -194,13 +206,13 @@ class RabbitAdmin:
                 if response.status == 404 and missing_ok:
                     return missing
                 if response.status >= 300:
-                    raise ManagementError(
+                    raise (_ServerError if response.status >= 500 else ManagementError)(
                         f"the broker's management API answered {method} /api/{path} with {response.status}: "
                         f"{text[:300]}"
                     )
                 return json.loads(text) if text else None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ManagementError(f"cannot reach the broker's management API at {self._base}: {exc!r}") from exc
+            raise ManagementError(f"no answer from the broker's management API at {self._base}: {exc!r}") from exc
 
 
 def _dead_letter(item: dict[str, Any]) -> DeadLetter:
