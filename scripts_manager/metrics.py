@@ -18,6 +18,11 @@ class ScriptMetrics:
             ["backend"], registry=self.registry,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
         )  # fmt: skip
+        self.queue_wait = Histogram(
+            "rockbot_scripts_queue_wait_seconds", "Time a request waited in script.invoke before a manager took it "
+            "(the sender's clock to the manager's).", ["backend"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )  # fmt: skip
         self.in_flight = Gauge(
             "rockbot_scripts_in_flight", "Sandboxes (pods or local processes) running right now.",
             ["backend"], registry=self.registry,

@@ -20,6 +20,10 @@ reused honestly, and running it would put two different answers under one correl
 A run outlives its delivery (see `RunOnce`): a delivery cancelled because the broker connection
 was lost leaves the script running, and the copy the broker redelivers joins it. Only `stop()`
 cancels runs.
+
+A run is a span (`run script`: backend, agent, outcome) in the trace of the agent that asked, with
+the time the request waited in `script.invoke` as a `queue wait` span; the backend adds its
+start-up, run and cleanup spans.
 """
 
 from __future__ import annotations
@@ -28,17 +32,20 @@ import hashlib
 import logging
 import time
 
+from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 
 from rockbot.bus import Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.topology import SCRIPT_INVOKE, script_result_prefix
+from rockbot.bus.tracing import queue_wait
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager import policy
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +119,11 @@ class ScriptService:
                 message=f"this request comes from agent {sender.agent_id}, not {request.agent}: ask as yourself",
             )))  # fmt: skip
         fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
+        waited = queue_wait(delivery)
         try:
             return await self._once.run(
                 key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
-                work=lambda: self._run(request),
+                work=lambda: self._run(request, sender=sender, waited=waited),
             )  # fmt: skip
         except Conflict:
             return self._count(_error(
@@ -126,7 +134,25 @@ class ScriptService:
                 ),
             ))  # fmt: skip
 
-    async def _run(self, request: ScriptInvokeRequest) -> Reply:
+    async def _run(self, request: ScriptInvokeRequest, *, sender: Principal, waited: float | None) -> Reply:
+        """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""
+        backend = self._metrics.backend
+        with tracer.start_as_current_span("run script") as span:
+            if waited is not None:
+                self._metrics.queue_wait.labels(backend).observe(waited)
+                _queue_wait_span(waited)
+            span.set_attributes({
+                "rockbot.script.backend": backend, "rockbot.script.request_id": request.request_id,
+                "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
+            })  # fmt: skip
+            reply = await self._checked_run(request)
+            outcome = _outcome(reply)
+            span.set_attribute("rockbot.script.outcome", outcome)
+            if isinstance(reply, ScriptInvokeError):
+                span.set_status(Status(StatusCode.ERROR, outcome))
+            return reply
+
+    async def _checked_run(self, request: ScriptInvokeRequest) -> Reply:
         try:
             job = policy.check(request=request, settings=self._settings)
         except policy.Refused as refused:
@@ -152,16 +178,25 @@ class ScriptService:
         return self._count(reply)
 
     def _count(self, reply: Reply) -> Reply:
-        if isinstance(reply, ScriptInvokeError):
-            outcome = reply.error.code.value
-        elif reply.timed_out:
-            outcome = "timed_out"
-        elif reply.oom_killed:
-            outcome = "oom_killed"
-        else:
-            outcome = "succeeded" if reply.exit_code == 0 else "exited_nonzero"
-        self._metrics.runs.labels(self._metrics.backend, outcome).inc()
+        self._metrics.runs.labels(self._metrics.backend, _outcome(reply)).inc()
         return reply
+
+
+def _outcome(reply: Reply) -> str:
+    """succeeded, exited_nonzero, timed_out, oom_killed, or the error's code."""
+    if isinstance(reply, ScriptInvokeError):
+        return reply.error.code.value
+    if reply.timed_out:
+        return "timed_out"
+    if reply.oom_killed:
+        return "oom_killed"
+    return "succeeded" if reply.exit_code == 0 else "exited_nonzero"
+
+
+def _queue_wait_span(waited: float) -> None:
+    """The time the request spent in `script.invoke` before this manager took it, as a span of its own."""
+    now = time.time_ns()
+    tracer.start_span("queue wait", start_time=now - int(waited * 1e9)).end(end_time=now)
 
 
 class _Refusal(Exception):

@@ -49,6 +49,7 @@ from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
 from rockbot.scripts_manager.backends.job_dirs import HOOK, INPUT, SCRIPT, JobDir, reap
 from rockbot.scripts_manager.packages import PackageCache, default_root
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, quantity_bytes
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -131,24 +132,38 @@ class LocalBackend:
         return None
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
-        packages_dir = None
-        if job.packages:
-            if self._packages is None:
-                raise SandboxFailure("packages were allowed by policy but no package cache is configured")
-            packages_dir = await self._packages.ensure(job.packages)
-        memory = quantity_bytes(job.memory or self._settings.scripts_memory)
-        job_dir = await asyncio.to_thread(JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK)
-        cgroup = None
-        try:
-            if self._cgroups is not None:
-                cgroup = await asyncio.to_thread(self._cgroups.create, job_dir.path.name, limit_bytes=memory)
-            return await self._execute(
-                job=job, job_dir=job_dir.path, packages_dir=packages_dir, memory=memory, cgroup=cgroup
+        """Prepare the job (start-up), run it in its sandbox (run), remove what it left (cleanup): a span each."""
+        with tracer.start_as_current_span("start-up"):
+            packages_dir = None
+            if job.packages:
+                if self._packages is None:
+                    raise SandboxFailure("packages were allowed by policy but no package cache is configured")
+                packages_dir = await self._packages.ensure(job.packages)
+            memory = quantity_bytes(job.memory or self._settings.scripts_memory)
+            job_dir = await asyncio.to_thread(
+                JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK
             )
+            cgroup = await self._cgroup(job_dir, memory=memory)
+        try:
+            with tracer.start_as_current_span("run"):
+                return await self._execute(
+                    job=job, job_dir=job_dir.path, packages_dir=packages_dir, memory=memory, cgroup=cgroup
+                )
         finally:
-            if cgroup is not None and self._cgroups is not None:
-                await self._cgroups.remove(cgroup)
+            with tracer.start_as_current_span("cleanup"):
+                if cgroup is not None and self._cgroups is not None:
+                    await self._cgroups.remove(cgroup)
+                await asyncio.to_thread(job_dir.remove)
+
+    async def _cgroup(self, job_dir: JobDir, *, memory: int) -> Path | None:
+        """The job's memory cgroup, where the manager can make one; the job's folder goes if that fails."""
+        if self._cgroups is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._cgroups.create, job_dir.path.name, limit_bytes=memory)
+        except BaseException:
             await asyncio.to_thread(job_dir.remove)
+            raise
 
     async def problem(self) -> str | None:
         """Why a script cannot run here, or None: a trivial one, run the way every script is."""

@@ -13,6 +13,10 @@ run. Once it started, a failure is the job's answer: a script never runs twice. 
 ends without a result, the pod's end state (OOM kill, deadline) and its log, read with a byte
 limit, give the answer.
 
+Each job's steps are spans under the manager's `run script`: `start-up` (claiming a warm pod, or
+creating one and waiting for its container to run), `run` (attach, job, answer) and `cleanup` (the
+delete), with the pod's name.
+
 A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) deletes script pods past
 their deadline annotation plus a grace: the pods of jobs whose manager died, and idle warm pods
 whose manager stopped renewing their lease. The kubelet stops every pod at its activeDeadlineSeconds
@@ -34,7 +38,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +65,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
 from rockbot.scripts_manager.backends.pool import WarmPool
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +115,7 @@ class PodBackend:
         started = time.monotonic()
         if self.pool is not None:
             async with contextlib.aclosing(self.pool.claims(job)) as claims:
-                async for name in claims:
+                while (name := await _claimed(claims)) is not None:
                     try:
                         return await self._run_on(name=name, job=job, path="warm", since=started)
                     except _NeverStarted as exc:
@@ -122,16 +127,14 @@ class PodBackend:
     async def _cold(self, job: ScriptJob, *, since: float) -> ScriptInvokeResponse:
         pod = job_pod(job=job, settings=self._settings, now=now_utc())
         name = pod["metadata"]["name"]
+        created = None
         try:
-            created = await self._kube.create(PODS, namespace=self._namespace, body=pod)
-        except ApiError as exc:
-            raise SandboxUnavailable(f"cannot create the script pod in {self._namespace!r}: {exc}") from exc
-        except OSError as exc:
-            raise SandboxUnavailable(f"the Kubernetes API is unreachable: {exc}") from exc
-        try:
-            limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
-            running = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"],
-                                         until=_running_or_finished, limit=limit)
+            with tracer.start_as_current_span("start-up", attributes={"rockbot.script.path": "cold",
+                                                                      "k8s.pod.name": name}):
+                created = await self._create(pod)
+                limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
+                running = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"],
+                                             until=_running_or_finished, limit=limit)
             if _finished(running):  # it ended before the job could reach it: say why
                 return await self._answer_from_end(job=job, pod=running, output=None)
             return await self._run_on(name=name, job=job, path="cold", since=since)
@@ -142,10 +145,28 @@ class PodBackend:
         except OSError as exc:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
         finally:
-            await asyncio.shield(self._delete(name))
+            if created is not None:
+                await asyncio.shield(self._delete(name))
+
+    async def _create(self, pod: K8sObject) -> K8sObject:
+        try:
+            return await self._kube.create(PODS, namespace=self._namespace, body=pod)
+        except ApiError as exc:
+            raise SandboxUnavailable(f"cannot create the script pod in {self._namespace!r}: {exc}") from exc
+        except OSError as exc:
+            raise SandboxUnavailable(f"the Kubernetes API is unreachable: {exc}") from exc
 
     async def _run_on(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
-        """Run the job on a running pod that is ours, and delete the pod after."""
+        """Run the job on a running pod that is ours, and delete the pod after (a warm one here, a cold one by
+        the caller)."""
+        try:
+            with tracer.start_as_current_span("run", attributes={"rockbot.script.path": path, "k8s.pod.name": name}):
+                return await self._run_job(name=name, job=job, path=path, since=since)
+        finally:
+            if path == "warm":
+                await asyncio.shield(self._delete(name))
+
+    async def _run_job(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
         warm = path == "warm"
 
         def started() -> None:
@@ -185,9 +206,6 @@ class PodBackend:
             raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
-        finally:
-            if warm:
-                await asyncio.shield(self._delete(name))
 
     async def _log_says_started(self, name: str, nonce: str) -> bool:
         """Whether the runner got this job after all (its log keeps what the broken stream lost)."""
@@ -282,12 +300,13 @@ class PodBackend:
         )  # fmt: skip
 
     async def _delete(self, name: str) -> None:
-        try:
-            await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0)
-        except NotFound:
-            pass
-        except (ApiError, OSError) as exc:  # the sweeper will get it
-            log.warning("could not delete script pod %s: %s", name, exc)
+        with tracer.start_as_current_span("cleanup", attributes={"k8s.pod.name": name}):
+            try:
+                await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0)
+            except NotFound:
+                pass
+            except (ApiError, OSError) as exc:  # the sweeper will get it
+                log.warning("could not delete script pod %s: %s", name, exc)
 
     async def sweep(self, *, now: datetime | None = None) -> int:
         """Delete script pods whose deadline plus the grace has passed; returns how many."""
@@ -319,6 +338,16 @@ class PodBackend:
             except (ApiError, OSError) as exc:
                 log.warning("sweeping script pods failed: %s", exc)
             await asyncio.sleep(self._settings.scripts_sweep_interval_seconds)
+
+
+async def _claimed(claims: AsyncIterator[str]) -> str | None:
+    """The next warm pod claimed for the job (None: none left); a claim is the job's start-up span."""
+    started = time.time_ns()
+    name = await anext(claims, None)
+    if name is not None:
+        tracer.start_span("start-up", start_time=started,
+                          attributes={"rockbot.script.path": "warm", "k8s.pod.name": name}).end()
+    return name
 
 
 def _response(*, job: ScriptJob, result: dict[str, Any], oom: bool = False) -> ScriptInvokeResponse:
