@@ -169,7 +169,8 @@ class LocalBackend:
         """Why a script cannot run here, or None: a trivial one, run the way every script is."""
         try:
             probe = ScriptJob(request_id="probe", script="pass", input_data=None, timeout_seconds=_PROBE_SECONDS)
-            result = await self.run(probe)
+            with tracer.start_as_current_span("check sandbox"):  # one trace of its own, not three loose steps
+                result = await self.run(probe)
         except (SandboxUnavailable, SandboxFailure) as exc:
             return str(exc)
         if result.exit_code != 0:
