@@ -3,19 +3,26 @@
     python -m benchmarks.bench_agent [--rounds 300]
 
 1. Loop overhead per tool-call round trip: the time of one round (ask the model, parse the stream,
-   run a no-op tool, append the answers) minus the time spent inside the model request itself
+   run a no-op tool, append the answers) minus the time spent inside the model's HTTP request itself
    (HTTP + the scripted server) and inside the tool. Goal: under 2 ms. The rounds are played as
    user turns of `ROUNDS_PER_TURN` rounds each (an agent's max_iterations is at most 100).
-2. Three tools that each take 200 ms, run in parallel versus one after another.
+2. The same with tracing on, in the same process right after: the OpenTelemetry SDK recording every
+   span (turn, model request, tool call) and exporting them over OTLP/HTTP to a collector stand-in on
+   127.0.0.1, as `OTEL_EXPORTER_OTLP_ENDPOINT` sets it up. The difference is tracing's cost per tool
+   call (a process can install the SDK once, so "off" runs first, then "on").
+3. Three tools that each take 200 ms, run in parallel versus one after another.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,7 +52,7 @@ def tools_module(*tools):
     return Module
 
 
-async def loop_overhead(rounds: int) -> None:
+async def loop_overhead(rounds: int, *, label: str) -> float:
     in_tool = 0.0
 
     @tool
@@ -65,16 +72,16 @@ async def loop_overhead(rounds: int) -> None:
     agent = AgentRuntime.from_config(config(llm.url, max_iterations=ROUNDS_PER_TURN + 1), env={},
                                      tool_sets=[tools_module(noop)], max_messages=10 * ROUNDS_PER_TURN)
     in_model: list[float] = []
-    complete = agent.llm.complete
+    attempt = agent.llm._attempt
 
-    async def timed_complete(**kwargs):
+    async def timed_attempt(*args, **kwargs):
         started = time.perf_counter()
         try:
-            return await complete(**kwargs)
+            return await attempt(*args, **kwargs)
         finally:
             in_model.append(time.perf_counter() - started)
 
-    agent.llm.complete = timed_complete  # the benchmark's stopwatch around the model request
+    agent.llm._attempt = timed_attempt  # the stopwatch around the HTTP request (its span is the loop's cost)
     async with agent:
         started = time.perf_counter()
         results = [await agent.chat(f"bench-{n}", "go") for n in range(len(turns))]
@@ -83,10 +90,65 @@ async def loop_overhead(rounds: int) -> None:
     assert [(r.answer, r.iterations) for r in results] == [("done", size + 1) for size in turns], results
     overhead = (total - sum(in_model) - in_tool) / rounds
     per_round = total / (rounds + len(turns))
-    print(f"loop: {rounds} tool-call round trips in {total * 1000:.0f} ms "
+    print(f"loop, tracing {label}: {rounds} tool-call round trips in {total * 1000:.0f} ms "
           f"({per_round * 1000:.2f} ms per round, model request median {statistics.median(in_model) * 1000:.2f} ms)")
     verdict = "meets" if overhead < 0.002 else "MISSES"
-    print(f"loop: own overhead per round trip {overhead * 1000:.3f} ms ({verdict} the 2 ms goal)")
+    print(f"loop, tracing {label}: own overhead per round trip {overhead * 1000:.3f} ms ({verdict} the 2 ms goal)")
+    return overhead
+
+
+class _Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that takes every export and answers OK (the spans' cost is the sender's)."""
+
+    exports = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).exports += 1
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def start_tracing() -> None:
+    """What a process does with OTEL_EXPORTER_OTLP_ENDPOINT set: the SDK, batching, OTLP/HTTP export."""
+    from rockbot.telemetry import setup_tracing
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.server_address[1]}"
+    assert setup_tracing(service="rockbot-bench")
+
+
+def span_cost(count: int = 100_000) -> float:
+    """Seconds one span costs as the code starts it (current, with an attribute check)."""
+    from rockbot.telemetry import tracer
+
+    started = time.perf_counter()
+    for _ in range(count):
+        with tracer.start_as_current_span("bench") as span:
+            if span.is_recording():
+                span.set_attribute("n", 1)
+    return (time.perf_counter() - started) / count
+
+
+async def tracing_cost(rounds: int) -> None:
+    from rockbot.telemetry import flush_tracing
+
+    await loop_overhead(min(rounds, ROUNDS_PER_TURN), label="off (warm-up)")
+    off = await loop_overhead(rounds, label="off")
+    noop = span_cost()
+    start_tracing()
+    on = await loop_overhead(rounds, label="on")
+    recorded = span_cost(1_000)  # under the batch queue (2048): none dropped
+    await asyncio.to_thread(flush_tracing)
+    print(f"tracing: cost per tool call {(on - off) * 1000:+.3f} ms (off {off * 1000:.3f} ms, on {on * 1000:.3f} ms; "
+          f"{_Collector.exports} OTLP exports received)")
+    print(f"tracing: one span costs {noop * 1e6:.2f} us off (the API's no-op), {recorded * 1e6:.1f} us on")
 
 
 async def parallel_speedup() -> None:
@@ -113,8 +175,8 @@ async def parallel_speedup() -> None:
 
 
 async def main(rounds: int) -> None:
-    await loop_overhead(rounds)
     await parallel_speedup()
+    await tracing_cost(rounds)
 
 
 if __name__ == "__main__":
