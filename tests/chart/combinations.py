@@ -30,6 +30,13 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                         "kubernetes.io/metadata.name": "ingress-nginx"}}}], "apiServerCIDRs": ["10.0.0.1/32"]}},
     },
     "gateway-off": {"gateway": {"enabled": False}},
+    "observability": {
+        "telemetry": {"otlpEndpoint": "http://otel-collector.monitoring:4318", "captureContent": True,
+                      "collectorEgressTo": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": "monitoring"}}}]},
+        "monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+                       "grafanaDashboard": {"annotations": {"grafana_folder": "rockbot"}}},
+    },
     "agent-namespaces": {
         "agentNamespaces": ["team-a", "team-b"],
         "agents": {"egress": {"llmCIDRs": ["198.51.100.0/24"], "llmPorts": [443, 8443]}},

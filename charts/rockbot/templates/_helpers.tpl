@@ -203,9 +203,33 @@ seccompProfile:
 {{- if and .Values.gateway.enabled .Values.gateway.ingress.enabled (not .Values.gateway.ingress.host) -}}
 {{- fail "gateway.ingress.enabled is true but gateway.ingress.host is empty: name the host senders use, e.g. hooks.example.com" -}}
 {{- end -}}
+{{- if and .Values.telemetry.otlpEndpoint (or .Values.agents.egress.enabled (and .Values.gateway.enabled .Values.gateway.networkPolicy.enabled)) (not .Values.telemetry.collectorEgressTo) -}}
+{{- fail "telemetry.otlpEndpoint is set but telemetry.collectorEgressTo is empty: the egress policies of agent pods and the gateway would block their spans; name the collector's pods or addresses there (NetworkPolicyPeer list)" -}}
+{{- end -}}
 {{- if and .Values.openrouterMcp.enabled (not .Values.openrouterMcp.apiKeySecret.name) -}}
 {{- fail "openrouterMcp.enabled is true but openrouterMcp.apiKeySecret.name is empty: name the Secret holding the OpenRouter API key" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* OTEL_* variables of a rockbot process: where its traces go, when a collector is configured. */}}
+{{- define "rockbot.telemetryEnv" -}}
+{{- with .Values.telemetry.otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* NetworkPolicy egress rule towards the OpenTelemetry collector (only when traces are exported). */}}
+{{- define "rockbot.collectorEgressRule" -}}
+{{- if and .Values.telemetry.otlpEndpoint .Values.telemetry.collectorEgressTo }}
+- to:
+    {{- toYaml .Values.telemetry.collectorEgressTo | nindent 4 }}
+  ports:
+    {{- range .Values.telemetry.collectorPorts }}
+    - protocol: TCP
+      port: {{ . }}
+    {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* NetworkPolicy egress rule allowing DNS lookups at the cluster DNS pods. */}}
