@@ -62,7 +62,7 @@ class AgentState(BaseModel):
 
 @dataclass(frozen=True)
 class Offer:
-    """One delivery: its idempotency key, the SHA-256 of its body, and for an event its incident."""
+    """One delivery: its idempotency key, a digest of its body, and for an event its incident."""
 
     delivery_id: str
     digest: str = ""
@@ -97,8 +97,9 @@ def precheck(trigger: Trigger, status: TriggerStatus, offer: Offer, *, now: date
     events = spec.kubernetes_events
     seen = next((entry for entry in status.deliveries if entry.id == offer.delivery_id), None)
     if seen is not None:
-        active = any(run.run_id == seen.run_id for run in status.active)
-        return Decision("seen", run_id=seen.run_id, resend=active and seen.digest == offer.digest)
+        run = run_id_of(trigger, seen.id)
+        active = any(active.run_id == run for active in status.active)
+        return Decision("seen", run_id=run, resend=active and seen.digest == offer.digest)
     if events is not None and offer.incident is not None:
         window = datetime.timedelta(seconds=events.deduplication_window_seconds)
         incident = next((entry for entry in status.incidents if entry.key == offer.incident), None)
@@ -153,8 +154,8 @@ def admit(
     skipped = runs.start(status, started, policy=spec.concurrency_policy, now=now)
     if skipped is not None:
         return _ended(trigger, status, offer, run=run, outcome="Missed", message=skipped, now=now)
-    _remember(trigger, status, SeenDelivery(id=offer.delivery_id, run_id=run, time=now, started=True,
-                                            digest=offer.digest), now=now)  # fmt: skip
+    _remember(trigger, status, SeenDelivery(id=offer.delivery_id, time=now, started=True, digest=offer.digest),
+              now=now)  # fmt: skip
     _trim(trigger, status)
     return Decision("started", run_id=run)
 
@@ -187,8 +188,8 @@ def _ended(
     record = DeliveryRecord(run_id=run, delivery_id=offer.delivery_id, completion_time=now, outcome=outcome,
                             message=truncate(message))  # fmt: skip
     status.history.append(record)
-    _remember(trigger, status, SeenDelivery(id=offer.delivery_id, run_id=run, time=now, started=False,
-                                            digest=offer.digest), now=now)  # fmt: skip
+    _remember(trigger, status, SeenDelivery(id=offer.delivery_id, time=now, started=False, digest=offer.digest),
+              now=now)  # fmt: skip
     _trim(trigger, status)
     return Decision("failed" if outcome == "Failed" else "missed", run_id=run, message=record.message)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
@@ -53,12 +54,21 @@ def status_of(body: dict[str, Any]) -> TriggerStatus:
         return TriggerStatus()
 
 
+@dataclass
+class _Known:
+    """A Trigger as this process last read or wrote it, parsed (a stale copy costs one 409 and a read)."""
+
+    body: dict[str, Any]
+    trigger: Trigger
+    status: TriggerStatus
+    wire: dict[str, Any]
+
+
 class KubeLedger:
     def __init__(self, *, kube: KubeClient, on_written: Written | None = None) -> None:
         self._kube = kube
         self._on_written = on_written
-        #: The Trigger as this process last read or wrote it (a stale copy costs one 409 and a read).
-        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._known: dict[Key, _Known] = {}
         self._waiting: dict[Key, list[tuple[Change[Any], asyncio.Future[Any]]]] = {}
         self._committing: dict[Key, asyncio.Task[None]] = {}
 
@@ -70,7 +80,7 @@ class KubeLedger:
         return await asyncio.shield(future)  # a caller that gives up leaves the round to finish
 
     def forget(self, key: Key) -> None:
-        self._bodies.pop(key, None)
+        self._known.pop(key, None)
 
     async def close(self) -> None:
         """Let the rounds in flight finish (their deliveries are being recorded)."""
@@ -95,21 +105,20 @@ class KubeLedger:
 
     async def _commit(self, key: Key, changes: list[Change[Any]]) -> list[Any]:
         for _ in range(WRITE_ATTEMPTS):
-            body = self._bodies.get(key) or await self._kube.get(TRIGGERS, namespace=key[0], name=key[1])
-            trigger = Trigger.model_validate(body)
-            status = status_of(body)
-            before = status.to_wire()
-            results = [change(trigger, status) for change in changes]
-            after = status.to_wire()
-            if after != before:
+            known = self._known.pop(key, None)  # the changes edit its status: it is only put back as it is stored
+            if known is None:
+                known = _parsed(await self._kube.get(TRIGGERS, namespace=key[0], name=key[1]))
+            results = [change(known.trigger, known.status) for change in changes]
+            after = known.status.to_wire()
+            if after != known.wire:
                 try:
-                    body = await self._write(body, before=body.get("status") or {}, after=after)
+                    body = await self._write(known.body, before=known.wire, after=after)
                 except Conflict:
-                    self._bodies.pop(key, None)
                     continue
-            self._bodies[key] = body
+                known = _parsed(body, trigger=known.trigger, status=known.status, wire=after)
+            self._known[key] = known
             if self._on_written is not None:
-                self._on_written(key, trigger, status)
+                self._on_written(key, known.trigger, known.status)
             return results
         raise Conflict(status=409, reason="Conflict",
                        message=f"the status of Trigger {key[0]}/{key[1]} kept changing under {WRITE_ATTEMPTS} writes")
@@ -122,6 +131,19 @@ class KubeLedger:
             TRIGGERS, namespace=metadata["namespace"], name=metadata["name"], subresource="status",
             body={"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": patch},
         )  # fmt: skip
+
+
+def _parsed(
+    body: dict[str, Any], *, trigger: Trigger | None = None, status: TriggerStatus | None = None,
+    wire: dict[str, Any] | None = None,
+) -> _Known:  # fmt: skip
+    """`body` parsed; after a write, its status is the one just written (and so is the spec, same generation)."""
+    if trigger is None or trigger.metadata.get("generation") != body["metadata"].get("generation"):
+        trigger = Trigger.model_validate({**body, "status": None})
+    if status is None or wire is None:
+        status = status_of(body)
+        wire = status.to_wire()
+    return _Known(body=body, trigger=trigger, status=status, wire=wire)
 
 
 class MemoryLedger:

@@ -125,13 +125,12 @@ class DeliveryRun(ActiveRun):
 
 
 class SeenDelivery(Schema):
-    """A delivery recorded: what a copy of it is answered (409 with the run id)."""
+    """A delivery recorded (its run id follows from its id): a copy of it is answered 409 with that run id."""
 
     id: str
-    run_id: str
     time: datetime.datetime
     started: bool = Field(description="Whether it started a run (the rate limit counts those).")
-    digest: str = Field(default="", description="SHA-256 of the body: only the same body may be sent again.")
+    digest: str = Field(default="", description="The body's SHA-256, cut short: only the same body is resent.")
 
 
 class Incident(Schema):

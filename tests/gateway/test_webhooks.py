@@ -77,7 +77,8 @@ async def test_a_burst_over_the_rate_limit_gets_429_and_nothing_is_recorded_for_
     assert "maxRunsPerMinute" in refused[0].body["message"]
     await cluster.history(["Succeeded", "Succeeded"])
     started = {answer.body["runId"] for answer in answers if answer.status == 202}
-    assert {entry["runId"] for entry in (await cluster.status())["deliveries"]} == started
+    assert {record["runId"] for record in (await cluster.status())["history"]} == started
+    assert len((await cluster.status())["deliveries"]) == 2
     assert len(scripted_llm.requests) == 2
 
 
