@@ -16,6 +16,7 @@ from rockbot.operator.resolving import Resolution
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import GROUP, VERSION, Agent
 from rockbot.resources.agent import CHILD_PREFIX, CHILD_SUFFIXES
+from rockbot.telemetry import CAPTURE_CONTENT_ENV
 
 K8sObject = dict[str, Any]
 
@@ -166,6 +167,20 @@ def build_service(agent: Agent, settings: OperatorSettings) -> K8sObject:
     )
 
 
+def telemetry_env(agent: Agent, settings: OperatorSettings) -> list[K8sObject]:
+    """Where the agent's traces go (nothing without an endpoint: the agent then records none)."""
+    if not settings.agent_otlp_endpoint:
+        return []
+    env = [
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": settings.agent_otlp_endpoint},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": f"k8s.namespace.name={agent.metadata['namespace']},"
+                                                      f"k8s.deployment.name={child_name(agent)}"},
+    ]
+    if settings.agent_capture_content:
+        env.append({"name": CAPTURE_CONTENT_ENV, "value": "true"})
+    return env
+
+
 def build_deployment(
     agent: Agent,
     resolution: Resolution,
@@ -180,6 +195,7 @@ def build_deployment(
         {"name": item.env, "valueFrom": {"secretKeyRef": {"name": item.ref.name, "key": item.ref.key}}}
         for item in resolution.secret_env
     ]
+    env += telemetry_env(agent, settings)
     env += [entry.to_wire() for entry in spec.env]
     resources = spec.resources.to_wire() if spec.resources is not None else DEFAULT_RESOURCES
     container = {

@@ -47,6 +47,15 @@ class OperatorSettings(BaseSettings):
         default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
     )
     agent_port: int = Field(default=8080, ge=1, le=65535, description="HTTP port of agent pods and their Service.")
+    agent_otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP endpoint agent pods export their traces to (their OTEL_EXPORTER_OTLP_ENDPOINT); "
+        "none: agents export no traces.",
+    )
+    agent_capture_content: bool = Field(
+        default=False,
+        description="Let agents put prompts, answers and tool arguments and results into their spans.",
+    )
     log_format: Literal["json", "text"] = Field(default="json", description="Log format.")
     resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
 

@@ -105,6 +105,11 @@ def test_one_value_sends_every_process_traces_to_the_collector_and_opens_the_way
     for name in ("rockbot-operator", "rockbot-scripts-manager", "rockbot-gateway"):
         env = env_of(find(manifests, "Deployment", name))
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318", name
+    operator = env_of(find(manifests, "Deployment", "rockbot-operator"))
+    assert operator["ROCKBOT_AGENT_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318"  # for the agents' pods
+    assert "ROCKBOT_AGENT_CAPTURE_CONTENT" not in operator
+    opted_in = render({"telemetry": {**TELEMETRY["telemetry"], "captureContent": True}})
+    assert env_of(find(opted_in, "Deployment", "rockbot-operator"))["ROCKBOT_AGENT_CAPTURE_CONTENT"] == "true"
     for policy in (find(manifests, "NetworkPolicy", "rockbot-agent-egress"),
                    find(manifests, "NetworkPolicy", "rockbot-gateway")):
         rule = {"to": TELEMETRY["telemetry"]["collectorEgressTo"], "ports": [{"protocol": "TCP", "port": 4318}]}

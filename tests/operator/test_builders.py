@@ -203,3 +203,22 @@ def test_no_child_holds_an_empty_map_list_or_string_a_real_server_would_drop(spe
     ]
     for child in children:
         assert _empty_values(child) == [], child["kind"]
+
+
+def env_names(deployment) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_agent_pods_export_traces_only_when_the_operator_is_given_a_collector():
+    the_agent, resolution, text, deployment = build()
+    assert not [name for name in env_names(deployment) if name.startswith("OTEL_")]  # settled Agents stay unchanged
+
+    traced = SETTINGS.model_copy(update={"agent_otlp_endpoint": "http://collector:4318"})
+    env = env_names(builders.build_deployment(the_agent, resolution, traced, text, token_checksum=TOKEN_CHECKSUM))
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector:4318"
+    assert env["OTEL_RESOURCE_ATTRIBUTES"] == "k8s.namespace.name=default,k8s.deployment.name=rockbot-analyst"
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT" not in env
+
+    opted_in = traced.model_copy(update={"agent_capture_content": True})
+    env = env_names(builders.build_deployment(the_agent, resolution, opted_in, text, token_checksum=TOKEN_CHECKSUM))
+    assert env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] == "true"
