@@ -8,7 +8,7 @@ that moment use.
 
 One process knows its own use at once; the Agent's other replicas' (and its own before a restart)
 it learns from the operator, which adds up every replica's reports and keeps the day's total in
-`Agent.status.usage` (see `reports`). The tally is therefore the last total the operator confirmed
+`Agent.status.usage` (see `usage_reports`). The tally is therefore the last total the operator confirmed
 plus what this process used since. A process that has never heard from the operator does not know
 the day's total: with a budget it waits briefly for the first answer and then refuses turns,
 naming the cause, rather than start spending a budget that may be gone. Without reports (`rockbot
@@ -61,6 +61,8 @@ class TokenBudget:
         self._known = asyncio.Event()  # the day's total is known (at once when nobody else reports)
         if not reported:
             self._known.set()
+        #: Set whenever tokens are counted (the reports to the operator wait for it).
+        self.recorded = asyncio.Event()
 
     @property
     def day(self) -> datetime.date:
@@ -77,6 +79,7 @@ class TokenBudget:
         if attempt.usage is not None:
             self._roll()
             self._unsent = self._unsent + attempt.usage
+            self.recorded.set()
 
     async def admit(self) -> None:
         """Return when a turn (or its next model request) may go on; `BudgetExhausted` when it may not."""

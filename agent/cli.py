@@ -6,7 +6,8 @@ process (no inbox from outside, no scripts-manager). Until the broker answers, t
 but not ready (`/readyz` says why) and keeps trying. SIGTERM drains: the inbox stops taking
 messages, in-flight turns get `--drain-seconds` to finish (unfinished ones are redelivered to the
 next pod), then the HTTP server and connections close; a broker that is gone delays none of it
-by more than seconds.
+by more than seconds. On RabbitMQ the process reports the tokens it uses to the operator, which keeps
+the Agent's day in its status and answers with the total the daily budget is checked against.
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
 
 
 async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
+    from rockbot.agent.budget import TokenBudget
     from rockbot.agent.inbox import serve_inbox
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
+    from rockbot.agent.usage_reports import UsageReporter
     from rockbot.bus import MemoryBroker, Principal
     from rockbot.bus.admin import ensure_principal
     from rockbot.health import stop_within
@@ -147,7 +150,11 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     else:
         bus = None
         log.warning("no bus configured (--bus or $%s): serving HTTP only, without inbox or scripts", AMQP_URL_ENV)
-    runtime = AgentRuntime.from_config(config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config))
+    reported = bus is not None and url != "memory"  # an operator on the bus keeps the Agent's day over replicas
+    budget = TokenBudget(tokens_per_day=config.limits.tokens_per_day, reported=reported)
+    runtime = AgentRuntime.from_config(
+        config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config), budget=budget
+    )
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()
@@ -155,14 +162,21 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         await waiting.stop()  # after the agent's server listens: the port is never closed in between
     port = runner.addresses[0][1]  # the bound one: `--port 0` asks the system for a free port
     log.info("agent %s/%s listening on %s:%d", config.namespace, config.name, args.host, port)
-    subscription = None
+    subscription = reporting = None
     try:
         await runtime.start()
+        if reported:
+            reporter = UsageReporter(budget=budget, bus=bus, namespace=config.namespace, name=config.name,
+                                     instance=runtime.kit.instance)
+            reporting = asyncio.create_task(reporter.run(), name="report token usage")
         if bus is not None:
             subscription = await serve_inbox(runtime=runtime, bus=bus)
         await stop.wait()
         log.info("stopping: draining in-flight work for up to %g s", args.drain_seconds)
     finally:
+        if reporting is not None:
+            reporting.cancel()
+            await asyncio.gather(reporting, return_exceptions=True)
         if subscription is not None:
             drain = args.drain_seconds
             await stop_within(drain + STOP_STEP_SECONDS, subscription.close(drain_seconds=drain), what="draining")

@@ -1,4 +1,5 @@
-"""kopf glue: start the scheduler and the agents' request consumer with the operator, stop them with it.
+"""kopf glue: start the scheduler, the agents' request consumer and their usage ledger with the operator, stop them
+with it.
 
 The scheduler watches ScheduledTasks and Agents itself (see `watching`), so kopf only owns its
 lifetime: one `on.startup` and one `on.cleanup` handler on the operator's registry. The broker may
@@ -22,6 +23,7 @@ from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.firing import Scheduler
 from rockbot.operator.settings import OperatorSettings
+from rockbot.operator.usage import UsageLedger
 
 log = logging.getLogger(__name__)
 #: How long stopping scheduling may take: the scheduler's steps in flight, then the broker connection.
@@ -47,7 +49,7 @@ def register_scheduling(
     broker answers (`readiness` says so meanwhile); when that is not set (an operator run for
     Agents only), scheduling stays off and says so in the log.
     """
-    parts: list[Scheduler | SchedulingRequests] = []
+    parts: list[Scheduler | SchedulingRequests | UsageLedger] = []
     opened: list[Bus] = []
     starting: list[asyncio.Task[None]] = []
 
@@ -55,7 +57,8 @@ def register_scheduling(
         now = clock or SystemClock()
         scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)
-        for part in (scheduler, requests):
+        usage = UsageLedger(kube=runtime.kube, bus=connection)
+        for part in (scheduler, requests, usage):
             await part.start()
             parts.append(part)
         log.info("scheduling started")
@@ -95,7 +98,7 @@ def register_scheduling(
         await stop_within(STOP_SECONDS, _stop_all(parts, opened), what="stopping scheduling")
 
 
-async def _stop_all(parts: list[Scheduler | SchedulingRequests], opened: list[Bus]) -> None:
+async def _stop_all(parts: list[Scheduler | SchedulingRequests | UsageLedger], opened: list[Bus]) -> None:
     while parts:
         await parts.pop().stop()
     while opened:

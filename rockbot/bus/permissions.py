@@ -12,10 +12,10 @@ For an agent X in namespace N (see `topology` for the names):
 - it declares, binds and reads only its own per-process queues (`agent.N.X.replies.*`,
   `agent.N.X.scheduling-replies.*`, `script.result.N.X.*`), and reads its inbox (which the operator
   declares);
-- it publishes to `script.invoke`, `operator.scheduling`, the inboxes of the agents it `calls`
+- it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
-Only `service.scripts-manager` reads `script.invoke`; only the operator reads its two queues. The
+Only `service.scripts-manager` reads `script.invoke`; only the operator reads its three queues. The
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
@@ -107,7 +107,8 @@ def _provisioned(principal: Principal) -> list[str]:
     if principal.kind == "agent":
         return [_name(topology.inbox_of(principal).name)]
     if principal == OPERATOR:
-        return [_name(topology.OPERATOR_SCHEDULING.name), _name(topology.OPERATOR_RUNS.name)]
+        return [_name(queue.name) for queue in (topology.OPERATOR_SCHEDULING, topology.OPERATOR_RUNS,
+                                                topology.OPERATOR_USAGE)]
     if principal == SCRIPTS_MANAGER:
         return [_name(topology.SCRIPT_INVOKE.name)]
     if principal == GATEWAY:
@@ -118,7 +119,8 @@ def _provisioned(principal: Principal) -> list[str]:
 def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by: Iterable[Principal]) -> list[str]:
     inboxes = [_name(topology.inbox_of(callee).name) for callee in calls if callee.kind == "agent"]
     if principal.kind == "agent":
-        fixed = [_name(topology.SCRIPT_INVOKE.name), _name(topology.OPERATOR_SCHEDULING.name)]
+        fixed = [_name(queue.name) for queue in (topology.SCRIPT_INVOKE, topology.OPERATOR_SCHEDULING,
+                                                 topology.OPERATOR_USAGE)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
         return [_ANY_INBOX, rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}"]

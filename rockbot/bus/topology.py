@@ -13,13 +13,14 @@ permissions that say who may write to which queue (see `permissions`).
 | `agent.<namespace>.<name>.replies.<inst>`     | `InboxReply` to that process's agent calls | one agent proc. |
 | `operator.scheduling`                         | scheduling requests from agents            | operator        |
 | `operator.scheduling.runs`                    | `InboxReply` to scheduled runs             | operator        |
+| `operator.usage`                              | `UsageReport`: tokens an agent process used | operator       |
 | `gateway.runs`                                | `InboxReply` to Trigger runs               | gateway         |
-| `agent.<ns>.<name>.scheduling-replies.<inst>` | `SchedulingReply` to that process          | one agent proc. |
+| `agent.<ns>.<name>.scheduling-replies.<inst>` | `SchedulingReply`, `UsageTotal` to it      | one agent proc. |
 | `service.<name>.replies.<inst>`               | `InboxReply` to a service's requests       | one service     |
 | `rockbot.dead-letters`                        | what a work queue refused or gave up on    | people          |
 
 Work queues (`script.invoke`, the inboxes, `operator.scheduling`, `operator.scheduling.runs`,
-`gateway.runs`) are
+`operator.usage`, `gateway.runs`) are
 quorum queues, *provisioned*: declared and bound by the operator (inboxes when it reconciles the
 Agent, so messages to an agent that has not started yet are kept), never by their consumers, which
 only check that they exist. A message a consumer refuses, or one delivered more than
@@ -84,6 +85,8 @@ SCRIPT_INVOKE = work_queue("script.invoke")
 OPERATOR_SCHEDULING = work_queue("operator.scheduling")
 #: Where agents answer scheduled runs; any operator replica may complete any run.
 OPERATOR_RUNS = work_queue("operator.scheduling.runs")
+#: Where agent processes report the tokens they used (the operator keeps each Agent's day in its status).
+OPERATOR_USAGE = work_queue("operator.usage")
 #: Where agents answer Trigger runs; any gateway replica may complete any run, also after a restart.
 GATEWAY_RUNS = work_queue("gateway.runs")
 DEAD_LETTERS = Queue(
@@ -92,7 +95,7 @@ DEAD_LETTERS = Queue(
     provisioned=True,
 )
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
-FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, GATEWAY_RUNS)
+FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS)
 
 
 def script_result_prefix(*, namespace: str, agent: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
@@ -270,12 +271,22 @@ class ResolvedToolStatus(Schema):
     description: str = ""
 
 
+class TokenUsageStatus(Schema):
+    """The model tokens the Agent used in one UTC day, over all its replicas (as they reported them)."""
+
+    day: datetime.date
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
 class AgentStatus(Schema):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     tools: list[ResolvedToolStatus] = Field(default_factory=list)
     replicas: int | None = None
     ready_replicas: int | None = None
+    usage: TokenUsageStatus | None = Field(default=None, description="Today's token usage (UTC).")
 
 
 class Agent(Resource):
@@ -319,4 +330,5 @@ __all__ = [
     "LabelSelector",
     "LocalObjectReference",
     "ResolvedToolStatus",
+    "TokenUsageStatus",
 ]

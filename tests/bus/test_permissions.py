@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal, permissions_for
-from rockbot.bus.topology import GATEWAY_RUNS
+from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_USAGE
 
 TRIAGE = Principal.agent(namespace="team-a", name="triage")
 
@@ -24,3 +24,11 @@ def test_only_agents_the_gateway_calls_answer_it_and_nobody_else_reads_its_answe
     assert not permissions_for(TRIAGE, called_by=[OPERATOR]).allows("topic_write", GATEWAY_RUNS.name)
     for other in (OPERATOR, SCRIPTS_MANAGER, TRIAGE, Principal.service("local")):
         assert not permissions_for(other).allows("read", GATEWAY_RUNS.name), other
+
+
+def test_agents_report_their_token_usage_and_only_the_operator_reads_the_reports() -> None:
+    assert permissions_for(TRIAGE).allows("topic_write", OPERATOR_USAGE.name)
+    assert permissions_for(OPERATOR).allows("read", OPERATOR_USAGE.name)
+    for other in (TRIAGE, SCRIPTS_MANAGER, GATEWAY, Principal.service("local")):
+        assert not permissions_for(other).allows("read", OPERATOR_USAGE.name), other
+    assert not permissions_for(GATEWAY).allows("topic_write", OPERATOR_USAGE.name)
