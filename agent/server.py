@@ -33,7 +33,6 @@ import time
 from typing import Any
 
 from aiohttp import web
-from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rockbot.agent.budget import BudgetExhausted
@@ -41,7 +40,7 @@ from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmAuthError, LlmError, Usage
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.resources.checking import describe
-from rockbot.telemetry import extract, tracer
+from rockbot.telemetry import server_spans
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,8 @@ class StreamOptions(BaseModel):
 
 
 def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
-    app = web.Application(middlewares=[_traced, _bearer_auth(token)], client_max_size=8 * 1024 * 1024)
+    app = web.Application(middlewares=[server_spans(prefix="/v1/"), _bearer_auth(token)],
+                          client_max_size=8 * 1024 * 1024)
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await _chat(request, runtime)
@@ -91,28 +91,6 @@ def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     return app
-
-
-@web.middleware
-async def _traced(request: web.Request, handler):
-    """A server span for each API request, continuing the caller's trace when it sent `traceparent`."""
-    if not request.path.startswith("/v1/"):
-        return await handler(request)
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else ""  # no route: named by the method alone
-    with tracer.start_as_current_span(
-        f"{request.method} {route}".strip(), context=extract(request.headers), kind=SpanKind.SERVER
-    ) as span:  # fmt: skip
-        span.set_attributes({"http.request.method": request.method, "http.route": route, "url.path": request.path})
-        try:
-            response = await handler(request)
-        except web.HTTPException as exc:
-            span.set_attribute("http.response.status_code", exc.status)
-            raise
-        span.set_attribute("http.response.status_code", response.status)
-        if response.status >= 500:
-            span.set_status(Status(StatusCode.ERROR))
-        return response
 
 
 def _bearer_auth(token: str | None):

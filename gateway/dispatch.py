@@ -5,7 +5,8 @@ Trigger and the run, so any copy (a resend, a redelivery) is run once by the inb
 one queue every replica reads (`gateway.runs`), so a run started before a restart is still
 completed; an answer counts only from the Trigger's own Agent (the broker vouches for the sender)
 and only while the run is active. A run without an answer is failed at its `runTimeoutSeconds` by
-whichever replica's timer fires first (the write makes it once).
+whichever replica's timer fires first (the write makes it once). Sending a run is a span (`trigger
+run`, with the run id), in the webhook request's trace; the agent's turn is its child.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rockbot.gateway.admission import KIND
 from rockbot.gateway.ledger import Key, Ledger
 from rockbot.kube import ApiError, NotFound
 from rockbot.resources.trigger import Trigger, TriggerStatus
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,14 @@ class Dispatch:
         request = InboxRequest(kind="trigger", request_id=request_id, session_id=request_id, content=prompt,
                                reply_to=self._replies.name)  # fmt: skip
         try:
-            await self._bus.publish(
-                queue=agent_inbox(namespace=namespace, name=trigger.spec.agent_ref.name), body=request,
-                message_id=request_id, correlation_id=request_id, reply_to=self._replies.name,
-            )  # fmt: skip
+            with tracer.start_as_current_span("trigger run", attributes={
+                "rockbot.trigger": f"{namespace}/{name}", "rockbot.run.id": run, "rockbot.request.id": request_id,
+                "gen_ai.agent.name": trigger.spec.agent_ref.name,
+            }):  # the agent's turn is its child: a run's whole trace is found by its id  # fmt: skip
+                await self._bus.publish(
+                    queue=agent_inbox(namespace=namespace, name=trigger.spec.agent_ref.name), body=request,
+                    message_id=request_id, correlation_id=request_id, reply_to=self._replies.name,
+                )  # fmt: skip
         except BusError as exc:
             log.warning("could not send run %s of Trigger %s/%s: %s", run, namespace, name, exc)
             await self._complete((namespace, name), run, answer=None,

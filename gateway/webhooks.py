@@ -36,6 +36,7 @@ from rockbot.gateway.secrets import Keys, Unreadable
 from rockbot.gateway.signatures import verify
 from rockbot.kube import ApiError, NotFound
 from rockbot.resources.trigger import MAX_DELIVERY_ID
+from rockbot.telemetry import server_spans
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Webhooks:
         self._on_answer = on_answer
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[server_spans(prefix="/hooks/")])
         app.router.add_route("*", "/hooks/{namespace}/{name}", self._handle)
         return app
 

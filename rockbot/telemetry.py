@@ -9,8 +9,8 @@ nothing, so code starts spans unconditionally and computes costly attributes onl
 `span.is_recording()`.
 
 Trace context crosses processes as W3C `traceparent`/`tracestate` (`inject`, `extract`): in HTTP
-headers and in the bus's AMQP message headers, so a request, the sub-agent it calls and the script
-it runs share one trace.
+headers (`server_spans`, for aiohttp servers) and in the bus's AMQP message headers, so a request,
+the sub-agent it calls and the script it runs share one trace.
 
 What a person typed, what the model answered and tool arguments and results stay out of spans
 unless `OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true` (the variable OpenTelemetry's GenAI
@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
+from aiohttp import web
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +107,34 @@ def extract(headers: Mapping[str, object] | None) -> Context:
 
 def _text(value: object) -> str:
     return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def server_spans(*, prefix: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """aiohttp middleware: a server span for each request under `prefix` (not probes or metrics), continuing
+    the caller's trace when it sent `traceparent`; named by the route, never by the path (which holds ids)."""
+
+    @web.middleware
+    async def traced(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not request.path.startswith(prefix):
+            return await handler(request)
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else ""  # no route: named by the method alone
+        with tracer.start_as_current_span(
+            f"{request.method} {route}".strip(), context=extract(request.headers), kind=SpanKind.SERVER
+        ) as span:  # fmt: skip
+            span.set_attributes({"http.request.method": request.method, "http.route": route,
+                                 "url.path": request.path})  # fmt: skip
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                span.set_attribute("http.response.status_code", exc.status)
+                raise
+            span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            return response
+
+    return traced
