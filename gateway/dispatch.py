@@ -12,6 +12,7 @@ run`, with the run id), in the webhook request's trace; the agent's turn is its 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import Callable
 
@@ -47,7 +48,7 @@ class Dispatch:
         self._replies = replies
         self._on_completed = on_completed
         self._subscription: Subscription | None = None
-        self._timers: dict[Key, tuple[object, asyncio.Task[None]]] = {}
+        self._timers: dict[Key, tuple[datetime.datetime, asyncio.Task[None]]] = {}
 
     async def start(self) -> None:
         """Read the answers; `NoRoute` while the replies queue is not provisioned yet."""
@@ -96,8 +97,8 @@ class Dispatch:
         if at is not None:
             self._timers[key] = (at, asyncio.create_task(self._expire_at(key, at), name=f"expire {key}"))
 
-    async def _expire_at(self, key: Key, at: object) -> None:
-        await self._clock.sleep_until(at)  # type: ignore[arg-type]
+    async def _expire_at(self, key: Key, at: datetime.datetime) -> None:
+        await self._clock.sleep_until(at)
         self._timers.pop(key, None)
         now = self._clock.now()
         try:
@@ -126,15 +127,15 @@ class Dispatch:
     ) -> None:
         now = self._clock.now()
 
-        def change(trigger: Trigger, status: TriggerStatus) -> str | None:
-            """Why the answer does not count, or None when it completed the run."""
+        def change(trigger: Trigger, status: TriggerStatus) -> tuple[int, str] | None:
+            """(log level, why) the answer does not count, or None when it completed the run."""
             if not runs.belongs_to(run, uid=str(trigger.metadata.get("uid", ""))):
-                return "it is a run of an earlier Trigger by that name"
+                return logging.INFO, "it is a run of an earlier Trigger by that name"
             agent = Principal.agent(namespace=key[0], name=trigger.spec.agent_ref.name)
             if sender is not None and sender != agent:
-                return f"it comes from {sender}, but the run was sent to {agent}"
+                return logging.WARNING, f"it comes from {sender}, but the run was sent to {agent}"
             if not admission.complete(trigger, status, run=run, answer=answer, error=error, now=now):
-                return "the run is no longer active (answered, timed out or replaced)"
+                return logging.INFO, "the run is no longer active (answered, timed out or replaced)"
             return None
 
         try:
@@ -143,6 +144,6 @@ class Dispatch:
             log.info("the answer to run %s came after Trigger %s/%s was deleted", run, *key)
             return
         if ignored is not None:
-            log.info("ignoring the answer to run %s of Trigger %s/%s: %s", run, *key, ignored)
+            log.log(ignored[0], "ignoring the answer to run %s of Trigger %s/%s: %s", run, *key, ignored[1])
         elif self._on_completed is not None:
             self._on_completed(key, run, answer, error)

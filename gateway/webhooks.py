@@ -14,7 +14,8 @@
 | 429    | over `maxRunsPerMinute`: nothing recorded, `Retry-After` says when to send it again    |
 | 503    | the gateway cannot take it now (suspended, Agent not Ready, key unreadable, API down) |
 Nothing a sender puts in a request makes a 5xx: 503 says "not now", with nothing recorded, so a retry
-is safe; every answer is JSON with a `message` that says what to change.
+is safe. (One 503 carries a `runId`: the run was recorded but the agent's inbox refused it, so it is
+recorded Failed.) Every answer is JSON with a `message` that says what to change.
 """
 
 from __future__ import annotations

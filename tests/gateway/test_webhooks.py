@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+from rockbot.bus import GATEWAY, AmqpBus, Principal
+from rockbot.bus.topology import GATEWAY_RUNS
+from rockbot.contracts.inbox import InboxReply
 from tests.fixtures.llm import Turn
-from tests.gateway.conftest import ISSUE, NS, PUBLIC_URL, Cluster, StartGateway, send
+from tests.gateway.conftest import ISSUE, NS, PUBLIC_URL, TRIAGE, Cluster, StartGateway, send
+from tests.waiting import eventually
 
 
 async def test_a_signed_webhook_starts_one_run_and_the_answer_lands_in_the_history(
@@ -117,3 +121,35 @@ async def test_two_replicas_racing_on_one_delivery_run_it_once(
     assert answers[0].body["runId"] == answers[1].body["runId"]
     await cluster.history(["Succeeded"])
     assert len(scripted_llm.requests) == 1
+
+
+async def test_an_answer_from_another_agent_does_not_complete_the_run(
+    cluster: Cluster, vhost, start_gateway: StartGateway
+) -> None:
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger()
+    await vhost.url(TRIAGE, called_by=[GATEWAY])  # its inbox, where the run waits: no agent takes it here
+    gateway = await start_gateway()
+    await cluster.ready()
+    sent = await send(gateway, delivery="d-1")
+    assert sent.status == 202, sent
+    run = sent.body["runId"]
+    request_id = f"trigger/{NS}/issues/{run}"
+    mallory = Principal.agent(namespace=NS, name="mallory")  # another agent the gateway may send runs to
+
+    async def answer(principal: Principal, text: str) -> None:
+        async with await AmqpBus.connect(url=await vhost.url(principal, called_by=[GATEWAY])) as bus:
+            reply = InboxReply(request_id=request_id, session_id=request_id, answer=text)
+            await bus.publish(queue=GATEWAY_RUNS, body=reply, correlation_id=request_id)
+
+    async def taken() -> None:
+        assert (await asyncio.to_thread(vhost.queues))[GATEWAY_RUNS.name] == (0, 0)
+
+    await answer(mallory, "Close it as won't fix.")
+    await eventually(taken)
+    status = await cluster.status()
+    assert [active["runId"] for active in status["active"]] == [run] and status.get("history", []) == []
+    await answer(TRIAGE, "Labelled bug.")
+    (record,) = await cluster.history(["Succeeded"])
+    assert record["summary"] == "Labelled bug."
