@@ -153,6 +153,8 @@ class Gateway:
     # ---- the mirrors' callbacks
 
     def _trigger_changed(self, body: dict[str, Any]) -> None:
+        assert self._ledger is not None
+        self._ledger.observe(body)
         entry = self.catalog.upsert(body)
         if entry is None:
             log.warning("Trigger %s/%s does not parse; it is not served", *_key(body))

@@ -69,6 +69,8 @@ class KubeLedger:
         self._kube = kube
         self._on_written = on_written
         self._known: dict[Key, _Known] = {}
+        #: The newest generation of each Trigger seen anywhere (its watch): an older copy is read again.
+        self._generations: dict[Key, int] = {}
         self._waiting: dict[Key, list[tuple[Change[Any], asyncio.Future[Any]]]] = {}
         self._committing: dict[Key, asyncio.Task[None]] = {}
 
@@ -81,6 +83,13 @@ class KubeLedger:
 
     def forget(self, key: Key) -> None:
         self._known.pop(key, None)
+        self._generations.pop(key, None)
+
+    def observe(self, body: dict[str, Any]) -> None:
+        """A copy of the Trigger from elsewhere (its watch): a newer spec means the kept copy may not decide."""
+        metadata = body["metadata"]
+        key = (metadata["namespace"], metadata["name"])
+        self._generations[key] = max(self._generations.get(key, 0), int(metadata.get("generation") or 0))
 
     async def close(self) -> None:
         """Let the rounds in flight finish (their deliveries are being recorded)."""
@@ -106,7 +115,7 @@ class KubeLedger:
     async def _commit(self, key: Key, changes: list[Change[Any]]) -> list[Any]:
         for _ in range(WRITE_ATTEMPTS):
             known = self._known.pop(key, None)  # the changes edit its status: it is only put back as it is stored
-            if known is None:
+            if known is None or int(known.trigger.metadata.get("generation") or 0) < self._generations.get(key, 0):
                 known = _parsed(await self._kube.get(TRIGGERS, namespace=key[0], name=key[1]))
             results = [change(known.trigger, known.status) for change in changes]
             after = known.status.to_wire()
@@ -138,7 +147,10 @@ def _parsed(
     wire: dict[str, Any] | None = None,
 ) -> _Known:  # fmt: skip
     """`body` parsed; after a write, its status is the one just written (and so is the spec, same generation)."""
-    if trigger is None or trigger.metadata.get("generation") != body["metadata"].get("generation"):
+    metadata = body["metadata"]
+    if trigger is None or (trigger.metadata.get("generation"), trigger.metadata.get("uid")) != (
+        metadata.get("generation"), metadata.get("uid")
+    ):
         trigger = Trigger.model_validate({**body, "status": None})
     if status is None or wire is None:
         status = status_of(body)

@@ -8,6 +8,7 @@ import asyncio
 from rockbot.bus import GATEWAY, AmqpBus, Principal
 from rockbot.bus.topology import GATEWAY_RUNS
 from rockbot.contracts.inbox import InboxReply
+from rockbot.kube import TRIGGERS
 from tests.fixtures.llm import Turn
 from tests.gateway.conftest import ISSUE, NS, PUBLIC_URL, TRIAGE, Cluster, StartGateway, send
 from tests.waiting import eventually
@@ -153,3 +154,24 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
     await answer(TRIAGE, "Labelled bug.")
     (record,) = await cluster.history(["Succeeded"])
     assert record["summary"] == "Labelled bug."
+
+
+async def test_a_template_edited_into_one_that_does_not_compile_makes_the_trigger_not_ready(
+    cluster: Cluster, start_gateway: StartGateway
+) -> None:
+    await cluster.agent()
+    await cluster.secret()
+    await cluster.trigger()
+    gateway = await start_gateway()
+    await cluster.ready()
+    await cluster.kube.patch(TRIGGERS, namespace=NS, name="issues", body={"spec": {"prompt": "{% for %}"}})
+
+    async def not_ready() -> None:
+        status = await cluster.status()
+        (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+        assert (ready["status"], ready["reason"], status["observedGeneration"]) == ("False", "InvalidTemplate", 2)
+        assert ready["message"].startswith("spec.prompt: line 1: ")
+
+    await eventually(not_ready)
+    refused = await send(gateway, delivery="d-1")
+    assert refused.status == 503 and "spec.prompt: line 1" in refused.body["message"]
