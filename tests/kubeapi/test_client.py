@@ -248,3 +248,15 @@ async def test_no_request_times_out_while_the_server_answers_each_in_time(kube_a
                                        return_exceptions=True)
     failures = [answer for answer in answers if isinstance(answer, BaseException)]
     assert not failures, f"{len(failures)} of 400 failed, e.g. {failures[0]!r}"
+
+
+async def test_requests_do_not_hop_to_worker_threads(kube_api: KubeApiEmulator, monkeypatch):
+    """Each thread hop costs CPU on every request; aiohttp made two (netrc, proxy variables) when trusting the env."""
+    hops: list[object] = []
+    loop = asyncio.get_running_loop()
+    original = loop.run_in_executor
+    monkeypatch.setattr(loop, "run_in_executor", lambda *args: hops.append(args[1]) or original(*args))
+    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=5) as kube:
+        for _ in range(3):
+            await kube.list(CONFIGMAPS, namespace="default")
+    assert hops == []
