@@ -281,12 +281,12 @@ class Probes:
         return answer is not None and answer[0] == 200
 
 
-def waiting_for_the_broker(probes: Probes) -> Any:
-    """A probe for `wait_until`: the (503, reason) answer once readiness says it cannot reach the broker."""
+def waiting_for_the_broker(probes: Probes, saying: str = "cannot reach the broker") -> Any:
+    """A probe for `wait_until`: the (503, reason) answer once readiness says `saying` (it cannot reach the broker)."""
 
     async def probe() -> tuple[int, str] | None:
         answer = await probes.readiness()
-        return answer if answer is not None and answer[0] == 503 and "cannot reach the broker" in answer[1] else None
+        return answer if answer is not None and answer[0] == 503 and saying in answer[1] else None
 
     return probe
 

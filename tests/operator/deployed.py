@@ -9,6 +9,7 @@ Secrets and in-cluster addresses, and a free port for the health server in place
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -79,3 +80,46 @@ def start_operator(
 def operator_requests(emulator: KubeApiEmulator, since: int = 0) -> list[Any]:
     """The requests the operator made (they carry its token), after the first `since` requests."""
     return [r for r in emulator.requests[since:] if r.headers.get("Authorization") == f"Bearer {OPERATOR_TOKEN}"]
+
+
+CHILD_KINDS = [("apps", "deployments", ""), ("", "serviceaccounts", ""), ("", "services", ""),
+               ("", "configmaps", "-config"), ("", "secrets", "-http-token")]
+
+
+def converged(emulator: KubeApiEmulator, agents: list[str], *, namespace: str = NAMESPACE) -> bool:
+    """Straight from the emulator's store (no request): exactly these Agents, each with its five children and a
+    Ready=True status for its generation, and every Tool's `usedBy` naming exactly the Agents that use it."""
+    store = emulator.api.store
+    for group, plural, suffix in CHILD_KINDS:
+        names = {obj["metadata"]["name"] for obj in store.items((group, plural), namespace)}
+        if any(f"rockbot-{agent}{suffix}" not in names for agent in agents):
+            return False
+    found = {obj["metadata"]["name"]: obj for obj in store.items(("rockbot.dev", "agents"), namespace)}
+    if set(found) != set(agents):
+        return False
+    for agent in found.values():
+        status = agent.get("status") or {}
+        ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready" and c["status"] == "True"]
+        if not ready or status.get("observedGeneration") != agent["metadata"]["generation"]:
+            return False
+    for tool in store.items(("rockbot.dev", "tools"), namespace):
+        users = sorted(name for name, agent in found.items() if tool["metadata"]["name"] in agent["spec"]["tools"])
+        if (tool.get("status") or {}).get("usedBy") != users:
+            return False
+    return True
+
+
+def writes_by_operator(emulator: KubeApiEmulator, since: int) -> list[str]:
+    """The operator's write requests after the first `since` requests, as 'METHOD /path', with the name of
+    the object a create makes (or an Event is about) after it: 'POST /api/v1/namespaces/ns/secrets name'."""
+    found = []
+    for request in operator_requests(emulator, since):
+        method = str(request.method.value).upper()
+        if method not in ("POST", "PUT", "PATCH", "DELETE"):
+            continue
+        line = f"{method} {request.url.path}"
+        if method == "POST":
+            body = json.loads(request.body)
+            line += " " + (body.get("involvedObject") or body["metadata"]).get("name", "")
+        found.append(line)
+    return found
