@@ -238,7 +238,13 @@ def build_deployment(
                         "securityContext": restricted_pod_context(uid=AGENT_UID, fs_group=True),
                         "containers": [container],
                         "volumes": [
-                            {"name": "config", "configMap": {"name": child_name(agent, "-config")}},
+                            {  # only our key: nothing else a ConfigMap of that name holds is ever mounted
+                                "name": "config",
+                                "configMap": {
+                                    "name": child_name(agent, "-config"),
+                                    "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+                                },
+                            },
                             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                         ],
                     },

@@ -1,68 +1,209 @@
-"""Make one child object match its desired manifest, writing only when it does not."""
+"""The children the operator owns, as its watches last saw them, and making one match its desired manifest.
+
+Children are known from watches (labelled `app.kubernetes.io/managed-by`), not read back with a GET
+on every reconcile: each is kept as compact JSON (no status, resourceVersion or managedFields) with its
+resourceVersion, its controller and, for a Deployment, the status figures Ready is made of. A
+reconcile compares the desired manifest with that copy and writes only the difference; what the
+write answers replaces the copy at once. Watch events arrive in resourceVersion order, so while
+the echo of our own write is still on its way, any event for that object is older than what we
+hold and is not taken. An object missing from the copy is created; if the name is taken by one
+the watch does not show (it lacks our label), it is read, and adopted or refused.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rockbot.kube import errors
 from rockbot.kube.client import KubeClient
-from rockbot.kube.resources import Resource
+from rockbot.kube.resources import CONFIGMAPS, Resource
 from rockbot.operator.diffing import contains
 
 K8sObject = dict[str, Any]
+Key = tuple[str, str, str]  # (plural, namespace, name)
 logger = logging.getLogger(__name__)
+
+#: Fields a child holds only what we put there: a stranger's keys in an adopted ConfigMap are removed.
+EXACT_FIELDS: dict[str, tuple[str, ...]] = {CONFIGMAPS.plural: ("data", "binaryData")}
+
+
+#: Metadata that changes with every write, status included: not content a desired manifest is compared with.
+_VOLATILE = {"resourceVersion", "managedFields"}
 
 
 class ForeignOwner(Exception):
     """A same-named object exists but another controller owns it: we do not take it over."""
 
 
-def _owned_by_other(live: K8sObject, metadata: K8sObject) -> bool:
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """A Deployment's progress, as its controller reports it: what Ready is computed from."""
+
+    generation: int
+    observed_generation: int
+    updated: int
+    ready: int
+
+    @classmethod
+    def of(cls, deployment: K8sObject) -> Rollout:
+        status = deployment.get("status") or {}
+        return cls(
+            generation=int(deployment["metadata"].get("generation") or 0),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            updated=int(status.get("updatedReplicas") or 0),
+            ready=int(status.get("readyReplicas") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    namespace: str
+    resource_version: str
+    controller: str | None  # the uid of the controlling owner
+    owner: str | None  # the name of the controlling Agent
+    content: bytes  # the object as JSON, without status, resourceVersion and managedFields
+    rollout: Rollout | None  # Deployments only
+    awaiting_echo: bool  # this came from our own write; its watch event has not arrived yet
+
+    @classmethod
+    def of(cls, body: K8sObject, *, awaiting_echo: bool = False) -> Child:
+        metadata = body["metadata"]
+        controller = next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")), {})
+        content = {key: value for key, value in body.items() if key != "status"}
+        content["metadata"] = {key: value for key, value in metadata.items() if key not in _VOLATILE}
+        return cls(
+            namespace=metadata["namespace"],
+            resource_version=str(metadata.get("resourceVersion", "")),
+            controller=controller.get("uid"),
+            owner=controller.get("name") if controller.get("kind") == "Agent" else None,
+            content=json.dumps(content, separators=(",", ":")).encode(),
+            rollout=Rollout.of(body) if body.get("kind") == "Deployment" else None,
+            awaiting_echo=awaiting_echo,
+        )
+
+    def body(self) -> K8sObject:
+        return json.loads(self.content)
+
+
+class Children:
+    """What the watches show of every child, by (plural, namespace, name)."""
+
+    def __init__(self) -> None:
+        self._items: dict[Key, Child] = {}
+        #: For each write in flight, the resourceVersions the watch delivered meanwhile.
+        self._writing: dict[Key, set[str]] = {}
+        #: Called with a child that changed while we wrote it (the watch showed more than our write).
+        self.on_news: Callable[[Child], None] | None = None
+
+    def get(self, resource: Resource, namespace: str, name: str) -> Child | None:
+        return self._items.get((resource.plural, namespace, name))
+
+    def seen(self, resource: Resource, body: K8sObject, *, listed: bool = False) -> bool:
+        """Take a watched object; whether it is news (not the echo of our own write, nor older than it)."""
+        metadata = body["metadata"]
+        key = (resource.plural, metadata["namespace"], metadata["name"])
+        held = self._items.get(key)
+        version = str(metadata.get("resourceVersion", ""))
+        if key in self._writing:  # our own write's echo, most likely: its answer decides (see `writing`)
+            self._writing[key].add(version)
+            if held is None or not held.awaiting_echo:
+                self._items[key] = Child.of(body)
+            return False
+        if held is not None and held.resource_version == version:
+            if held.awaiting_echo:
+                self._items[key] = Child.of(body)
+            return False
+        if held is not None and held.awaiting_echo and not listed:
+            return False  # older than our write, whose echo is still on its way
+        child = self._items[key] = Child.of(body)
+        # A status change that does not move the rollout (conditions' times...) concerns nobody.
+        return held is None or (held.content, held.rollout, held.controller) != (child.content, child.rollout,
+                                                                                 child.controller)
+
+    @contextlib.contextmanager
+    def writing(self, resource: Resource, namespace: str, name: str) -> Iterator[Callable[[K8sObject], Child]]:
+        """Around our own create or patch: yields the function that takes the API server's answer.
+
+        The watch may show the write (and later changes) before its answer arrives: then what the
+        watch showed is kept, being as new or newer; else the answer is, until its echo arrives.
+        """
+        key = (resource.plural, namespace, name)
+        delivered = self._writing[key] = set()
+
+        def record(answer: K8sObject) -> Child:
+            version = str(answer["metadata"].get("resourceVersion", ""))
+            held = self._items.get(key)
+            if delivered - {version} and held is not None and self.on_news is not None:
+                self.on_news(held)  # someone else changed it too, meanwhile: its owner must look again
+            if held is not None and version in delivered:
+                return held
+            child = self._items[key] = Child.of(answer, awaiting_echo=True)
+            return child
+
+        try:
+            yield record
+        finally:
+            self._writing.pop(key, None)
+
+    def forget(self, resource: Resource, namespace: str, name: str) -> None:
+        self._items.pop((resource.plural, namespace, name), None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _check_owner(resource: Resource, controller: str | None, metadata: K8sObject) -> None:
     ours = {ref["uid"] for ref in metadata.get("ownerReferences", [])}
-    return any(
-        ref.get("controller") and ref.get("uid") not in ours for ref in live["metadata"].get("ownerReferences", [])
-    )
-
-
-async def _fetch_or_create(
-    kube: KubeClient, resource: Resource, *, namespace: str, name: str, build: Callable[[], K8sObject]
-) -> tuple[K8sObject, bool]:
-    """The live object and False, or the object `build()` made and True when it had to be created."""
-    try:
-        return await kube.get(resource, namespace=namespace, name=name), False
-    except errors.NotFound:
-        pass
-    try:
-        created = await kube.create(resource, namespace=namespace, body=build())
-    except errors.Conflict:  # created meanwhile (another reconcile, a person): compare with that one
-        return await kube.get(resource, namespace=namespace, name=name), False
-    logger.info("created %s %s/%s", resource.kind, namespace, name)
-    return created, True
-
-
-def _check_owner(resource: Resource, live: K8sObject, metadata: K8sObject) -> None:
-    if _owned_by_other(live, metadata):
+    if controller is not None and controller not in ours:
         raise ForeignOwner(
             f"{resource.kind} {metadata['namespace']}/{metadata['name']} exists and is controlled by another owner: "
             "delete or rename it so the operator can manage it"
         )
 
 
-async def ensure(kube: KubeClient, resource: Resource, desired: K8sObject) -> K8sObject:
-    """Create the object, or merge-patch the fields that differ; a no-op when it already matches."""
-    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    live, created = await _fetch_or_create(kube, resource, namespace=namespace, name=name, build=lambda: desired)
-    if created:
-        return live
-    _check_owner(resource, live, desired["metadata"])
-    if contains(live, desired):
-        return live
+def _differs(resource: Resource, live: K8sObject, desired: K8sObject) -> bool:
+    if not contains(live, desired):
+        return True
+    return any(live.get(field) != desired.get(field) for field in EXACT_FIELDS.get(resource.plural, ()))
+
+
+def _patch(resource: Resource, live: K8sObject, desired: K8sObject) -> K8sObject:
+    """A merge patch to the desired manifest; keys of exact fields that we did not put there are removed."""
     patch = {key: value for key, value in desired.items() if key not in {"apiVersion", "kind"}}
-    patched = await kube.patch(resource, namespace=namespace, name=name, body=patch)
-    logger.info("updated %s %s/%s to match its Agent", resource.kind, namespace, name)
-    return patched
+    for field in EXACT_FIELDS.get(resource.plural, ()):
+        strangers = {key: None for key in live.get(field) or {} if key not in (desired.get(field) or {})}
+        if strangers:
+            patch[field] = strangers | (desired.get(field) or {})
+    return patch
+
+
+async def ensure(kube: KubeClient, children: Children, resource: Resource, desired: K8sObject) -> Child:
+    """Create the object, or merge-patch what differs; no request at all when the watched copy matches."""
+    metadata = desired["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    held = children.get(resource, namespace, name)
+    if held is None:
+        with children.writing(resource, namespace, name) as record:
+            try:
+                created = await kube.create(resource, namespace=namespace, body=desired)
+            except errors.Conflict:  # the name is taken by an object our watch does not show (or not yet)
+                held = Child.of(await kube.get(resource, namespace=namespace, name=name))
+            else:
+                logger.debug("created %s %s/%s", resource.kind, namespace, name)  # what the Agent asked for: no news
+                return record(created)
+    _check_owner(resource, held.controller, metadata)
+    live = held.body()
+    if not _differs(resource, live, desired):
+        return held
+    with children.writing(resource, namespace, name) as record:
+        patched = await kube.patch(resource, namespace=namespace, name=name, body=_patch(resource, live, desired))
+        logger.info("updated %s %s/%s to match its Agent", resource.kind, namespace, name)
+        return record(patched)
 
 
 async def ensure_created(
@@ -70,11 +211,26 @@ async def ensure_created(
 ) -> K8sObject:
     """Create the object once and never rewrite it (generated secrets): `build` runs only to create it.
 
-    `metadata` is the object's desired metadata (name, namespace, owner), known without building it.
+    Read first (these are not watched): on a restart the object exists, and a create refused with
+    409 would still be a write. An object the Agent does not control is refused, never adopted: a
+    token someone else chose must not guard the agent.
     """
-    live, created = await _fetch_or_create(
-        kube, resource, namespace=metadata["namespace"], name=metadata["name"], build=build
-    )
-    if not created:
-        _check_owner(resource, live, metadata)
+    namespace, name = metadata["namespace"], metadata["name"]
+    try:
+        live = await kube.get(resource, namespace=namespace, name=name)
+    except errors.NotFound:
+        try:
+            created = await kube.create(resource, namespace=namespace, body=build())
+        except errors.Conflict:  # created meanwhile: use that one, if it is ours
+            live = await kube.get(resource, namespace=namespace, name=name)
+        else:
+            logger.debug("created %s %s/%s", resource.kind, namespace, name)
+            return created
+    controller = Child.of(live).controller
+    ours = {ref["uid"] for ref in metadata.get("ownerReferences", [])}
+    if controller not in ours:
+        raise ForeignOwner(
+            f"{resource.kind} {namespace}/{name} exists and is not controlled by this Agent: "
+            "delete it so the operator can generate its own"
+        )
     return live

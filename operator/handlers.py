@@ -1,203 +1,273 @@
-"""kopf glue: every trigger resolves to "reconcile these Agents"; the work lives in the reconciler.
+"""kopf glue: every event only says which Agents and Tools to look at again; a work queue does the work.
 
-Handlers are event handlers (`on.event`) plus a periodic resync loop: level-based, so kopf keeps
-no progress, diff-base annotations or finalizers on our objects and a restart replays nothing but
-reads.
-Tools and Agents are mirrored into in-memory indices from kopf's watches, so a reconcile reads
-them without an API call.
+kopf watches Agents and Tools and keeps them in indices (an Agent's body by name, and per namespace
+the little of each Agent that others depend on, see `references`); its handlers run only once every
+index is filled, so nothing is judged on a half-listed namespace. The children are watched by the
+operator itself (`watching.mirror`, by label): cheaper per event than a kopf handler, and only what
+a comparison needs is kept (`children`). Handlers never call the API: they add keys to the work
+queue, which coalesces a burst of events for one Agent into one reconcile and bounds how many run
+at once. Level-based: kopf keeps no progress, diff-base annotations or finalizers on our objects, and
+a restart replays nothing but reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable
 from typing import Any
 
 import kopf
 
-from rockbot.kube.client import KubeClient
-from rockbot.operator.builders import MANAGED_BY
-from rockbot.operator.reconciler import AgentReconciler
+from rockbot.kube import CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, SERVICES, KubeClient, Resource
+from rockbot.kube.mirroring import mirror
+from rockbot.operator import builders
+from rockbot.operator.children import Child, Children
+from rockbot.operator.events import EventPoster
+from rockbot.operator.reconciler import AgentInputs, AgentReconciler
+from rockbot.operator.references import AgentRef, AgentsByName, used_by
+from rockbot.operator.secret_keys import SecretKeys
 from rockbot.operator.settings import OperatorSettings
-from rockbot.operator.tool_status import write_tool_status
+from rockbot.operator.tool_status import ToolStatusWriter
+from rockbot.operator.workqueue import WorkQueue
 from rockbot.resources import GROUP, VERSION
 
 logger = logging.getLogger(__name__)
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
-CHILD_KINDS = [
-    ("apps", "v1", "deployments"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "services"),
-    ("", "v1", "serviceaccounts"),
-]
-RETRY_DELAYS = [1, 2, 5, 10, 30, 60]
+MANAGED = f"app.kubernetes.io/managed-by={builders.MANAGED_BY}"
+CHILD_KINDS = (DEPLOYMENTS, CONFIGMAPS, SERVICES, SERVICEACCOUNTS)
+#: Reconciles at once: enough to keep requests in flight while others wait on the API server's
+#: latency, few enough that the event loop and the connection pool never queue them.
+WORKERS = 8
+Key = tuple[str, str, str]  # ("agent" | "tool", namespace, name)
 
 
 class Runtime:
-    """What the handlers share: settings, the API client, the reconciler, and pending retries."""
+    """What the handlers share: settings, the API client, what the watches show, and the work queue."""
 
     def __init__(self, *, settings: OperatorSettings, kube: KubeClient) -> None:
         self.settings = settings
         self.kube = kube
-        self.reconciler = AgentReconciler(kube=kube, settings=settings, post_event=_post_event)
-        self.retries: dict[tuple[str, str], asyncio.Task[None]] = {}
-        #: The live kopf indices, once a handler has seen them; the resync loop reads them.
+        self.children = Children()
+        self.children.on_news = self._add_owner_of
+        self.secret_keys = SecretKeys(kube)
+        self.reconciler = AgentReconciler(
+            kube=kube, settings=settings, post_event=EventPoster(kube), children=self.children,
+            secret_keys=self.secret_keys,
+        )  # fmt: skip
+        self.tool_statuses = ToolStatusWriter(kube)
+        self.queue = WorkQueue(self._work, workers=WORKERS)
+        #: kopf's indices, from the first handler call on (they are complete by then).
         self.indices: kopf.Indices | None = None
-        self.resync: asyncio.Task[None] | None = None
-        #: (generation, labels) of each Tool as last seen: a status-only change concerns no Agent.
-        self.tool_versions: dict[tuple[str, str], tuple[Any, ...]] = {}
-        #: The generation of each Agent as last seen: only a spec change (or its coming and going)
-        #: concerns the Agents that use it as a sub-agent.
-        self.agent_versions: dict[tuple[str, str], Any] = {}
+        self.indexed = asyncio.Event()
+        #: What made each Agent and Tool worth a reconcile when last seen (generation, labels...).
+        self._versions: dict[Key, tuple[Any, ...]] = {}
+        #: Tools as last seen: a change reaches the Agents that used it before, too.
+        self._tools: dict[Key, dict[str, Any]] = {}
+        #: When each Agent last changed (loop time): Secrets read before that are not good enough for it.
+        self._news: dict[Key, float] = {}
+        self._resync_mark = 0.0
+        self._tasks: list[asyncio.Task[None]] = []
 
+    # ---- what the handlers call
 
-def _post_event(body: dict[str, Any], event_type: str, reason: str, message: str) -> None:
-    kopf.event(body, type=event_type, reason=reason, message=message[:1024])
+    def agent_changed(self, event: str | None, body: kopf.Body, indices: kopf.Indices) -> None:
+        namespace, name = body.metadata["namespace"], body.metadata["name"]
+        key = ("agent", namespace, name)
+        self._seen_indices(indices)
+        metadata = body.metadata
+        version = None if event == "DELETED" else (
+            metadata.get("generation"), _items(metadata.get("labels")), _items(metadata.get("annotations")),
+            metadata.get("deletionTimestamp"),
+        )  # fmt: skip
+        previous = self._versions.get(key)
+        if version == previous:
+            return  # a status change: only the operator writes it
+        if version is None:
+            self._versions.pop(key, None)
+            self._news.pop(key, None)
+        else:
+            self._versions[key] = version
+            self._news[key] = asyncio.get_running_loop().time()
+        self.queue.add(key)  # a deleted Agent's work is to forget it
+        if previous is not None and version is not None and previous[0] == version[0]:
+            return  # labels or annotations: nothing the other Agents or the Tools read
+        tools = list(indices["tools"].get(namespace, []))
+        ref = AgentRef.of(dict(body))
+        for tool in tools:  # their usedBy
+            if ref.uses(tool):
+                self.queue.add(("tool", namespace, tool["metadata"]["name"]))
+        for other in indices["agent_refs"].get(namespace, []):  # Agents offering this one as a tool
+            if other.name != name and other.calls(name, tools):
+                self.queue.add(("agent", namespace, other.name))
+
+    def tool_changed(self, event: str | None, body: kopf.Body, indices: kopf.Indices) -> None:
+        namespace, name = body.metadata["namespace"], body.metadata["name"]
+        key = ("tool", namespace, name)
+        self._seen_indices(indices)
+        version = None if event == "DELETED" else (body.metadata.get("generation"), _items(body.metadata.get("labels")))
+        if version == self._versions.get(key):
+            return  # a status change: only the operator writes it
+        versions = [tool for tool in (self._tools.pop(key, None),) if tool is not None]
+        if version is None:
+            self._versions.pop(key, None)
+            self.tool_statuses.forget(namespace, name)
+        else:
+            self._versions[key] = version
+            self._tools[key] = _snapshot(body)
+            versions.append(self._tools[key])
+            self.queue.add(key)
+        for agent in indices["agent_refs"].get(namespace, []):  # those that use it now, or used it before
+            if name in agent.tools or any(agent.uses(tool) for tool in versions):
+                self.queue.add(("agent", namespace, agent.name))
+
+    def child_changed(self, resource: Resource, body: dict[str, Any], *, listed: bool = False) -> None:
+        if self.children.seen(resource, body, listed=listed):
+            self._add_owner(resource, body["metadata"]["namespace"], body["metadata"]["name"])
+
+    def child_deleted(self, resource: Resource, namespace: str, name: str) -> None:
+        self._add_owner(resource, namespace, name)
+        self.children.forget(resource, namespace, name)
+
+    # ---- the work
+
+    async def start(self) -> None:
+        """Watch the children; once they and kopf's indices are listed, reconcile everything once."""
+        namespaces: list[str | None] = list(self.settings.namespaces) or [None]
+        synced = []
+        for resource in CHILD_KINDS:
+            for namespace in namespaces:
+                listed = asyncio.Event()
+                synced.append(listed)
+                self._tasks.append(asyncio.create_task(self._mirror(resource, namespace, listed),
+                                                       name=f"watch {resource.plural} in {namespace or 'all'}"))
+        self._tasks.append(asyncio.create_task(self._run(synced), name="reconcile"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.queue.stop()
+
+    async def _mirror(self, resource: Resource, namespace: str | None, listed: asyncio.Event) -> None:
+        def on_listed(items: list[dict[str, Any]]) -> None:
+            for body in items:
+                self.child_changed(resource, body, listed=True)
+            listed.set()
+
+        await mirror(
+            kube=self.kube, resource=resource, namespace=namespace, label_selector=MANAGED,
+            on_upsert=lambda body: self.child_changed(resource, body),
+            on_delete=lambda ns, name: self.child_deleted(resource, ns, name), on_listed=on_listed,
+        )  # fmt: skip
+
+    async def _run(self, synced: list[asyncio.Event]) -> None:
+        for event in (*synced, self.indexed):
+            await event.wait()
+        self.queue.start()
+        count = self._add_everything()
+        await self.queue.idle()
+        logger.info("reconciled every Agent once since start (%d Agents)", count)
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            self._resync_mark = asyncio.get_running_loop().time()  # Secrets are read again
+            count = self._add_everything()
+            await self.queue.idle()
+            logger.info("resync: compared %d Agents and their Tools", count)
+
+    def _add_everything(self) -> int:
+        """Add every Agent and Tool to the queue; the number of Agents."""
+        assert self.indices is not None
+        count = 0
+        for namespace, tools in list(self.indices["tools"].items()):
+            for tool in list(tools):
+                self.queue.add(("tool", namespace, tool["metadata"]["name"]))
+        for namespace, refs in list(self.indices["agent_refs"].items()):
+            for ref in list(refs):
+                self.queue.add(("agent", namespace, ref.name))
+                count += 1
+        return count
+
+    async def _work(self, key: Hashable) -> None:
+        assert self.indices is not None and isinstance(key, tuple)
+        kind, namespace, name = key
+        tools = list(self.indices["tools"].get(namespace, []))
+        refs = list(self.indices["agent_refs"].get(namespace, []))
+        if kind == "tool":
+            tool = next((t for t in tools if t["metadata"]["name"] == name), None)
+            if tool is not None:
+                await self.tool_statuses.write(tool, used_by=used_by(tool, refs))
+            return
+        found = list(self.indices["agents"].get((namespace, name), []))
+        if not found:  # deleted: its children go with it (owner references), its broker user with this
+            await self.reconciler.forget(namespace, name)
+            return
+        inputs = AgentInputs(
+            body=found[0],
+            tools=tools,
+            agents=AgentsByName(refs),
+            fresh_after=max(self._news.get(key, 0.0), self._resync_mark),  # type: ignore[arg-type]
+        )
+        await self.reconciler.reconcile(inputs)
+
+    def _add_owner(self, resource: Resource, namespace: str, name: str) -> None:
+        child = self.children.get(resource, namespace, name)
+        if child is not None:
+            self._add_owner_of(child)
+
+    def _add_owner_of(self, child: Child) -> None:
+        if child.owner is not None:
+            self.queue.add(("agent", child.namespace, child.owner))
+
+    def _seen_indices(self, indices: kopf.Indices) -> None:
+        if self.indices is None:
+            self.indices = indices
+            self.indexed.set()
 
 
 def _snapshot(body: kopf.Body) -> dict[str, Any]:
-    return {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}
+    """What a reconcile reads of an object: its metadata (without managedFields), spec and status."""
+    raw = dict(body)  # the plain dicts under kopf's views, which are dear to read through
+    metadata = {key: value for key, value in raw["metadata"].items() if key != "managedFields"}
+    return {"metadata": metadata, "spec": raw.get("spec") or {}, "status": raw.get("status") or {}}
 
 
-async def reconcile_agent(
-    runtime: Runtime, *, namespace: str, name: str, indices: kopf.Indices, attempt: int = 0
-) -> None:
-    """Reconcile one Agent now; on failure (reported on the Agent), try again later with backoff."""
-    tools_index: kopf.Index = indices["tools_by_namespace"]
-    agents_index: kopf.Index = indices["agents_by_namespace"]
-    tools = list(tools_index.get(namespace, []))
-    agents = {agent["metadata"]["name"]: agent for agent in agents_index.get(namespace, [])}
-    try:
-        used_before = runtime.reconciler.uses(namespace, name)
-        exists = await runtime.reconciler.reconcile(namespace=namespace, name=name, tools=tools, agents=agents)
-        if not exists:  # the index may not have seen the deletion yet: it uses nothing any more
-            agents.pop(name, None)
-        changed = used_before ^ runtime.reconciler.uses(namespace, name)
-        for tool in tools:  # their `usedBy` gained or lost this Agent
-            if tool["metadata"]["name"] in changed:
-                await write_tool_status(runtime.kube, body=tool, tools=tools, agents=list(agents.values()))
-    except Exception as error:  # any failure: the object stays as it was, and we come back
-        delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS) - 1)]
-        logger.warning("reconcile of Agent %s/%s failed (%s); retrying in %ss", namespace, name, error, delay)
-        key = (namespace, name)
-        if key not in runtime.retries or runtime.retries[key].done():
-            runtime.retries[key] = asyncio.create_task(
-                _retry(runtime, namespace=namespace, name=name, indices=indices, attempt=attempt + 1, delay=delay)
-            )
-
-
-async def _retry(
-    runtime: Runtime, *, namespace: str, name: str, indices: kopf.Indices, attempt: int, delay: float
-) -> None:
-    await asyncio.sleep(delay)
-    runtime.retries.pop((namespace, name), None)
-    await reconcile_agent(runtime, namespace=namespace, name=name, indices=indices, attempt=attempt)
-
-
-async def _resync_forever(runtime: Runtime) -> None:
-    """Reconcile every Agent now and then: catches what no event announces (a Secret created later).
-
-    A loop rather than a kopf timer, because kopf puts a finalizer on objects with timers, and an
-    Agent should stay deletable while the operator is down.
-    """
-    while True:
-        await asyncio.sleep(runtime.settings.resync_seconds)
-        if runtime.indices is None:
-            continue
-        for namespace, agents in list(runtime.indices["agents_by_namespace"].items()):
-            for agent in list(agents):
-                await reconcile_agent(
-                    runtime, namespace=namespace, name=agent["metadata"]["name"], indices=runtime.indices
-                )
+def _items(mapping: Any) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((mapping or {}).items()))
 
 
 def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     """Declare every handler on `registry` (a fresh one per operator, so tests can run several)."""
 
-    @kopf.index(GROUP, VERSION, "tools", id="tools_by_namespace", registry=registry)
-    def tools_by_namespace(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+    # Every handler is a coroutine: kopf runs plain functions in a thread pool, a hop per event.
+    @kopf.index(GROUP, VERSION, "tools", id="tools", registry=registry)
+    async def tools(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
         return {namespace: _snapshot(body)}
 
-    @kopf.index(GROUP, VERSION, "agents", id="agents_by_namespace", registry=registry)
-    def agents_by_namespace(namespace: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
-        return {namespace: _snapshot(body)}
+    @kopf.index(GROUP, VERSION, "agents", id="agents", registry=registry)
+    async def agents(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): _snapshot(body)}
 
-    @kopf.on.event(GROUP, VERSION, "agents", registry=registry)
-    async def agent_event(type: str, namespace: str, name: str, body: kopf.Body, **kwargs: Any) -> None:
-        indices = runtime.indices = _indices(kwargs)
-        # Also when deleted: the reconcile then forgets it and drops it from its Tools' `usedBy`.
-        await reconcile_agent(runtime, namespace=namespace, name=name, indices=indices)
-        version = None if type == "DELETED" else body.metadata.get("generation")
-        if runtime.agent_versions.get((namespace, name)) == version:
-            return  # a status-only change: nothing the Agents referring to it read
-        if version is None:
-            runtime.agent_versions.pop((namespace, name), None)
-        else:
-            runtime.agent_versions[(namespace, name)] = version
-        tools = list(indices["tools_by_namespace"].get(namespace, []))
-        for agent in list(indices["agents_by_namespace"].get(namespace, [])):
-            other = agent["metadata"]["name"]
-            if other != name and _refers_to(
-                agent, target=name, tools=tools, previously=runtime.reconciler.uses(namespace, other)
-            ):
-                await reconcile_agent(runtime, namespace=namespace, name=other, indices=indices)
+    @kopf.index(GROUP, VERSION, "agents", id="agent_refs", registry=registry)
+    async def agent_refs(namespace: str, body: kopf.Body, **_: Any) -> dict[str, AgentRef]:
+        return {namespace: AgentRef.of(dict(body))}
+
+    @kopf.on.event(GROUP, VERSION, "agents", id="agent", registry=registry)
+    async def agent_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+        runtime.agent_changed(type, body, _indices(kwargs))
+
+    @kopf.on.event(GROUP, VERSION, "tools", id="tool", registry=registry)
+    async def tool_event(type: str | None, body: kopf.Body, **kwargs: Any) -> None:
+        runtime.tool_changed(type, body, _indices(kwargs))
 
     @kopf.on.startup(registry=registry)
-    async def start_resync(**_: Any) -> None:
-        runtime.resync = asyncio.create_task(_resync_forever(runtime))
+    async def start_reconciling(**_: Any) -> None:
+        await runtime.start()
 
     @kopf.on.cleanup(registry=registry)
-    async def stop_resync(**_: Any) -> None:
-        pending = [*runtime.retries.values(), *([runtime.resync] if runtime.resync is not None else [])]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-    @kopf.on.event(GROUP, VERSION, "tools", registry=registry)
-    async def tool_event(type: str, namespace: str, name: str, body: kopf.Body, **kwargs: Any) -> None:
-        indices = _indices(kwargs)
-        tools = list(indices["tools_by_namespace"].get(namespace, []))
-        agents = list(indices["agents_by_namespace"].get(namespace, []))
-        version = (body.metadata.get("generation"), tuple(sorted(body.metadata.labels.items())))
-        if type == "DELETED":
-            runtime.tool_versions.pop((namespace, name), None)
-        else:
-            await write_tool_status(runtime.kube, body=dict(body), tools=tools, agents=agents)
-            if runtime.tool_versions.get((namespace, name)) == version:
-                return
-            runtime.tool_versions[(namespace, name)] = version
-        for agent in agents:
-            if _may_use(
-                agent, tool_name=name, previously=runtime.reconciler.uses(namespace, agent["metadata"]["name"])
-            ):
-                await reconcile_agent(runtime, namespace=namespace, name=agent["metadata"]["name"], indices=indices)
-
-    for group, version, plural in CHILD_KINDS:
-
-        @kopf.on.event(group, version, plural, labels=MANAGED, registry=registry)
-        async def child_event(body: kopf.Body, namespace: str, **kwargs: Any) -> None:
-            for owner in body.metadata.get("ownerReferences", []):
-                if owner.get("kind") == "Agent" and owner.get("apiVersion") == f"{GROUP}/{VERSION}":
-                    await reconcile_agent(runtime, namespace=namespace, name=owner["name"], indices=_indices(kwargs))
+    async def stop_reconciling(**_: Any) -> None:
+        await runtime.stop()
 
 
 def _indices(kwargs: dict[str, Any]) -> kopf.Indices:
-    return {key: kwargs[key] for key in ("tools_by_namespace", "agents_by_namespace")}  # type: ignore[return-value]
-
-
-def _refers_to(agent: dict[str, Any], *, target: str, tools: list[dict[str, Any]], previously: set[str]) -> bool:
-    """Whether an Agent offers `target` as a tool: as a sub-agent, or through an `agent`-backed Tool."""
-    spec = agent.get("spec") or {}
-    if any(ref.get("name") == target for ref in spec.get("subAgents") or []):
-        return True
-    return any(
-        ((tool.get("spec") or {}).get("agent") or {}).get("name") == target
-        and _may_use(agent, tool_name=tool["metadata"]["name"], previously=previously)
-        for tool in tools
-    )
-
-
-def _may_use(agent: dict[str, Any], *, tool_name: str, previously: set[str]) -> bool:
-    """Whether a Tool change can matter to this Agent: it names it, selects tools, or used it last time."""
-    spec = agent.get("spec") or {}
-    return tool_name in (spec.get("tools") or []) or spec.get("toolSelector") is not None or tool_name in previously
+    return {key: kwargs[key] for key in ("tools", "agents", "agent_refs")}  # type: ignore[return-value]

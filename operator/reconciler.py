@@ -1,8 +1,10 @@
-"""Level-based reconciliation of one Agent: read, resolve, build, write the difference, report.
+"""Level-based reconciliation of one Agent: resolve, build, write the difference, report.
 
-Every trigger (the Agent, a Tool, a child, the resync timer) lands here, so the outcome depends only
-on what exists, never on which event arrived. A reconcile that finds everything in place writes
-nothing: no child patch, no status patch.
+Every trigger (the Agent, a Tool, a child, the resync pass) lands here, so the outcome depends only
+on what exists, never on which event arrived. What exists is what the watches show (the Agent and
+its namespace's Tools and Agents from kopf's indices, the children from the operator's own
+watches) and what Secrets were read when that could matter (see `secret_keys`): a reconcile that
+finds everything in place makes no request at all, and no write.
 """
 
 from __future__ import annotations
@@ -11,17 +13,25 @@ import asyncio
 import datetime
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rockbot.kube import errors
 from rockbot.kube.client import KubeClient
 from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, SERVICES
 from rockbot.operator import builders
-from rockbot.operator.broker import BusIdentities, bus_secret_ref
-from rockbot.operator.children import ForeignOwner, ensure, ensure_created
-from rockbot.operator.conditions import ConditionUpdate, condition_status, merge_conditions
+from rockbot.operator.broker import BUS_SUFFIX, BusIdentities, bus_secret_ref
+from rockbot.operator.children import Children, ForeignOwner, Rollout, ensure, ensure_created
+from rockbot.operator.conditions import (
+    SCALED_TO_ZERO,
+    ConditionUpdate,
+    StatusMemory,
+    condition_status,
+    merge_conditions,
+)
 from rockbot.operator.resolving import Resolution, resolve_agent
+from rockbot.operator.secret_keys import SecretFacts, SecretKeys
 from rockbot.operator.secret_refs import forbidden_references, secret_references
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import Agent
@@ -29,58 +39,153 @@ from rockbot.resources.common import SecretKeyRef
 
 K8sObject = dict[str, Any]
 #: Posts a Kubernetes Event on an object: (object, type, reason, message).
-EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None] | None]
+EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None]]
 logger = logging.getLogger(__name__)
 #: Longest condition and event message we write (events are cut at 1024 anyway).
 MAX_MESSAGE = 1000
+#: Ready=False reasons that are a step on the way (or what a person asked for), not news worth an Event.
+UNEVENTFUL = {"DeploymentProgressing", SCALED_TO_ZERO}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentInputs:
+    """What one reconcile reads, all from memory: the Agent, its namespace's Tools and Agents."""
+
+    body: K8sObject
+    tools: list[K8sObject]
+    agents: Mapping[str, K8sObject]  # by name; at least metadata.name and spec.description
+    #: Secrets read before this (loop time) may be out of date for this Agent: it changed since.
+    fresh_after: float
 
 
 class AgentReconciler:
-    """Reconciles Agents; serialises work per Agent since many triggers can fire at once."""
+    """Reconciles Agents one at a time each (the work queue sees to that); remembers what it wrote."""
 
-    def __init__(self, *, kube: KubeClient, settings: OperatorSettings, post_event: EventPoster) -> None:
+    def __init__(
+        self,
+        *,
+        kube: KubeClient,
+        settings: OperatorSettings,
+        post_event: EventPoster,
+        children: Children,
+        secret_keys: SecretKeys,
+    ) -> None:
         self._kube = kube
         self._settings = settings
         self._post_event = post_event
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._uses: dict[tuple[str, str], set[str]] = {}
+        self._children = children
+        self._secrets = secret_keys
+        self._statuses = StatusMemory()
         #: Each Agent's identity on the bus (None: no broker management configured, agents get no bus).
         self.bus = BusIdentities.from_settings(kube=kube, settings=settings)
 
-    def uses(self, namespace: str, name: str) -> set[str]:
-        """The Tools this Agent used at its last reconcile (a Tool change must reach it, even a removal)."""
-        return self._uses.get((namespace, name), set())
+    async def forget(self, namespace: str, name: str) -> None:
+        """The Agent is gone: forget what was kept for it, and its broker user and inbox."""
+        self._statuses.forget(namespace, name)
+        for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):
+            self._secrets.forget(namespace, builders.child_name_of(name, suffix))
+        if self.bus is not None:
+            await self.bus.forget(namespace=namespace, name=name)
 
-    async def reconcile(
-        self,
-        *,
-        namespace: str,
-        name: str,
-        tools: Iterable[K8sObject],
-        agents: Mapping[str, K8sObject],
-        now: datetime.datetime | None = None,
-    ) -> bool:
-        """Bring one Agent's children and status in line with its spec and what it references.
+    async def reconcile(self, inputs: AgentInputs, *, now: datetime.datetime | None = None) -> None:
+        """Bring one Agent's children and status in line with its spec and what it references."""
+        body = inputs.body
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            await self._reconcile(inputs, now=now or _now())
+        except Exception as error:  # said on the Agent before any other reconcile can succeed
+            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+            for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):  # the retry reads them (and the broker) again
+                self._secrets.forget(namespace, builders.child_name_of(name, suffix))
+            await self._report_failure(body, error)
+            raise
 
-        Returns whether the Agent still exists (a deleted one is forgotten here).
+    async def _reconcile(self, inputs: AgentInputs, *, now: datetime.datetime) -> None:
+        body = inputs.body
+        agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
+        namespace = body["metadata"]["namespace"]
+        token_ref = SecretKeyRef(
+            name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
+        )
+        references = secret_references(agent, tools=inputs.tools)
+        found: dict[str, SecretFacts] = {}
+        for name in sorted({name for _, name in references}):
+            facts = await self._secrets.facts(namespace, name, fresh_after=inputs.fresh_after)
+            if facts.keys is not None:
+                found[name] = facts
+        forbidden = forbidden_references(agent, references, secrets={n: f.as_found() for n, f in found.items()})
+        secret_keys = {name: set(facts.keys or ()) for name, facts in found.items()}
+        bus_ref, bus_secret, bus_login = None, None, None
+        if self.bus is not None and not forbidden:
+            bus_ref = bus_secret_ref(agent)
+            bus_secret, bus_login = await self._bus_secret(agent, fresh_after=inputs.fresh_after)
+            secret_keys[bus_ref.name] = set(bus_secret.keys or ())
+        resolution = resolve_agent(
+            agent=agent,
+            tools=inputs.tools,
+            agents=inputs.agents,
+            secret_keys=secret_keys,
+            bus_secret=bus_ref,
+            http_token_secret=token_ref,
+        )
+        config_text = builders.render_config(resolution.config)
+        blocking = list(resolution.blocking_problems) + forbidden
+        rollout: Rollout | None = None
+        if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
+            await self._write_status(body, agent, resolution, blocking=blocking, rollout=None, now=now)
+            return
+        try:
+            checksum = await self._token_checksum(agent, fresh_after=inputs.fresh_after)
+            await ensure(self._kube, self._children, SERVICEACCOUNTS, builders.build_service_account(agent))
+            await ensure(self._kube, self._children, CONFIGMAPS, builders.build_config_map(agent, config_text))
+            await ensure(self._kube, self._children, SERVICES, builders.build_service(agent, self._settings))
+            wanted = builders.build_deployment(
+                agent, resolution, self._settings, config_text, token_checksum=checksum,
+                bus_checksum=bus_secret.checksum or "" if bus_secret is not None else "",
+            )  # fmt: skip
+            rollout = (await ensure(self._kube, self._children, DEPLOYMENTS, wanted)).rollout
+        except ForeignOwner as error:
+            blocking.append(str(error))
+        if self.bus is not None and bus_login is not None:  # after the pods: they wait for their login
+            await self._ensure_bus(agent, resolution, login=bus_login)
+        await self._write_status(body, agent, resolution, blocking=blocking, rollout=rollout, now=now)
+
+    async def _bus_secret(self, agent: Agent, *, fresh_after: float) -> tuple[SecretFacts, K8sObject | None]:
+        """The agent's bus Secret (made once by `BusIdentities`): read, with its login, only when the Agent has
+        news (then its broker user is ensured too); else what is known of it."""
+        namespace, name = agent.metadata["namespace"], bus_secret_ref(agent).name
+        known = self._secrets.known(namespace, name, fresh_after=fresh_after)
+        if known is not None and known.keys is not None:
+            return known, None
+        assert self.bus is not None
+        started = asyncio.get_running_loop().time()
+        login = await self.bus.secret(agent)
+        return self._secrets.saw(namespace, login, read_at=started), login
+
+    async def _ensure_bus(self, agent: Agent, resolution: Resolution, *, login: K8sObject) -> None:
+        """The agent's broker user, permissions and inbox (compared, then written if they differ)."""
+        assert self.bus is not None
+        await self.bus.ensure(agent, config=resolution.config, secret=login)
+
+    async def _token_checksum(self, agent: Agent, *, fresh_after: float) -> str:
+        """The checksum of the agent's HTTP token Secret, created first if missing (generated once).
+
+        Read only when the Agent has news (a recreated Secret must roll its pods); else what is known.
         """
-        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
-        async with lock:
-            try:
-                body = await self._kube.get(AGENTS, namespace=namespace, name=name)
-            except errors.NotFound:
-                if self.bus is not None:
-                    await self.bus.forget(namespace=namespace, name=name)
-                self._locks.pop((namespace, name), None)
-                self._uses.pop((namespace, name), None)
-                return False
-            if not body["metadata"].get("deletionTimestamp"):
-                try:
-                    await self._reconcile(body, tools=list(tools), agents=agents, now=now or _now())
-                except Exception as error:  # said on the Agent before any other reconcile can succeed
-                    await self._report_failure(body, error)
-                    raise
-            return True
+        metadata = builders.http_token_metadata(agent)
+        namespace, name = metadata["namespace"], metadata["name"]
+        known = self._secrets.known(namespace, name, fresh_after=fresh_after)
+        if known is not None and known.checksum is not None:
+            return known.checksum
+        started = asyncio.get_running_loop().time()
+        token = await ensure_created(
+            self._kube,
+            SECRETS,
+            metadata=metadata,
+            build=lambda: builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
+        )
+        return self._secrets.saw(namespace, token, read_at=started).checksum or ""
 
     async def _report_failure(self, body: K8sObject, error: Exception) -> None:
         """Say on the Agent why a reconcile failed: Ready=False (ReconcileFailed) and a Warning event.
@@ -90,7 +195,8 @@ class AgentReconciler:
         right to write status, the server still refusing) is only logged: the caller retries.
         """
         message = failure_message(error)
-        conditions = (body.get("status") or {}).get("conditions") or []
+        status = self._statuses.current(body)
+        conditions = status.get("conditions") or []
         ready = next((c for c in conditions if c.get("type") == "Ready"), {})
         if (ready.get("reason"), ready.get("message")) == ("ReconcileFailed", message):
             return
@@ -98,83 +204,11 @@ class AgentReconciler:
         [merged] = merge_conditions(conditions, [update], generation=body["metadata"].get("generation"), now=_now())
         others = [c for c in conditions if c.get("type") != "Ready"]
         try:
-            await self._kube.patch(
-                AGENTS,
-                namespace=body["metadata"]["namespace"],
-                name=body["metadata"]["name"],
-                body={"status": {"conditions": [merged, *others]}},
-                subresource="status",
-            )
+            await self._patch_status(body, {"conditions": [merged, *others]})
         except Exception as report_error:
             logger.warning("could not report the failure on Agent %s: %s", body["metadata"]["name"], report_error)
             return
-        outcome = self._post_event(body, "Warning", update.reason, message)
-        if outcome is not None:
-            await outcome
-
-    async def _reconcile(
-        self, body: K8sObject, *, tools: list[K8sObject], agents: Mapping[str, K8sObject], now: datetime.datetime
-    ) -> None:
-        agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
-        namespace = body["metadata"]["namespace"]
-        token_ref = SecretKeyRef(
-            name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
-        )
-        references = secret_references(agent, tools=tools)
-        found = await self._secrets(namespace, {name for _, name in references})
-        forbidden = forbidden_references(agent, references, secrets=found)
-        secret_keys = {name: set(secret.get("data") or {}) for name, secret in found.items()}
-        bus_ref, bus_secret = None, None
-        if self.bus is not None and not forbidden:
-            bus_ref, bus_secret = bus_secret_ref(agent), await self.bus.secret(agent)
-            secret_keys[bus_ref.name] = set(bus_secret.get("data") or {})
-        resolution = resolve_agent(
-            agent=agent,
-            tools=tools,
-            agents=agents,
-            secret_keys=secret_keys,
-            bus_secret=bus_ref,
-            http_token_secret=token_ref,
-        )
-        self._uses[(namespace, agent.metadata["name"])] = set(resolution.used_tools)
-        config_text = builders.render_config(resolution.config)
-        blocking = list(resolution.blocking_problems) + forbidden
-        deployment: K8sObject | None = None
-        if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
-            await self._write_status(body, agent, resolution, blocking=blocking, deployment=None, now=now)
-            return
-        try:
-            token = await ensure_created(
-                self._kube,
-                SECRETS,
-                metadata=builders.http_token_metadata(agent),
-                build=lambda: builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
-            )
-            await ensure(self._kube, SERVICEACCOUNTS, builders.build_service_account(agent))
-            await ensure(self._kube, CONFIGMAPS, builders.build_config_map(agent, config_text))
-            await ensure(self._kube, SERVICES, builders.build_service(agent, self._settings))
-            wanted = builders.build_deployment(
-                agent, resolution, self._settings, config_text, token_checksum=builders.secret_checksum(token),
-                bus_checksum=builders.secret_checksum(bus_secret) if bus_secret is not None else "",
-            )  # fmt: skip
-            deployment = await ensure(self._kube, DEPLOYMENTS, wanted)
-        except ForeignOwner as error:
-            blocking.append(str(error))
-        if self.bus is not None and bus_secret is not None:  # after the pods: they wait for their login
-            await self.bus.ensure(agent, config=resolution.config, secret=bus_secret)
-        await self._write_status(body, agent, resolution, blocking=blocking, deployment=deployment, now=now)
-
-    async def _secrets(self, namespace: str, names: set[str]) -> dict[str, K8sObject]:
-        """The referenced Secrets that exist: their metadata and key names (values are never kept)."""
-        found: dict[str, K8sObject] = {}
-        for name in sorted(names):
-            try:
-                secret = await self._kube.get(SECRETS, namespace=namespace, name=name)
-            except errors.NotFound:
-                continue
-            keys = set(secret.get("data") or {}) | set(secret.get("stringData") or {})
-            found[name] = {"metadata": secret["metadata"], "data": dict.fromkeys(keys, "")}
-        return found
+        await self._post_event(body, "Warning", update.reason, message)
 
     async def _write_status(
         self,
@@ -183,20 +217,11 @@ class AgentReconciler:
         resolution: Resolution,
         *,
         blocking: list[str],
-        deployment: K8sObject | None,
+        rollout: Rollout | None,
         now: datetime.datetime,
     ) -> None:
         generation = body["metadata"].get("generation")
-        current = body.get("status") or {}
-        wanted_replicas = agent.spec.replicas
-        deployed = deployment.get("status", {}) if deployment else {}
-        ready_replicas = int(deployed.get("readyReplicas") or 0)
-        rolled_out = (
-            deployment is not None
-            and deployed.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
-            and int(deployed.get("updatedReplicas") or 0) >= wanted_replicas
-            and ready_replicas >= wanted_replicas
-        )
+        current = self._statuses.current(body)
         tools_update = (
             ConditionUpdate(
                 type="ToolsResolved",
@@ -212,24 +237,9 @@ class AgentReconciler:
                 message="; ".join(resolution.tool_problems),
             )
         )
-        if blocking:
-            ready = ConditionUpdate(
-                type="Ready", status="False", reason="ConfigurationIncomplete", message="; ".join(blocking)
-            )
-        elif rolled_out:
-            ready = ConditionUpdate(
-                type="Ready",
-                status="True",
-                reason="DeploymentReady",
-                message=f"{ready_replicas}/{wanted_replicas} replicas ready",
-            )
-        else:
-            ready = ConditionUpdate(
-                type="Ready",
-                status="False",
-                reason="DeploymentProgressing",
-                message=f"{ready_replicas}/{wanted_replicas} replicas ready",
-            )
+        wanted_replicas = agent.spec.replicas
+        ready_replicas = rollout.ready if rollout is not None else 0
+        ready = readiness(wanted_replicas=wanted_replicas, rollout=rollout, blocking=blocking)
         conditions = merge_conditions(
             current.get("conditions") or [], [ready, tools_update], generation=generation, now=now
         )
@@ -242,20 +252,46 @@ class AgentReconciler:
         }
         if all(current.get(key) == value for key, value in status.items()):
             return
-        await self._kube.patch(
-            AGENTS,
-            namespace=body["metadata"]["namespace"],
-            name=body["metadata"]["name"],
-            body={"status": status},
-            subresource="status",
-        )
+        await self._patch_status(body, status)
         for update in (ready, tools_update):
             previous = condition_status(current.get("conditions") or [], update.type)
-            if previous != update.status:
-                event_type = "Normal" if update.status == "True" else "Warning"
-                outcome = self._post_event(body, event_type, update.reason, update.message)
-                if outcome is not None:
-                    await outcome
+            if previous == update.status or (update.status == "False" and update.reason in UNEVENTFUL):
+                continue
+            event_type = "Normal" if update.status == "True" else "Warning"
+            await self._post_event(body, event_type, update.reason, update.message)
+
+    async def _patch_status(self, body: K8sObject, status: K8sObject) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        await self._kube.patch(AGENTS, namespace=namespace, name=name, body={"status": status}, subresource="status")
+        self._statuses.wrote(body, status)
+
+
+def readiness(*, wanted_replicas: int, rollout: Rollout | None, blocking: list[str]) -> ConditionUpdate:
+    """The Ready condition: True when every wanted replica runs the current template.
+
+    An Agent scaled to zero is not Ready: nothing serves it or reads its inbox (its ScheduledTasks
+    skip their slots, see the scheduler), and `kubectl get agents` should not say otherwise.
+    """
+    ready_replicas = rollout.ready if rollout is not None else 0
+    counts = f"{ready_replicas}/{wanted_replicas} replicas ready"
+    if blocking:
+        message = "; ".join(blocking)
+        return ConditionUpdate(type="Ready", status="False", reason="ConfigurationIncomplete", message=message)
+    if wanted_replicas == 0:
+        return ConditionUpdate(
+            type="Ready", status="False", reason=SCALED_TO_ZERO,
+            message="spec.replicas is 0: no pod serves the agent or reads its inbox, and its ScheduledTasks skip "
+            "their slots; set spec.replicas to 1 or more to use it",
+        )  # fmt: skip
+    rolled_out = (
+        rollout is not None
+        and rollout.observed_generation >= rollout.generation
+        and rollout.updated >= wanted_replicas
+        and rollout.ready >= wanted_replicas
+    )
+    if rolled_out:
+        return ConditionUpdate(type="Ready", status="True", reason="DeploymentReady", message=counts)
+    return ConditionUpdate(type="Ready", status="False", reason="DeploymentProgressing", message=counts)
 
 
 def failure_message(error: Exception) -> str:

@@ -7,13 +7,12 @@ from typing import Any
 
 from rockbot.kube.client import KubeClient
 from rockbot.kube.resources import TOOLS
-from rockbot.operator.conditions import ConditionUpdate, merge_conditions
-from rockbot.operator.resolving import agents_using
+from rockbot.operator.conditions import ConditionUpdate, StatusMemory, merge_conditions
 from rockbot.operator.validation import tool_problems
 
 
 def tool_status(
-    body: dict[str, Any], *, tools: list[dict[str, Any]], agents: list[dict[str, Any]], now: datetime.datetime
+    body: dict[str, Any], *, current: dict[str, Any], used_by: list[str], now: datetime.datetime
 ) -> dict[str, Any]:
     problems = tool_problems(body)
     accepted = (
@@ -21,32 +20,31 @@ def tool_status(
         if not problems
         else ConditionUpdate(type="Accepted", status="False", reason="Invalid", message="; ".join(problems))
     )
-    current = body.get("status") or {}
     generation = body["metadata"].get("generation")
     return {
         "observedGeneration": generation,
         "conditions": merge_conditions(current.get("conditions") or [], [accepted], generation=generation, now=now),
-        "usedBy": agents_using(body["metadata"]["name"], tools=tools, agents=agents),
+        "usedBy": used_by,
     }
 
 
-async def write_tool_status(
-    kube: KubeClient,
-    *,
-    body: dict[str, Any],
-    tools: list[dict[str, Any]],
-    agents: list[dict[str, Any]],
-    now: datetime.datetime | None = None,
-) -> None:
-    """Patch the Tool's status when, and only when, it changed."""
-    status = tool_status(body, tools=tools, agents=agents, now=now or datetime.datetime.now(datetime.UTC))
-    current = body.get("status") or {}
-    if all(current.get(key) == value for key, value in status.items()):
-        return
-    await kube.patch(
-        TOOLS,
-        namespace=body["metadata"]["namespace"],
-        name=body["metadata"]["name"],
-        body={"status": status},
-        subresource="status",
-    )
+class ToolStatusWriter:
+    """Patches a Tool's status when, and only when, it changed (remembering its own writes)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self._kube = kube
+        self._statuses = StatusMemory()
+
+    async def write(self, body: dict[str, Any], *, used_by: list[str], now: datetime.datetime | None = None) -> None:
+        current = self._statuses.current(body)
+        status = tool_status(body, current=current, used_by=used_by, now=now or datetime.datetime.now(datetime.UTC))
+        if all(current.get(key) == value for key, value in status.items()):
+            return
+        metadata = body["metadata"]
+        await self._kube.patch(
+            TOOLS, namespace=metadata["namespace"], name=metadata["name"], body={"status": status}, subresource="status"
+        )
+        self._statuses.wrote(body, status)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._statuses.forget(namespace, name)

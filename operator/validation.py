@@ -20,8 +20,27 @@ def parse_tool(body: dict[str, Any]) -> Tool:
     return Tool.model_validate({key: body.get(key) for key in ("apiVersion", "metadata", "spec") if key in body})
 
 
+#: Problems of Tools already checked, by (uid, resourceVersion): a stored version never changes, and the
+#: JSON Schema check is the dearest part of every reconcile of every Agent that uses the Tool.
+_CHECKED: dict[tuple[str, str], list[str]] = {}
+_CHECKED_LIMIT = 4096
+
+
 def tool_problems(body: dict[str, Any]) -> list[str]:
     """Everything wrong with a Tool, as sentences a person can act on; empty when it is acceptable."""
+    metadata = body.get("metadata") or {}
+    version = (metadata.get("uid"), metadata.get("resourceVersion"))
+    if None in version:
+        return _problems(body)
+    key = (str(version[0]), str(version[1]))
+    if key not in _CHECKED:
+        if len(_CHECKED) >= _CHECKED_LIMIT:
+            del _CHECKED[next(iter(_CHECKED))]
+        _CHECKED[key] = _problems(body)
+    return list(_CHECKED[key])
+
+
+def _problems(body: dict[str, Any]) -> list[str]:
     try:
         tool = parse_tool(body)
     except pydantic.ValidationError as error:

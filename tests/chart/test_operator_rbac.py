@@ -31,6 +31,7 @@ from rockbot.kube import (
     SERVICES,
     TOOLS,
     KubeClient,
+    Resource,
 )
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
@@ -122,11 +123,30 @@ async def ask(
     return reply
 
 
+def unlabelled_children(agent: str) -> list[tuple[Resource, dict[str, Any]]]:
+    """An Agent's four watched children as a person might have made them: same names, no labels, no owner."""
+    labels = {"app.kubernetes.io/name": "rockbot-agent", "app.kubernetes.io/instance": agent}  # (immutable)
+    template = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    return [
+        (SERVICEACCOUNTS, {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": f"rockbot-{agent}"}}),
+        (CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"rockbot-{agent}-config"}}),
+        (SERVICES, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"rockbot-{agent}"},
+                    "spec": {"selector": labels, "ports": [{"port": 80}]}}),
+        (DEPLOYMENTS, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"rockbot-{agent}"},
+                       "spec": {"selector": {"matchLabels": labels}, "template": template}}),
+    ]
+
+
 async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: list[str]) -> None:
     """Every path of the operator that talks to the API, once."""
     await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
     await kube.create(TOOLS, namespace=NS, body=tool_body("weather"))
     await kube.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scheduling"]))
+    # Children someone made without the operator's label: its watches do not show them, its creates
+    # are refused (409), so it reads them, and adopts them (no controller owns them).
+    for resource, body in unlabelled_children("adopted"):
+        await kube.create(resource, namespace=NS, body=body)
+    await kube.create(AGENTS, namespace=NS, body=agent_body("adopted"))
     settings = settings_for(vhost).model_copy(update={"namespaces": namespaces})
     async with operator_running(settings):
         # The analyst's pods log in with the Secret the operator made for it, once its user exists.
@@ -145,6 +165,13 @@ async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: l
                 assert condition(agent, "Ready")["status"] == "True"
 
             await eventually(ready)
+
+            async def adopted() -> None:
+                for resource, body in unlabelled_children("adopted"):
+                    child = await kube.get(resource, namespace=NS, name=body["metadata"]["name"])
+                    assert [ref["name"] for ref in child["metadata"].get("ownerReferences", [])] == ["adopted"]
+
+            await eventually(adopted)
             # Drift repair (children deleted or edited by hand) and a Tool change fanning out to its Agent.
             await kube.delete(CONFIGMAPS, namespace=NS, name="rockbot-analyst-config")
             await kube.patch(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst",

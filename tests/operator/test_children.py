@@ -1,13 +1,15 @@
-"""`ensure` against the emulated API server: create, compare, and adopt what a racer created first."""
+"""Children against the emulated API server: created, compared with the watched copy, adopted or refused."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rockbot.kube import AGENTS, SECRETS, SERVICEACCOUNTS, KubeClient
+import pytest
+
+from rockbot.kube import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, KubeClient
 from rockbot.kube.resources import Resource
 from rockbot.operator import builders
-from rockbot.operator.children import ensure, ensure_created
+from rockbot.operator.children import Children, ForeignOwner, ensure, ensure_created
 from rockbot.resources import Agent
 from tests.operator.samples import agent_body
 
@@ -48,12 +50,14 @@ async def test_a_create_that_loses_the_race_compares_and_patches_the_winner(kube
     desired = builders.build_service_account(the_agent)
     racer = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "rockbot-analyst"}}
     raced = RacedClient(kube_client, first=racer)
-    result = await ensure(raced, SERVICEACCOUNTS, desired)  # type: ignore[arg-type]
+    children = Children()
+    result = await ensure(raced, children, SERVICEACCOUNTS, desired)  # type: ignore[arg-type]
     assert raced.creates == 1
     live = await kube_client.get(SERVICEACCOUNTS, namespace="default", name="rockbot-analyst")
     assert live["automountServiceAccountToken"] is False  # the winner, brought in line
     assert live["metadata"]["ownerReferences"][0]["uid"] == the_agent.metadata["uid"]
-    assert result["metadata"]["resourceVersion"] == live["metadata"]["resourceVersion"]
+    assert result.resource_version == live["metadata"]["resourceVersion"]
+    assert children.get(SERVICEACCOUNTS, "default", "rockbot-analyst") == result
 
 
 async def test_a_generated_secret_is_built_only_when_it_must_be_created(kube_client: KubeClient):
@@ -69,3 +73,89 @@ async def test_a_generated_secret_is_built_only_when_it_must_be_created(kube_cli
     again = await ensure_created(kube_client, SECRETS, metadata=metadata, build=build)
     assert builds == ["token"]  # no token made (and thrown away) once the Secret exists
     assert again["data"] == first["data"]
+
+
+class NoRequests:
+    """A client that fails the test on any request."""
+
+    def __getattr__(self, verb: str) -> Any:
+        raise AssertionError(f"{verb}: a child that matches its watched copy needs no request")
+
+
+async def test_a_child_matching_its_watched_copy_costs_no_request(kube_client: KubeClient):
+    the_agent = await existing_agent(kube_client)
+    desired = builders.build_service_account(the_agent)
+    children = Children()
+    await ensure(kube_client, children, SERVICEACCOUNTS, desired)
+    live = await kube_client.get(SERVICEACCOUNTS, namespace="default", name="rockbot-analyst")
+    assert children.seen(SERVICEACCOUNTS, live) is False  # the echo of our own create: no news
+    await ensure(NoRequests(), children, SERVICEACCOUNTS, desired)  # type: ignore[arg-type]
+
+
+def test_events_older_than_our_write_are_not_taken_until_its_echo_arrives():
+    children = Children()
+    before = {"kind": "ConfigMap", "metadata": {"name": "c", "namespace": "d", "resourceVersion": "5"},
+              "data": {"a": "old"}}
+    ours = {**before, "metadata": {**before["metadata"], "resourceVersion": "7"}, "data": {"a": "new"}}
+    with children.writing(CONFIGMAPS, "d", "c") as record:
+        record(ours)
+    assert children.seen(CONFIGMAPS, before) is False  # an older event still on its way
+    assert children.get(CONFIGMAPS, "d", "c").body()["data"] == {"a": "new"}
+    assert children.seen(CONFIGMAPS, ours) is False  # the echo
+    later = {**ours, "metadata": {**ours["metadata"], "resourceVersion": "9"}, "data": {"a": "edited"}}
+    assert children.seen(CONFIGMAPS, later) is True  # someone edited it: news
+    assert children.get(CONFIGMAPS, "d", "c").body()["data"] == {"a": "edited"}
+
+
+def test_a_write_whose_echo_came_before_its_answer_keeps_what_the_watch_showed():
+    children = Children()
+    news: list[str] = []
+    children.on_news = lambda child: news.append(child.resource_version)
+    meta = {"name": "d", "namespace": "n", "generation": 1}
+    ours = {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "3"}}
+    started = {"observedGeneration": 1, "updatedReplicas": 1, "readyReplicas": 1}
+    with children.writing(DEPLOYMENTS, "n", "d") as record:
+        assert children.seen(DEPLOYMENTS, ours) is False  # the echo of our create, before its answer
+        assert children.seen(DEPLOYMENTS, {**ours, "metadata": {**meta, "resourceVersion": "4"},
+                                           "status": started}) is False  # and the controller's status
+        child = record(ours)
+    assert child.rollout is not None and child.rollout.ready == 1  # not the (older) answer
+    assert news == ["4"]  # the controller's change, seen meanwhile, is news for the Agent
+    later = {**ours, "metadata": {**meta, "resourceVersion": "5"}, "status": {**started, "readyReplicas": 0}}
+    assert children.seen(DEPLOYMENTS, later) is True  # nothing is waiting for an echo
+
+
+def test_a_deployment_status_change_is_news_only_when_the_rollout_moves():
+    children = Children()
+    meta = {"name": "d", "namespace": "n", "generation": 1}
+    children.seen(DEPLOYMENTS, {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "1"}})
+    started = {"observedGeneration": 1, "updatedReplicas": 1, "conditions": [{"type": "Progressing"}]}
+    assert children.seen(DEPLOYMENTS, {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "2"},
+                                       "status": started}) is True
+    touched = {**started, "conditions": [{"type": "Progressing", "lastUpdateTime": "later"}]}
+    assert children.seen(DEPLOYMENTS, {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "3"},
+                                       "status": touched}) is False
+
+
+async def test_an_adopted_config_map_keeps_none_of_a_strangers_keys(kube_client: KubeClient):
+    the_agent = await existing_agent(kube_client)
+    stranger = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "rockbot-analyst-config", "labels": {"team": "x"}},
+                "data": {builders.CONFIG_KEY: "{}", "extra.json": '{"evil": true}'}}
+    await kube_client.create(CONFIGMAPS, namespace="default", body=stranger)
+    await ensure(kube_client, Children(), CONFIGMAPS, builders.build_config_map(the_agent, '{"ours": 1}'))
+    live = await kube_client.get(CONFIGMAPS, namespace="default", name="rockbot-analyst-config")
+    assert live["data"] == {builders.CONFIG_KEY: '{"ours": 1}'}  # nothing of the stranger's can be mounted
+    assert live["metadata"]["ownerReferences"][0]["uid"] == the_agent.metadata["uid"]
+    assert live["metadata"]["labels"]["team"] == "x"  # its own metadata is left alone
+
+
+async def test_a_token_secret_the_agent_does_not_control_is_refused_not_used(kube_client: KubeClient):
+    the_agent = await existing_agent(kube_client)
+    planted = builders.build_http_token_secret(the_agent, "known-to-someone")
+    del planted["metadata"]["ownerReferences"]
+    await kube_client.create(SECRETS, namespace="default", body=planted)
+    metadata = builders.http_token_metadata(the_agent)
+    with pytest.raises(ForeignOwner, match="is not controlled by this Agent: delete it so the operator can generate"):
+        await ensure_created(kube_client, SECRETS, metadata=metadata,
+                             build=lambda: builders.build_http_token_secret(the_agent, "fresh"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 
 import pytest
 
@@ -113,7 +114,9 @@ async def test_agent_becomes_children_and_a_ready_status(kube_client: KubeClient
     await eventually(transitions_posted)
 
 
-async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(kube_client: KubeClient, kube_api):
+async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(kube_client: KubeClient, kube_api,
+                                                                               caplog):
+    caplog.set_level(logging.INFO, logger="rockbot.operator")
     await create_basics(kube_client)
     await kube_client.create(TOOLS, namespace=NS, body=tool_body("weather"))
     await kube_client.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"]))
@@ -123,28 +126,24 @@ async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(k
 
         async def settled():
             assert condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")["status"] == "True"
+            tool = await kube_client.get(TOOLS, namespace=NS, name="weather")
+            assert tool["status"]["usedBy"] == ["analyst"]
 
         await eventually(settled)
 
-    def deployment_reads(since: int) -> list:
-        return [
-            r
-            for r in kube_api.requests[since:]
-            if r.method == "GET" and "watch" not in r.params and r.url.path.endswith("/deployments/rockbot-analyst")
-        ]
+    async def logged(text: str, *, after: int) -> None:
+        """The operator said `text` after its first `after` log records."""
+        assert [r for r in caplog.records[after:] if text in r.getMessage()], f"no log record saying {text!r} yet"
 
     mark = len(kube_api.requests)
-    async with operator_running(SETTINGS):
-
-        async def compared(since: int) -> None:
-            assert deployment_reads(since)  # a reconcile compared the children (the Deployment comes last)
-
-        await eventually(lambda: compared(mark))  # the start-up pass
-        poked = len(kube_api.requests)
+    records = len(caplog.records)
+    async with operator_running(SETTINGS.model_copy(update={"resync_seconds": 1.0})):
+        await eventually(lambda: logged("reconciled every Agent once since start", after=records))
         await kube_client.patch(
             AGENTS, namespace=NS, name="analyst", body={"metadata": {"labels": {"poke": "1"}}}
-        )  # one more event, one more reconcile
-        await eventually(lambda: compared(poked + 1))  # after the poke, so by the poke's reconcile
+        )  # news: the Agent and its Secrets are looked at again
+        poked = len(caplog.records)
+        await eventually(lambda: logged("resync: compared 1 Agents", after=poked))  # and a no-op resync pass
     writes = [f"{r.method.value} {r.url.path}" for r in kube_api.writes_since(mark)]
     assert writes == [f"PATCH /apis/rockbot.dev/v1alpha1/namespaces/{NS}/agents/analyst"]  # the test's own poke
     agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
@@ -367,7 +366,8 @@ async def test_a_failed_reconcile_is_reported_on_the_agent_and_retried_with_back
             ] == [("Warning", message)]
 
         await eventually(warned)
-        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))
+        # Retries back off (1, 2, 5, 10 s): the fifth try, which works, comes 18 s after the first.
+        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"), within=30)
         await mark_deployment_ready(kube_client, "rockbot-analyst")
 
         async def ready():
@@ -452,3 +452,28 @@ async def test_a_recreated_http_token_rolls_the_agent_pods(kube_client: KubeClie
         assert template_checksum(deployment) != template_checksum(before)  # env from a Secret needs new pods
 
     await eventually(rolled)
+
+
+async def test_an_agent_scaled_to_zero_is_not_ready_and_says_why(kube_client: KubeClient, deployment_controller):
+    await create_basics(kube_client)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body(replicas=0))
+    async with operator_running(SETTINGS):
+
+        async def scaled_to_zero() -> None:
+            ready = condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "Ready")
+            assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")
+            assert ready["message"] == (
+                "spec.replicas is 0: no pod serves the agent or reads its inbox, and its ScheduledTasks skip "
+                "their slots; set spec.replicas to 1 or more to use it"
+            )
+            deployment = await kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst")
+            assert deployment["spec"]["replicas"] == 0 and deployment.get("status")  # rolled out: zero pods
+
+        await eventually(scaled_to_zero)
+        await kube_client.patch(AGENTS, namespace=NS, name="analyst", body={"spec": {"replicas": 1}})
+
+        async def ready() -> None:
+            agent = await kube_client.get(AGENTS, namespace=NS, name="analyst")
+            assert condition(agent, "Ready")["status"] == "True" and agent["status"]["readyReplicas"] == 1
+
+        await eventually(ready)
