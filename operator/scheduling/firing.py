@@ -121,6 +121,7 @@ class Scheduler:
         state = AgentState(
             exists=True,
             ready=ready is not None and ready.get("status") == "True",
+            reason="" if ready is None else str(ready.get("reason") or ""),
             message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
         )
         key = (metadata["namespace"], metadata["name"])

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rockbot import runs
 from rockbot.conditions import ConditionUpdate, merge_conditions
+from rockbot.operator.conditions import SCALED_TO_ZERO
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources.common import Condition
 from rockbot.resources.runs import truncate
@@ -44,6 +45,7 @@ class AgentState(BaseModel):
 
     exists: bool
     ready: bool = False
+    reason: str = ""  # of its Ready condition
     message: str = ""
 
 
@@ -236,6 +238,11 @@ def _handle_due(
             now=now,
             message=f"Agent {spec.agent_ref.name!r} not found in this namespace",
         )
+        return None
+    if agent.reason == SCALED_TO_ZERO:  # on purpose, like a suspended task: a skipped slot, not a failure
+        message = (f"skipped: Agent {spec.agent_ref.name!r} is scaled to zero (spec.replicas 0), "
+                   "so nothing would read the prompt")
+        _record(status, run=run, scheduled=latest, outcome="Missed", now=now, message=message)
         return None
     if not agent.ready:
         _record(

@@ -6,6 +6,7 @@ import copy
 import datetime
 from typing import Any
 
+from rockbot.operator.conditions import SCALED_TO_ZERO
 from rockbot.operator.scheduling.planning import AgentState, Plan, complete_run, plan_task, run_id
 
 UTC = datetime.UTC
@@ -194,6 +195,21 @@ def test_a_run_once_slot_waits_for_its_agent_instead_of_completing_unrun() -> No
     (trigger,) = task.step("2024-05-01T14:45:00+00:00").triggers
     assert trigger.scheduled_time == at("2024-05-01T14:30:00+00:00")
     assert task.status["completed"] is True
+
+
+def test_a_slot_of_an_agent_scaled_to_zero_is_skipped_not_sent_nor_failed() -> None:
+    task = Task()
+    task.step("2024-05-01T10:20:00+00:00")
+    scaled = AgentState(exists=True, ready=False, reason=SCALED_TO_ZERO, message="spec.replicas is 0: ...")
+    plan = task.step("2024-05-01T11:00:00.300000+00:00", agent=scaled)
+    assert plan.triggers == []  # nothing reads its inbox: the prompt would wait there for hours
+    (record,) = task.status["history"]
+    assert (record["outcome"], record["message"]) == ("Missed", "skipped: Agent 'helper' is scaled to zero "
+                                                      "(spec.replicas 0), so nothing would read the prompt")
+    assert task.condition("AgentReady")["message"] == "spec.replicas is 0: ..."
+    assert task.status["nextScheduleTime"] == "2024-05-01T12:00:00Z"  # and the next slot fires when it is back
+    (trigger,) = task.step("2024-05-01T12:00:00.300000+00:00").triggers
+    assert trigger.scheduled_time == at("2024-05-01T12:00:00+00:00")
 
 
 def test_a_waiting_run_once_slot_gives_up_at_its_starting_deadline() -> None:
