@@ -250,19 +250,3 @@ class Gateway:
 def _key(body: dict[str, Any]) -> Key:
     return body["metadata"]["namespace"], body["metadata"]["name"]
 
-
-async def serve(*, settings: GatewaySettings, stop: asyncio.Event) -> None:
-    """Run until `stop` is set, also while still starting (waiting for the broker)."""
-    gateway = Gateway(settings=settings)
-    starting = asyncio.create_task(gateway.start())
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
-            starting.result()  # a start-up error ends the process
-            await stopping
-    finally:
-        for task in (starting, stopping):
-            task.cancel()
-        await asyncio.gather(starting, stopping, return_exceptions=True)
-        await gateway.stop()

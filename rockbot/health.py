@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -114,6 +115,33 @@ class HealthServer:
         assert self._registry is not None
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signalled(service: Service) -> None:
+    """Run `service` until SIGTERM or SIGINT, also while it is still starting (waiting for the broker); a
+    start-up error ends it. It is stopped on every path."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    starting = asyncio.create_task(service.start())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()
+            await stopping
+    finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await service.stop()
 
 
 async def stop_within(seconds: float, step: Awaitable[object], *, what: str) -> None:

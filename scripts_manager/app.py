@@ -8,7 +8,6 @@ at any point, within seconds even when the broker is gone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
@@ -90,19 +89,3 @@ class ScriptsManager:
             await stop_within(STOP_STEP_SECONDS, self._bus.close(), what="closing the broker connection")
         await self.health.stop()
 
-
-async def serve(*, settings: ScriptsManagerSettings, stop: asyncio.Event) -> None:
-    """Run until `stop` is set, also while still starting (waiting for the broker)."""
-    manager = ScriptsManager(settings=settings)
-    starting = asyncio.create_task(manager.start())
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
-            starting.result()  # a start-up error ends the process
-            await stopping
-    finally:
-        for task in (starting, stopping):
-            task.cancel()
-        await asyncio.gather(starting, stopping, return_exceptions=True)
-        await manager.stop()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from pydantic import ValidationError
@@ -49,10 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(settings: object) -> None:
-    from rockbot.scripts_manager.app import serve
+    from rockbot.health import serve_until_signalled
+    from rockbot.scripts_manager.app import ScriptsManager
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(settings=settings, stop=stop)  # type: ignore[arg-type]
+    await serve_until_signalled(ScriptsManager(settings=settings))  # type: ignore[arg-type]

@@ -65,13 +65,21 @@ async def send(
     delivery: str | None = None,
     key: bytes = KEY,
     headers: dict[str, str] | None = None,
+    chunked: bool = False,
 ) -> Answer:
-    """POST a webhook as GitHub does: the JSON body, its signature, a delivery id (a fresh one unless given)."""
+    """POST a webhook as GitHub does: the JSON body, its signature, a delivery id (a fresh one unless given);
+    `chunked`: without Content-Length, the body in pieces."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     sent = {"Content-Type": "application/json", "X-GitHub-Event": "issues", "X-Hub-Signature-256": sign(body, key),
             "X-GitHub-Delivery": delivery or str(uuid.uuid4()), **(headers or {})}  # fmt: skip
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 1024):
+            yield body[start : start + 1024]
+
     url = f"http://127.0.0.1:{gateway.webhook_port}/hooks/{NS}/{trigger}"
-    async with aiohttp.ClientSession() as session, session.post(url, data=body, headers=sent) as response:
+    data = pieces() if chunked else body
+    async with aiohttp.ClientSession() as session, session.post(url, data=data, headers=sent) as response:
         return Answer(status=response.status, body=await response.json(), headers=dict(response.headers))
 
 

@@ -48,12 +48,14 @@ async def test_what_the_endpoint_refuses_is_refused_as_specified_and_never_runs(
     forged = await send(gateway, key=b"a guess", delivery="d-forged")
     unsigned = await send(gateway, delivery="d-unsigned", headers={"X-Hub-Signature-256": ""})
     oversized = await send(gateway, {**ISSUE, "padding": "x" * 5000}, delivery="d-big")
+    streamed = await send(gateway, {**ISSUE, "padding": "x" * 5000}, delivery="d-big-chunked", chunked=True)
     as_text = await send(gateway, delivery="d-text", headers={"Content-Type": "text/plain"})
     broken = await send(gateway, b"{not json", delivery="d-broken")
     unknown = await send(gateway, trigger="nothing-here")
     assert (forged.status, unsigned.status) == (401, 401), (forged, unsigned)
     assert "X-Hub-Signature-256" in forged.body["message"]
     assert oversized.status == 413 and "4096" in oversized.body["message"]
+    assert streamed.status == 413 and "longer than this Trigger's limit of 4096 bytes" in streamed.body["message"]
     assert as_text.status == 415 and "application/json" in as_text.body["message"]
     assert broken.status == 400 and "not JSON" in broken.body["message"]
     assert unknown.status == 404
