@@ -14,7 +14,8 @@ one whose write lands decides, and the other decides again on what it wrote (the
   window; an occurrence older than the window (seen again at a restart) or inside a handled window
   is folded into that run, unrecorded, so a burst costs no writes.
 - Webhooks find a suspended Trigger or an Agent that is not Ready unavailable (503, unrecorded: the
-  sender may try again); events record a run Failed for the Agent, as a ScheduledTask's slot does.
+  sender may try again); events record a run for the Agent as a ScheduledTask's slot does: Failed,
+  or Missed when it is scaled to zero.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from rockbot import runs
 from rockbot.resources.runs import truncate
 from rockbot.resources.trigger import DeliveryRecord, DeliveryRun, Incident, SeenDelivery, Trigger, TriggerStatus
+from rockbot.runs import AgentState
 
 #: The kind part of a Trigger run's request id (see `rockbot.runs.request_id`).
 KIND = "trigger"
@@ -40,24 +40,6 @@ Outcome = Literal[
     "new", "started", "seen", "rate_limited", "missed", "failed", "folded", "stale", "unavailable", "ignored",
     "undelivered",
 ]
-
-
-class AgentState(BaseModel):
-    """What the gateway knows of a Trigger's Agent."""
-
-    model_config = ConfigDict(frozen=True)
-
-    exists: bool
-    ready: bool = False
-    message: str = ""
-
-    def problem(self, name: str) -> str | None:
-        """Why runs cannot go to it now, or None."""
-        if not self.exists:
-            return f"Agent {name!r} not found in this namespace"
-        if not self.ready:
-            return f"Agent {name!r} is not Ready: {self.message or 'no Ready condition yet'}"
-        return None
 
 
 @dataclass(frozen=True)
@@ -133,9 +115,9 @@ def admit(
     spec = trigger.spec
     event = spec.kubernetes_events is not None
     run = run_id_of(trigger, offer.delivery_id)
-    problem = agent.problem(spec.agent_ref.name)
-    if problem is not None and not event:
-        return Decision("unavailable", message=problem)
+    refusal = agent.refusal(spec.agent_ref.name)
+    if refusal is not None and not event:
+        return Decision("unavailable", message=refusal[1].removeprefix("skipped: "))
     wait = _rate_limited(trigger, status, now=now)
     if wait is not None and not event:
         return Decision("rate_limited", retry_after=wait,
@@ -143,8 +125,8 @@ def admit(
                         "(maxRunsPerMinute): nothing was recorded; send it again later")  # fmt: skip
     if event:
         _remember_incident(trigger, status, key=offer.incident or offer.delivery_id, run=run, now=now)
-    if problem is not None:
-        return _ended(trigger, status, offer, run=run, outcome="Failed", message=problem, now=now)
+    if refusal is not None:
+        return _ended(trigger, status, offer, run=run, outcome=refusal[0], message=refusal[1], now=now)
     if wait is not None:
         message = f"skipped: over the rate limit of {spec.max_runs_per_minute} runs per minute (maxRunsPerMinute)"
         return _ended(trigger, status, offer, run=run, outcome="Missed", message=message, now=now)

@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from rockbot.conditions import ConditionUpdate, merge_conditions
-from rockbot.gateway.admission import AgentState
 from rockbot.gateway.templates import Prompt, TemplateProblem
 from rockbot.resources.common import Condition
 from rockbot.resources.trigger import Trigger, TriggerStatus
+from rockbot.runs import AgentState
 
 Key = tuple[str, str]
 
@@ -120,13 +120,7 @@ class Catalog:
     def set_agent(self, body: dict[str, Any]) -> bool:
         """Take an Agent as the API serves it; True when its readiness changed."""
         metadata = body["metadata"]
-        conditions = (body.get("status") or {}).get("conditions") or []
-        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-        state = AgentState(
-            exists=True,
-            ready=ready is not None and ready.get("status") == "True",
-            message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
-        )
+        state = AgentState.of(body)
         key = (metadata["namespace"], metadata["name"])
         changed = self._agents.get(key) != state
         self._agents[key] = state

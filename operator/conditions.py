@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rockbot.conditions import ConditionUpdate, merge_conditions
+from rockbot.resources.agent import SCALED_TO_ZERO
 
 __all__ = ["SCALED_TO_ZERO", "ConditionUpdate", "condition_status", "merge_conditions"]
-
-#: An Agent's Ready=False reason when it has no replicas: nothing serves it or reads its inbox.
-SCALED_TO_ZERO = "ScaledToZero"
 
 
 def condition_status(conditions: list[dict[str, Any]], type_: str) -> str | None:

@@ -11,16 +11,21 @@ send it, and complete it from the agent's reply; both keep the same meanings, fr
   the run timeout;
 - the history keeps the newest successes up to one limit, the newest failures up to another, and
   skipped runs (Missed, Replaced) up to that second limit on their own, so a series of skipped runs
-  never pushes out the failure someone needs to read.
+  never pushes out the failure someone needs to read;
+- a run for an Agent that is missing or not Ready fails, except one scaled to zero on purpose: that
+  run is skipped (Missed), as a suspended one would be.
 Pure functions over the status models (`rockbot.resources.runs`): no API, no bus, no clock.
 """
 
 from __future__ import annotations
 
 import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 from rockbot.contracts.inbox import InboxReply
+from rockbot.resources.agent import SCALED_TO_ZERO
 from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
 
 A = TypeVar("A", bound=ActiveRun)
@@ -31,6 +36,40 @@ class Runs(Protocol[A]):
 
     active: list[A]
     history: list[RunRecord]
+
+
+class AgentState(BaseModel):
+    """What a run-starter knows of an Agent: whether it exists, and its Ready condition."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exists: bool
+    ready: bool = False
+    reason: str = ""  # of its Ready condition
+    message: str = ""
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> AgentState:
+        """The state of an Agent as the API serves it."""
+        conditions = (body.get("status") or {}).get("conditions") or []
+        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+        return cls(
+            exists=True,
+            ready=ready is not None and ready.get("status") == "True",
+            reason="" if ready is None else str(ready.get("reason") or ""),
+            message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
+        )
+
+    def refusal(self, name: str) -> tuple[Literal["Failed", "Missed"], str] | None:
+        """(outcome, message) of a run that cannot go to the Agent `name` now, or None when it can."""
+        if not self.exists:
+            return "Failed", f"Agent {name!r} not found in this namespace"
+        if self.reason == SCALED_TO_ZERO:  # on purpose, like a suspension: a skipped run, not a failure
+            return "Missed", (f"skipped: Agent {name!r} is scaled to zero (spec.replicas 0), "
+                              "so nothing would read the prompt")
+        if not self.ready:
+            return "Failed", f"Agent {name!r} is not Ready: {self.message or 'no Ready condition yet'}"
+        return None
 
 
 def run_id(*, uid: str, key: str) -> str:

@@ -116,14 +116,7 @@ class Scheduler:
 
     def _agent_changed(self, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
-        conditions = (body.get("status") or {}).get("conditions") or []
-        ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-        state = AgentState(
-            exists=True,
-            ready=ready is not None and ready.get("status") == "True",
-            reason="" if ready is None else str(ready.get("reason") or ""),
-            message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
-        )
+        state = AgentState.of(body)
         key = (metadata["namespace"], metadata["name"])
         if self._agents.get(key) != state:
             self._agents[key] = state

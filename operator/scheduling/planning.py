@@ -25,28 +25,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rockbot import runs
 from rockbot.conditions import ConditionUpdate, merge_conditions
-from rockbot.operator.conditions import SCALED_TO_ZERO
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources.common import Condition
 from rockbot.resources.runs import truncate
 from rockbot.resources.scheduledtask import ScheduledTaskSpec, ScheduledTaskStatus, SlotRecord, SlotRun
+from rockbot.runs import AgentState
 
 #: Without startingDeadlineSeconds, how late a slot may still fire under the Skip missed-run policy.
 SKIP_GRACE_SECONDS = 60
 #: The kind part of a scheduled run's request id (see `rockbot.runs.request_id`).
 KIND = "scheduledtask"
 _TICK = datetime.timedelta(microseconds=1)
-
-
-class AgentState(BaseModel):
-    """What the operator knows of the task's Agent when it plans."""
-
-    model_config = ConfigDict(frozen=True)
-
-    exists: bool
-    ready: bool = False
-    reason: str = ""  # of its Ready condition
-    message: str = ""
 
 
 class Trigger(BaseModel):
@@ -229,30 +218,9 @@ def _handle_due(
         status.completed = False
         status.next_schedule_time = latest
         return None
-    if not agent.exists:
-        _record(
-            status,
-            run=run,
-            scheduled=latest,
-            outcome="Failed",
-            now=now,
-            message=f"Agent {spec.agent_ref.name!r} not found in this namespace",
-        )
-        return None
-    if agent.reason == SCALED_TO_ZERO:  # on purpose, like a suspended task: a skipped slot, not a failure
-        message = (f"skipped: Agent {spec.agent_ref.name!r} is scaled to zero (spec.replicas 0), "
-                   "so nothing would read the prompt")
-        _record(status, run=run, scheduled=latest, outcome="Missed", now=now, message=message)
-        return None
-    if not agent.ready:
-        _record(
-            status,
-            run=run,
-            scheduled=latest,
-            outcome="Failed",
-            now=now,
-            message=f"Agent {spec.agent_ref.name!r} is not Ready: {agent.message or 'no Ready condition yet'}",
-        )
+    refusal = agent.refusal(spec.agent_ref.name)
+    if refusal is not None:
+        _record(status, run=run, scheduled=latest, outcome=refusal[0], now=now, message=refusal[1])
         return None
     started = SlotRun(run_id=run, scheduled_time=latest, start_time=now)
     skipped = runs.start(status, started, policy=spec.concurrency_policy, now=now)

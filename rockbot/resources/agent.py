@@ -31,6 +31,8 @@ CHILD_PREFIX = "rockbot-"
 CHILD_SUFFIXES = ("", "-config", "-http-token", "-bus")
 #: The longest Agent name whose every child name still fits a DNS label (63 characters): 44.
 MAX_AGENT_NAME = 63 - len(CHILD_PREFIX) - max(len(suffix) for suffix in CHILD_SUFFIXES)
+#: An Agent's Ready=False reason when it has no replicas: nothing serves it or reads its inbox.
+SCALED_TO_ZERO = "ScaledToZero"
 
 
 class ModelSpec(Schema):

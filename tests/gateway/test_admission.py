@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from rockbot.gateway.admission import AgentState, Decision, Offer, admit, complete, expire
+from rockbot.gateway.admission import Decision, Offer, admit, complete, expire
+from rockbot.resources.agent import SCALED_TO_ZERO
 from rockbot.resources.trigger import Trigger, TriggerStatus
+from rockbot.runs import AgentState
 
 NOW = datetime.datetime(2024, 5, 1, 10, 0, tzinfo=datetime.UTC)
 READY = AgentState(exists=True, ready=True)
@@ -84,7 +86,7 @@ def test_a_seen_delivery_is_sent_again_only_while_its_run_is_active_with_the_sam
     assert book.deliver("d-1", digest="aa") == Decision("seen", run_id=run, resend=False)
 
 
-def test_webhooks_find_an_agent_that_is_not_ready_unavailable_events_record_it_failed() -> None:
+def test_webhooks_find_an_agent_that_is_not_ready_unavailable_events_record_it_failed_or_skipped() -> None:
     down = AgentState(exists=True, ready=False, message="0/1 replicas ready")
     webhook = Book()
     assert webhook.deliver("d-1", agent=down).outcome == "unavailable" and webhook.status.deliveries == []
@@ -92,6 +94,13 @@ def test_webhooks_find_an_agent_that_is_not_ready_unavailable_events_record_it_f
     decision = events.deliver("e-1", agent=down, incident="Pod/team-a/web-1/BackOff", occurred=NOW)
     assert decision.outcome == "failed" and "0/1 replicas ready" in decision.message
     assert events.deliver("e-2", incident="Pod/team-a/web-1/BackOff", occurred=NOW).outcome == "folded"
+    scaled = AgentState(exists=True, ready=False, reason=SCALED_TO_ZERO, message="spec.replicas is 0")
+    assert webhook.deliver("d-2", agent=scaled).message == ("Agent 'triage' is scaled to zero (spec.replicas 0), "
+                                                            "so nothing would read the prompt")
+    skipped = Book(kubernetesEvents={}).deliver("e-3", agent=scaled, incident="Pod/team-a/web-1/BackOff",
+                                               occurred=NOW)  # fmt: skip
+    assert (skipped.outcome, skipped.message) == ("missed", "skipped: Agent 'triage' is scaled to zero "
+                                                  "(spec.replicas 0), so nothing would read the prompt")
 
 
 def test_an_incident_starts_one_run_per_window_and_old_occurrences_are_not_news() -> None:
