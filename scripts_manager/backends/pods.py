@@ -22,10 +22,15 @@ their deadline annotation plus a grace: the pods of jobs whose manager died, and
 whose manager stopped renewing their lease. The kubelet stops every pod at its activeDeadlineSeconds
 in any case.
 
+A cold pod that cannot start (its image cannot be pulled, its container not made, or it is not running
+within ROCKBOT_SCRIPTS_POD_START_SECONDS) gets a Warning Event, reason `ScriptPodFailedToStart`, before
+it is deleted: `kubectl -n <scripts namespace> get events --field-selector reason=ScriptPodFailedToStart`.
+
 RBAC: a namespaced Role in the scripts namespace with exactly
     pods:           create, get, list, watch, patch, delete
     pods/attach:    get, create
     pods/log:       get
+    events:         create
 (`get` on pods is the re-read after a watch answers 410 Gone; `list` the sweeper and the pool's
 cache; `patch` the claim and the lease; `pods/attach` is a GET upgraded to a WebSocket, which
 Kubernetes 1.35 and later also authorise as `create`.)
@@ -46,6 +51,7 @@ import aiohttp
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import PODS, ApiError, Conflict, Gone, KubeClient, NotFound
+from rockbot.kube.events import EventPoster
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
 from rockbot.scripts_manager.backends.pod_jobs import (
     OutputTooLarge,
@@ -74,6 +80,8 @@ K8sObject = dict[str, Any]
 #: Waiting reasons after which the container will not start by itself.
 _CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError", "RunContainerError"}
+#: The reason of the Warning Event on a script pod that could not start (image pull, config, capacity).
+CANNOT_START = "ScriptPodFailedToStart"
 _WATCH_SECONDS = 60
 _WATCH_RETRY_SECONDS = 1.0
 
@@ -90,6 +98,7 @@ class PodBackend:
         self._settings = settings
         self.metrics = metrics
         self._namespace = settings.scripts_namespace
+        self._post_event = EventPoster(kube, component="rockbot-scripts-manager")
         self._tasks: list[asyncio.Task[None]] = []
         pooled = any(pool.size > 0 for pool in settings.scripts_pool)
         self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=secrets.token_hex(4)) if pooled \
@@ -132,9 +141,7 @@ class PodBackend:
             with tracer.start_as_current_span("start-up", attributes={"rockbot.script.path": "cold",
                                                                       "k8s.pod.name": name}):
                 created = await self._create(pod)
-                limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
-                running = await self._follow(name=name, resource_version=created["metadata"]["resourceVersion"],
-                                             until=_running_or_finished, limit=limit)
+                running = await self._started(created)
             if _finished(running):  # it ended before the job could reach it: say why
                 return await self._answer_from_end(job=job, pod=running, output=None)
             return await self._run_on(name=name, job=job, path="cold", since=since)
@@ -147,6 +154,17 @@ class PodBackend:
         finally:
             if created is not None:
                 await asyncio.shield(self._delete(name))
+
+    async def _started(self, pod: K8sObject) -> K8sObject:
+        """The pod once its container runs (or it ended); one that cannot start is a Warning Event on it."""
+        limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
+        try:
+            return await self._follow(name=pod["metadata"]["name"], resource_version=pod["metadata"]["resourceVersion"],
+                                      until=_running_or_finished, limit=limit)
+        except (SandboxFailure, SandboxUnavailable) as exc:
+            await self._post_event({"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}, "Warning",
+                                   CANNOT_START, f"the script pod could not start: {exc}")
+            raise
 
     async def _create(self, pod: K8sObject) -> K8sObject:
         try:

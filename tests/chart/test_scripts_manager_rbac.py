@@ -12,8 +12,10 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from rockbot.kube import NAMESPACES, PODS, KubeClient
-from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import job_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -24,6 +26,7 @@ from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.containers import Container
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestamp
 from tests.scripts_manager.conftest import NS, MakeSettings, kube, make_settings, node, pod_backend  # noqa: F401
+from tests.scripts_manager.test_pods import image_pull_fails
 from tests.waiting import eventually
 
 Render = Callable[..., list[Manifest]]
@@ -92,6 +95,9 @@ async def exercise_the_manager(
         async with node(emulator, client, killed_by_the_job):
             killed = await backend.run(job("print(1)", "killed"))  # its end, from a new watch and the log
             assert killed.oom_killed
+        async with node(emulator, client, image_pull_fails):
+            with pytest.raises(SandboxFailure, match="ImagePullBackOff"):  # a Warning Event on the pod
+                await backend.run(job("print(1)", "unpullable"))
         await backend.sweep()  # list, delete
 
 

@@ -35,6 +35,7 @@ SCRIPTS_MANAGER_RIGHTS = (
     expand("", ["pods"], ["create", "get", "list", "watch", "delete"])
     | expand("", ["pods/attach"], ["get", "create"])
     | expand("", ["pods/log"], ["get"])
+    | expand("", ["events"], ["create"])  # a script pod that could not start
 )
 
 # Exactly what the gateway uses in the namespaces it watches (test_gateway_rbac.py checks this list against
