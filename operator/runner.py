@@ -17,6 +17,7 @@ from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
 from rockbot.operator.broker import register_broker
 from rockbot.operator.scheduling.handlers import register_scheduling
+from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
 
 Flag = asyncio.Event | threading.Event | asyncio.Future[Any]
@@ -24,7 +25,9 @@ Flag = asyncio.Event | threading.Event | asyncio.Future[Any]
 STARTING = "operator"
 
 
-def build_registry(runtime: handlers.Runtime, readiness: Readiness | None = None) -> kopf.OperatorRegistry:
+def build_registry(
+    runtime: handlers.Runtime, readiness: Readiness | None = None, metrics: SchedulingMetrics | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     readiness = readiness or Readiness()
 
@@ -43,7 +46,7 @@ def build_registry(runtime: handlers.Runtime, readiness: Readiness | None = None
 
     handlers.register(registry, runtime)
     register_broker(registry, runtime, readiness=readiness)  # before scheduling, which logs in as the operator
-    register_scheduling(registry, runtime, readiness=readiness)
+    register_scheduling(registry, runtime, readiness=readiness, metrics=metrics)
 
     @kopf.on.startup(registry=registry)
     def started(**_: Any) -> None:  # registered last: runs after every other startup handler
@@ -61,13 +64,14 @@ async def run_operator(
 ) -> None:
     """Run until stopped; watches `settings.namespaces`, or the whole cluster when empty.
 
-    With `health_endpoint` (a URL), `/healthz` and `/readyz` are served on its host and port from
-    the start, before kopf's own start-up, so a probe never finds the port closed while the
-    operator waits for something.
+    With `health_endpoint` (a URL), `/healthz`, `/readyz` and `/metrics` (the scheduler's) are served on
+    its host and port from the start, before kopf's own start-up, so a probe never finds the port
+    closed while the operator waits for something.
     """
     readiness = Readiness()
     readiness.waiting(STARTING, "starting up")
-    health = HealthServer(readiness=readiness)
+    metrics = SchedulingMetrics()
+    health = HealthServer(readiness=readiness, registry=metrics.registry)
     if health_endpoint:
         url = urllib.parse.urlsplit(health_endpoint)
         await health.start(host=url.hostname or "0.0.0.0", port=url.port or 8080)
@@ -75,7 +79,7 @@ async def run_operator(
         async with await KubeClient.from_environment() as kube:
             runtime = handlers.Runtime(settings=settings, kube=kube)
             await kopf.operator(
-                registry=build_registry(runtime, readiness),
+                registry=build_registry(runtime, readiness, metrics),
                 standalone=True,
                 clusterwide=not settings.namespaces,
                 namespaces=settings.namespaces,

@@ -15,6 +15,11 @@ the agent process: an agent that restarts between the two copies runs the prompt
 
 Loops are supervised: an error ends a step, never the loop; it is logged (with a traceback when
 it is not a known API, HTTP or bus failure) and the step is tried again after a growing pause.
+
+Sending a run is a span (`scheduled run`, with the run id of `status.history`), parent of the agent's
+turn: a run's whole trace is found by its id. Each run recorded in a history is counted by outcome
+(`SchedulingMetrics`), and one Missed or Failed is a Warning Event on the task (reason `RunMissed`,
+`RunFailed`): `kubectl get events --field-selector reason=RunFailed`.
 """
 
 from __future__ import annotations
@@ -34,8 +39,12 @@ from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.clock import Clock
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
+from rockbot.kube.events import EventPoster
 from rockbot.kube.mirroring import mirror
+from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
+from rockbot.resources import GROUP, VERSION
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +68,20 @@ class _TaskState:
 class Scheduler:
     """Fires every ScheduledTask in `namespaces` (all when empty); `start()` then `stop()`."""
 
-    def __init__(self, *, kube: KubeClient, bus: Bus, clock: Clock, namespaces: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        kube: KubeClient,
+        bus: Bus,
+        clock: Clock,
+        namespaces: list[str] | None = None,
+        metrics: SchedulingMetrics | None = None,
+    ) -> None:
         self._kube = kube
         self._bus = bus
         self._clock = clock
+        self.metrics = metrics or SchedulingMetrics()
+        self._post_event = EventPoster(kube, component=EVENT_COMPONENT)
         self._namespaces: list[str | None] = list(namespaces or []) or [None]
         self._tasks: dict[Key, _TaskState] = {}
         self._agents: dict[Key, AgentState] = {}
@@ -185,7 +204,7 @@ class Scheduler:
                     continue
             triggers = active_triggers(body=state.body) if state.recovering else plan.triggers
             for trigger in triggers:
-                await self._publish(state, trigger)
+                await self._publish(state, trigger, again=state.recovering)
             state.recovering = False
             return plan.wake_at
 
@@ -210,7 +229,8 @@ class Scheduler:
         self._agent_changed(body)
         return self._agents[(namespace, name)]
 
-    async def _publish(self, state: _TaskState, trigger: Trigger) -> None:
+    async def _publish(self, state: _TaskState, trigger: Trigger, *, again: bool = False) -> None:
+        """Send the run to the agent's inbox in its span (the agent's turn is its child); `again`: a resend."""
         request = InboxRequest(
             kind="scheduled_task",
             request_id=trigger.request_id,
@@ -219,13 +239,20 @@ class Scheduler:
             reply_to=OPERATOR_RUNS.name,
         )
         try:
-            await self._bus.publish(
-                queue=agent_inbox(namespace=trigger.namespace, name=trigger.agent),
-                body=request,
-                message_id=trigger.request_id,
-                correlation_id=trigger.request_id,
-                reply_to=OPERATOR_RUNS.name,
-            )
+            with tracer.start_as_current_span("scheduled run", attributes={
+                "rockbot.scheduledtask": f"{trigger.namespace}/{trigger.task}", "rockbot.run.id": trigger.run_id,
+                "rockbot.request.id": trigger.request_id, "gen_ai.agent.name": trigger.agent,
+                "rockbot.run.scheduled_time": trigger.scheduled_time.isoformat(), "rockbot.run.resent": again,
+            }):  # fmt: skip
+                await self._bus.publish(
+                    queue=agent_inbox(namespace=trigger.namespace, name=trigger.agent),
+                    body=request,
+                    message_id=trigger.request_id,
+                    correlation_id=trigger.request_id,
+                    reply_to=OPERATOR_RUNS.name,
+                )
+            if not again:
+                self.metrics.lag.observe(max(0.0, (self._clock.now() - trigger.scheduled_time).total_seconds()))
         except BusError as exc:
             log.warning("could not send run %s to agent %s: %s", trigger.run_id, trigger.agent, exc)
             await self._complete(
@@ -281,15 +308,37 @@ class Scheduler:
         raise Conflict(status=409, reason="Conflict", message=f"run {run} not recorded after {WRITE_ATTEMPTS} tries")
 
     async def _write_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Merge-patch the status subresource, only if the object is still at the version planned from."""
+        """Merge-patch the status subresource, only if the object is still at the version planned from; the runs
+        it records for the first time are counted, and a Missed or Failed one is a Warning Event on the task."""
         metadata = body["metadata"]
         previous = body.get("status") or {}
         patch = {key: None for key in previous if key not in status} | status
-        return await self._kube.patch(
+        written = await self._kube.patch(
             SCHEDULED_TASKS,
             namespace=metadata["namespace"],
             name=metadata["name"],
             subresource="status",
             body={"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": patch},
         )
+        for record in recorded(before=previous, after=written.get("status") or {}):
+            self.metrics.runs.labels(record["outcome"]).inc()
+            if record["outcome"] in RUN_EVENTS:
+                reason, verb = RUN_EVENTS[record["outcome"]]
+                await self._post_event(
+                    {"apiVersion": written.get("apiVersion") or f"{GROUP}/{VERSION}", "kind": "ScheduledTask",
+                     "metadata": written["metadata"]}, "Warning", reason,
+                    f"run {record['runId']} (slot {record.get('scheduledTime')}) {verb}: {record.get('message')}",
+                )  # fmt: skip
+        return written
+
+
+#: Outcomes a person wants to hear of: the Event's reason, and how its message says it.
+RUN_EVENTS = {"Missed": ("RunMissed", "was missed"), "Failed": ("RunFailed", "failed")}
+EVENT_COMPONENT = "rockbot-operator"
+
+
+def recorded(*, before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """The history records `after` holds that `before` did not (a run is recorded once; trimming only removes)."""
+    known = {record.get("runId") for record in before.get("history") or []}
+    return [record for record in after.get("history") or [] if record.get("runId") not in known]
 

@@ -22,6 +22,7 @@ from rockbot.health import Readiness, stop_within, wait_for_dependency
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.firing import Scheduler
+from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.usage import UsageLedger
 
@@ -42,6 +43,7 @@ def register_scheduling(
     bus: Bus | None = None,
     clock: Clock | None = None,
     readiness: Readiness | None = None,
+    metrics: SchedulingMetrics | None = None,
 ) -> None:
     """Fire ScheduledTasks and serve the agents' scheduling tools while the operator runs.
 
@@ -55,7 +57,8 @@ def register_scheduling(
 
     async def start(connection: Bus) -> None:
         now = clock or SystemClock()
-        scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces)
+        scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces,
+                              metrics=metrics)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)
         usage = UsageLedger(kube=runtime.kube, bus=connection)
         for part in (scheduler, requests, usage):

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from rockbot.agent.metrics import AgentMetrics
 from rockbot.gateway.metrics import GatewayMetrics
+from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from tests.chart.conftest import CHART, NAMESPACE, HelmError
 from tests.chart.test_render import Render, env_of, find
@@ -25,6 +26,7 @@ def exported() -> dict[str, set[str]]:
     """Every sample name the processes' registries export, with the labels it carries."""
     registries: list[CollectorRegistry] = [
         AgentMetrics(agent="a").registry, ScriptMetrics(backend="pods").registry, GatewayMetrics().registry,
+        SchedulingMetrics().registry,
     ]
     names: dict[str, set[str]] = {}
     for registry in registries:
@@ -70,7 +72,8 @@ def test_the_panels_the_issue_asks_for_are_there() -> None:
     for metric in ("rockbot_tool_invoke_duration_seconds_bucket", "rockbot_tool_invocations_total",
                    "rockbot_llm_request_duration_seconds_bucket", "rockbot_llm_tokens_total",
                    "rockbot_scripts_runs_total", "rockbot_scripts_queue_wait_seconds_bucket",
-                   "rockbot_scripts_pod_time_to_first_instruction_seconds_bucket"):
+                   "rockbot_scripts_pod_time_to_first_instruction_seconds_bucket", "rockbot_scheduled_runs_total",
+                   "rockbot_scheduled_run_lag_seconds_bucket"):
         assert metric in text
 
 
@@ -93,8 +96,10 @@ def test_the_pod_monitor_is_off_by_default_and_scrapes_every_namespace_agents_ru
         "enabled": True, "labels": {"release": "prometheus"}}}}), "PodMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE, "team-a"]}
-    assert monitor["spec"]["selector"]["matchExpressions"][0]["values"] == ["agent", "scripts-manager", "gateway"]
-    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [("http", "/metrics")]
+    assert monitor["spec"]["selector"]["matchExpressions"][0]["values"] == [
+        "agent", "scripts-manager", "gateway", "operator"]
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [
+        ("http", "/metrics"), ("health", "/metrics")]  # the operator serves its metrics beside its probes
     everywhere = find(render({"operator": {"watchAllNamespaces": True}, "monitoring": {"podMonitor": {
         "enabled": True}}}), "PodMonitor")
     assert everywhere["spec"]["namespaceSelector"] == {"any": True}
