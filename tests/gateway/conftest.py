@@ -112,6 +112,12 @@ class Cluster:
             "spec": {"agentRef": {"name": "triage"}, "prompt": PROMPT, **source, **spec},
         })  # fmt: skip
 
+    async def webhook_trigger(self, name: str = "issues", **spec: Any) -> dict[str, Any]:
+        """The Agent triage (Ready), the webhook's Secret, and a webhook Trigger for the agent."""
+        await self.agent()
+        await self.secret()
+        return await self.trigger(name, **spec)
+
     async def status(self, name: str = "issues") -> dict[str, Any]:
         return (await self.kube.get(TRIGGERS, namespace=NS, name=name)).get("status") or {}
 

@@ -11,9 +11,7 @@ async def test_a_webhooks_run_is_one_trace_from_the_request_to_the_agents_turn(
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway, spans: Spans
 ) -> None:
     scripted_llm.play(Turn(text="Triaged."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     gateway = await start_gateway()
     await cluster.ready()
     answer = await send(gateway, delivery="d-traced")

@@ -18,9 +18,7 @@ async def test_a_signed_webhook_starts_one_run_and_the_answer_lands_in_the_histo
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
 ) -> None:
     scripted_llm.play(Turn(text="Labelled bug and browser:safari; asked the reporter for the console log."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     gateway = await start_gateway()
     status = await cluster.ready()
     assert status["webhookUrl"] == f"{PUBLIC_URL}/hooks/{NS}/issues"
@@ -40,9 +38,8 @@ async def test_what_the_endpoint_refuses_is_refused_as_specified_and_never_runs(
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
 ) -> None:
     scripted_llm.play(Turn(text="Triaged."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger(webhook={"secretKeyRef": {"name": "github-webhook", "key": "secret"}, "maxBodyBytes": 4096})
+    await cluster.webhook_trigger(webhook={"secretKeyRef": {"name": "github-webhook", "key": "secret"},
+                                           "maxBodyBytes": 4096})
     gateway = await start_gateway()
     await cluster.ready()
     forged = await send(gateway, key=b"a guess", delivery="d-forged")
@@ -72,9 +69,7 @@ async def test_a_burst_over_the_rate_limit_gets_429_and_nothing_is_recorded_for_
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
 ) -> None:
     scripted_llm.play(Turn(text="One."), Turn(text="Two."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger(maxRunsPerMinute=2, successfulRunsHistoryLimit=5)
+    await cluster.webhook_trigger(maxRunsPerMinute=2, successfulRunsHistoryLimit=5)
     gateway = await start_gateway()
     await cluster.ready()
     answers = await asyncio.gather(*(send(gateway, delivery=f"d-{index}") for index in range(6)))
@@ -93,9 +88,7 @@ async def test_the_same_delivery_sent_twice_and_again_after_a_restart_runs_once(
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
 ) -> None:
     scripted_llm.play(Turn(text="Triaged once."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     first_gateway = await start_gateway()
     await cluster.ready()
     first = await send(first_gateway, delivery="d-1")
@@ -114,9 +107,7 @@ async def test_two_replicas_racing_on_one_delivery_run_it_once(
     cluster: Cluster, triage, scripted_llm, start_gateway: StartGateway
 ) -> None:
     scripted_llm.play(Turn(text="Triaged once."))
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     replicas = [await start_gateway(), await start_gateway()]
     await cluster.ready()
     answers = await asyncio.gather(*(send(replica, delivery="d-1") for replica in replicas))
@@ -129,9 +120,7 @@ async def test_two_replicas_racing_on_one_delivery_run_it_once(
 async def test_an_answer_from_another_agent_does_not_complete_the_run(
     cluster: Cluster, vhost, start_gateway: StartGateway
 ) -> None:
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     await vhost.url(TRIAGE, called_by=[GATEWAY])  # its inbox, where the run waits: no agent takes it here
     gateway = await start_gateway()
     await cluster.ready()
@@ -161,9 +150,7 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
 async def test_a_template_edited_into_one_that_does_not_compile_makes_the_trigger_not_ready(
     cluster: Cluster, start_gateway: StartGateway
 ) -> None:
-    await cluster.agent()
-    await cluster.secret()
-    await cluster.trigger()
+    await cluster.webhook_trigger()
     gateway = await start_gateway()
     await cluster.ready()
     await cluster.kube.patch(TRIGGERS, namespace=NS, name="issues", body={"spec": {"prompt": "{% for %}"}})
