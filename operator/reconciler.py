@@ -36,6 +36,7 @@ from rockbot.operator.secret_refs import forbidden_references, secret_references
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
+from rockbot.telemetry import tracer
 
 K8sObject = dict[str, Any]
 #: Posts a Kubernetes Event on an object: (object, type, reason, message).
@@ -92,10 +93,14 @@ class AgentReconciler:
         body = inputs.body
         if body["metadata"].get("deletionTimestamp"):
             return
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            await self._reconcile(inputs, now=now or _now())
+            with tracer.start_as_current_span("reconcile Agent", attributes={
+                "k8s.namespace.name": namespace, "gen_ai.agent.name": name,
+                "rockbot.agent.generation": body["metadata"].get("generation", 0),
+            }):  # fmt: skip
+                await self._reconcile(inputs, now=now or _now())
         except Exception as error:  # said on the Agent before any other reconcile can succeed
-            namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
             for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):  # the retry reads them (and the broker) again
                 self._secrets.forget(namespace, builders.child_name_of(name, suffix))
             await self._report_failure(body, error)
@@ -247,6 +252,7 @@ class AgentReconciler:
             "observedGeneration": generation,
             "conditions": conditions,
             "tools": [tool.to_wire() for tool in resolution.tools],
+            "toolCount": len(resolution.tools),
             "replicas": wanted_replicas,
             "readyReplicas": ready_replicas,
         }

@@ -286,6 +286,7 @@ class AgentStatus(Schema):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(default_factory=list)
     tools: list[ResolvedToolStatus] = Field(default_factory=list)
+    tool_count: int | None = Field(default=None, description="How many tools the model is offered (len of tools).")
     replicas: int | None = None
     ready_replicas: int | None = None
     usage: TokenUsageStatus | None = Field(default=None, description="Today's token usage (UTC).")
@@ -298,7 +299,8 @@ class Agent(Resource):
     printer_columns: ClassVar[list[PrinterColumn]] = [
         PrinterColumn(name="Ready", type="string", json_path='.status.conditions[?(@.type=="Ready")].status'),
         PrinterColumn(name="Model", type="string", json_path=".spec.model.name"),
-        PrinterColumn(name="Tools", type="string", json_path=".status.tools[*].name"),
+        # A count: kubectl prints only the first value a column's path finds; the names are in status.tools.
+        PrinterColumn(name="Tools", type="integer", json_path=".status.toolCount"),
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
     rules = (

@@ -15,6 +15,9 @@ from rockbot.resources.common import Schema
 
 Outcome = Literal["Succeeded", "Failed", "Missed", "Replaced"]
 ConcurrencyPolicy = Literal["Allow", "Forbid", "Replace"]
+#: A printer column's path to the outcome of the run that ended last (a history is oldest first).
+LAST_OUTCOME = ".status.history[-1:].outcome"
+LAST_OUTCOME_HELP = "How the run that ended last ended."
 #: The longest message or answer summary a record keeps.
 TEXT_LIMIT = 1000
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from rockbot.resources.common import Condition, KubeName, LocalObjectReference, PrinterColumn, Resource, Schema
-from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
+from rockbot.resources.runs import LAST_OUTCOME, LAST_OUTCOME_HELP, ActiveRun, ConcurrencyPolicy, RunRecord
 
 #: Five fields (minute), six fields (seconds first), or a macro such as @hourly.
 CRON = (
@@ -68,7 +68,9 @@ class ScheduledTask(Resource):
         PrinterColumn(name="Zone", type="string", json_path=".spec.timeZone"),
         PrinterColumn(name="Suspend", type="boolean", json_path=".spec.suspend"),
         PrinterColumn(name="Last", type="date", json_path=".status.lastScheduleTime"),
-        PrinterColumn(name="Next", type="date", json_path=".status.nextScheduleTime"),
+        PrinterColumn(name="Outcome", type="string", json_path=LAST_OUTCOME, description=LAST_OUTCOME_HELP),
+        # A string, not a date: kubectl prints a date column as an age, and a future time as <invalid>.
+        PrinterColumn(name="Next", type="string", json_path=".status.nextScheduleTime"),
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]
 

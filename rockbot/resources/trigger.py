@@ -22,7 +22,7 @@ from rockbot.resources.common import (
     Schema,
     SecretKeyRef,
 )
-from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
+from rockbot.resources.runs import LAST_OUTCOME, LAST_OUTCOME_HELP, ActiveRun, ConcurrencyPolicy, RunRecord
 
 #: An HTTP header name (an RFC 9110 token, kept to the characters headers use in practice).
 HEADER = r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$"
@@ -165,6 +165,7 @@ class Trigger(Resource):
         PrinterColumn(name="Ready", type="string", json_path='.status.conditions[?(@.type=="Ready")].status'),
         PrinterColumn(name="Suspend", type="boolean", json_path=".spec.suspend"),
         PrinterColumn(name="Last", type="date", json_path=".status.lastDelivery.time"),
+        PrinterColumn(name="Outcome", type="string", json_path=LAST_OUTCOME, description=LAST_OUTCOME_HELP),
         PrinterColumn(name="URL", type="string", json_path=".status.webhookUrl", priority=1),
         PrinterColumn(name="Age", type="date", json_path=".metadata.creationTimestamp"),
     ]

@@ -47,7 +47,33 @@ def test_every_kind_has_status_short_names_category_and_columns():
         assert [column["name"] for column in version["additionalPrinterColumns"]][-1] == "Age"
 
 
-def test_agents_print_ready_model_tools_and_age():
-    crd = yaml.safe_load(crdgen.render_all()["agents.rockbot.dev.yaml"])
-    columns = [column["name"] for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Ready", "Model", "Tools", "Age"]
+def _columns(file: str) -> dict[str, dict]:
+    crd = yaml.safe_load(crdgen.render_all()[file])
+    return {column["name"]: column for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+
+
+def test_agents_print_ready_model_the_number_of_tools_and_age():
+    columns = _columns("agents.rockbot.dev.yaml")
+    assert list(columns) == ["Ready", "Model", "Tools", "Age"]
+    # kubectl prints the first value a path finds, so a list of names showed only the first tool
+    assert columns["Tools"] | {"description": None} == {
+        "name": "Tools",
+        "type": "integer",
+        "jsonPath": ".status.toolCount",
+        "description": None,
+    }
+
+
+def test_runs_print_when_the_last_one_started_how_it_ended_and_when_the_next_is_due():
+    tasks, triggers = _columns("scheduledtasks.rockbot.dev.yaml"), _columns("triggers.rockbot.dev.yaml")
+    assert list(tasks) == ["Agent", "Schedule", "Zone", "Suspend", "Last", "Outcome", "Next", "Age"]
+    assert tasks["Outcome"]["jsonPath"] == triggers["Outcome"]["jsonPath"] == ".status.history[-1:].outcome"
+    assert tasks["Next"]["type"] == "string"
+
+
+def test_date_columns_hold_only_times_in_the_past():
+    """kubectl prints a date column as an age, and a time in the future as <invalid>."""
+    past = {".metadata.creationTimestamp", ".status.lastScheduleTime", ".status.lastDelivery.time"}
+    for file in crdgen.render_all():
+        for column in _columns(file).values():
+            assert column["type"] != "date" or column["jsonPath"] in past, (file, column)

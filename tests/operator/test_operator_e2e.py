@@ -95,6 +95,7 @@ async def test_agent_becomes_children_and_a_ready_status(kube_client: KubeClient
         },
         {"name": "weather", "source": "tool:weather", "description": "The weather tool."},
     ]
+    assert status["toolCount"] == 2  # what `kubectl get agents` prints under TOOLS
     assert status["observedGeneration"] == 1 and status["readyReplicas"] == 1
     sa = await kube_client.get(SERVICEACCOUNTS, namespace=NS, name="rockbot-analyst")
     assert sa["automountServiceAccountToken"] is False
@@ -477,3 +478,14 @@ async def test_an_agent_scaled_to_zero_is_not_ready_and_says_why(kube_client: Ku
             assert condition(agent, "Ready")["status"] == "True" and agent["status"]["readyReplicas"] == 1
 
         await eventually(ready)
+
+
+async def test_each_reconcile_of_an_agent_is_a_span_named_by_the_agent(kube_client: KubeClient, spans):
+    await create_basics(kube_client)
+    await kube_client.create(TOOLS, namespace=NS, body=tool_body("weather"))
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"]))
+    async with operator_running(SETTINGS):
+        reconciles = await spans.ended("reconcile Agent")
+    attributes = dict(reconciles[0].attributes)
+    assert attributes == {"k8s.namespace.name": NS, "gen_ai.agent.name": "analyst", "rockbot.agent.generation": 1}
+    assert reconciles[0].parent is None  # a trace of its own, as a timer or a watch event starts it
