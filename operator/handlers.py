@@ -20,10 +20,10 @@ from typing import Any
 import kopf
 
 from rockbot.kube import CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, SERVICES, KubeClient, Resource
+from rockbot.kube.events import EventPoster
 from rockbot.kube.mirroring import mirror
 from rockbot.operator import builders
 from rockbot.operator.children import Child, Children
-from rockbot.operator.events import EventPoster
 from rockbot.operator.reconciler import AgentInputs, AgentReconciler
 from rockbot.operator.references import AgentRef, AgentsByName, used_by
 from rockbot.operator.secret_keys import SecretKeys
@@ -51,8 +51,8 @@ class Runtime:
         self.children.on_news = self._add_owner_of
         self.secret_keys = SecretKeys(kube)
         self.reconciler = AgentReconciler(
-            kube=kube, settings=settings, post_event=EventPoster(kube), children=self.children,
-            secret_keys=self.secret_keys,
+            kube=kube, settings=settings, post_event=EventPoster(kube, component=builders.MANAGED_BY),
+            children=self.children, secret_keys=self.secret_keys,
         )  # fmt: skip
         self.tool_statuses = ToolStatusWriter(kube)
         self.queue = WorkQueue(self._work, workers=WORKERS)
@@ -226,10 +226,12 @@ class Runtime:
 
 
 def _snapshot(body: kopf.Body) -> dict[str, Any]:
-    """What a reconcile reads of an object: its metadata (without managedFields), spec and status."""
+    """What a reconcile reads of an object: its kind (Events name it), metadata (without managedFields),
+    spec and status."""
     raw = dict(body)  # the plain dicts under kopf's views, which are dear to read through
     metadata = {key: value for key, value in raw["metadata"].items() if key != "managedFields"}
-    return {"metadata": metadata, "spec": raw.get("spec") or {}, "status": raw.get("status") or {}}
+    return {"apiVersion": raw["apiVersion"], "kind": raw["kind"], "metadata": metadata,
+            "spec": raw.get("spec") or {}, "status": raw.get("status") or {}}  # fmt: skip
 
 
 def _items(mapping: Any) -> tuple[tuple[str, str], ...]:

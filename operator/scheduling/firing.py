@@ -41,6 +41,7 @@ from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
 from rockbot.kube.mirroring import mirror
+from rockbot.operator.builders import MANAGED_BY
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
 from rockbot.resources import GROUP, VERSION
@@ -81,7 +82,7 @@ class Scheduler:
         self._bus = bus
         self._clock = clock
         self.metrics = metrics or SchedulingMetrics()
-        self._post_event = EventPoster(kube, component=EVENT_COMPONENT)
+        self._post_event = EventPoster(kube, component=MANAGED_BY)
         self._namespaces: list[str | None] = list(namespaces or []) or [None]
         self._tasks: dict[Key, _TaskState] = {}
         self._agents: dict[Key, AgentState] = {}
@@ -334,7 +335,6 @@ class Scheduler:
 
 #: Outcomes a person wants to hear of: the Event's reason, and how its message says it.
 RUN_EVENTS = {"Missed": ("RunMissed", "was missed"), "Failed": ("RunFailed", "failed")}
-EVENT_COMPONENT = "rockbot-operator"
 
 
 def recorded(*, before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
