@@ -153,12 +153,12 @@ class Runtime:
         def on_listed(items: list[dict[str, Any]]) -> None:
             for body in items:
                 self.child_changed(resource, body, listed=True)
-            listed.set()
 
         await mirror(
             kube=self.kube, resource=resource, namespace=namespace, label_selector=MANAGED,
             on_upsert=lambda body: self.child_changed(resource, body),
             on_delete=lambda ns, name: self.child_deleted(resource, ns, name), on_listed=on_listed,
+            on_synced=listed.set,
         )  # fmt: skip
 
     async def _run(self, synced: list[asyncio.Event]) -> None:

@@ -43,6 +43,8 @@ def build_registry(
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # The first list of Agents and Tools a page at a time: never every body in memory at once.
+        settings.watching.chunk_size = 250
 
     handlers.register(registry, runtime)
     register_broker(registry, runtime, readiness=readiness)  # before scheduling, which logs in as the operator

@@ -165,6 +165,32 @@ class KubeClient:
             resource_version=str(answer.get("metadata", {}).get("resourceVersion", "")),
         )
 
+    async def list_pages(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int,
+    ) -> AsyncIterator[ObjectList]:
+        """List objects `limit` at a time (`limit` and `continue`): one consistent snapshot, never all in memory.
+
+        Every page carries the list's resourceVersion. `Gone` when the snapshot expired between two
+        pages (the API server keeps it a few minutes): list again.
+        """
+        token: str | None = None
+        while True:
+            query = _query(labelSelector=label_selector, fieldSelector=field_selector, limit=str(limit),
+                           **{"continue": token})  # fmt: skip
+            answer = await self._json("GET", resource.path(namespace=namespace), query=query)
+            metadata = answer.get("metadata") or {}
+            version = str(metadata.get("resourceVersion", ""))
+            yield ObjectList(items=list(answer.get("items") or []), resource_version=version)
+            token = metadata.get("continue") or None
+            if token is None:
+                return
+
     async def create(
         self,
         resource: Resource,

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 WATCH_TIMEOUT_SECONDS = 300
+#: Objects per page of a list (the API server's own default chunk size for its watch cache is 500).
+LIST_PAGE = 250
 RETRY_SECONDS = 1.0
 
 
@@ -35,26 +37,33 @@ async def mirror(
     on_delete: Callable[[str, str], None],
     label_selector: str | None = None,
     on_listed: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_synced: Callable[[], None] | None = None,
 ) -> None:
     """Call `on_upsert(body)` for every object and change, `on_delete(namespace, name)` for removals.
 
-    With `on_listed`, each (re)list hands it all the objects at once instead (the whole truth as of
-    the list, after the removals), and tells it the mirror is in sync.
+    A (re)list is read a page at a time (`LIST_PAGE` objects), so its objects are never all in
+    memory at once; with `on_listed`, a page is handed over whole instead of object by object.
+    Once a list is done (and what vanished reported deleted), `on_synced()`: the mirror is complete.
     """
     known: set[Key] = set()
     while True:
         try:
-            listing = await kube.list(resource, namespace=namespace, label_selector=label_selector)
-            seen = {_key(item) for item in listing.items}
+            seen: set[Key] = set()
+            version = ""
+            async for page in kube.list_pages(resource, namespace=namespace, label_selector=label_selector,
+                                              limit=LIST_PAGE):  # fmt: skip
+                seen |= {_key(item) for item in page.items}
+                if on_listed is not None:
+                    on_listed(page.items)
+                else:
+                    for item in page.items:
+                        on_upsert(item)
+                version = version or page.resource_version  # the snapshot's: watch from there
             for key in known - seen:
                 on_delete(*key)
             known = seen
-            if on_listed is not None:
-                on_listed(listing.items)
-            else:
-                for item in listing.items:
-                    on_upsert(item)
-            version = listing.resource_version
+            if on_synced is not None:
+                on_synced()
             while True:
                 async for event in kube.watch(
                     resource, namespace=namespace, label_selector=label_selector, resource_version=version,

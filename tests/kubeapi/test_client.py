@@ -260,3 +260,13 @@ async def test_requests_do_not_hop_to_worker_threads(kube_api: KubeApiEmulator, 
         for _ in range(3):
             await kube.list(CONFIGMAPS, namespace="default")
     assert hops == []
+
+
+async def test_a_list_read_a_page_at_a_time_sees_every_object_once(kube_client: KubeClient):
+    for index in range(7):
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"page-{index}"}}
+        await kube_client.create(CONFIGMAPS, namespace="default", body=body)
+    pages = [page async for page in kube_client.list_pages(CONFIGMAPS, namespace="default", limit=3)]
+    assert [len(page.items) for page in pages] == [3, 3, 1]
+    assert sorted(item["metadata"]["name"] for page in pages for item in page.items) == [f"page-{i}" for i in range(7)]
+    assert all(page.resource_version for page in pages)
