@@ -37,6 +37,8 @@ import yaml
 from tests.fixtures.rabbitmq import RabbitBroker
 
 ROCKBOT = Path(sys.executable).with_name("rockbot")
+#: What the process runs from: this checkout (with the venv's editable install) and the venv's Python.
+CODE = (Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())
 VOLUMES = "/tmp/volumes"
 #: Where a test puts the kubeconfig that stands in for the pod's service account.
 KUBECONFIG = f"{VOLUMES}/kubeconfig"
@@ -64,7 +66,8 @@ class PodProcess:
         info_read, info_write = os.pipe()
         sandbox = [
             "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp",
-            "--ro-bind", str(volumes), VOLUMES, "--unshare-pid", "--die-with-parent", "--chdir", "/tmp",
+            *_code_in_reach(CODE), "--ro-bind", str(volumes), VOLUMES,
+            "--unshare-pid", "--die-with-parent", "--chdir", "/tmp",
             "--clearenv", *[arg for name, value in env.items() for arg in ("--setenv", name, value)],
             "--info-fd", str(info_write), "--",
             "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
@@ -133,6 +136,32 @@ class PodProcess:
     def cleanup(self) -> None:
         self.kill()
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _code_in_reach(paths: tuple[Path, ...]) -> list[str]:
+    """bubblewrap arguments that let any uid run the code at `paths`, wherever the checkout lives.
+
+    The pod's own `/tmp` hides a checkout or venv under /tmp (a CI clone, say), and a folder others
+    may not enter (a 0700 `/root` holding the checkout or a pyenv Python) shuts a uid without a
+    passwd entry out: the topmost such folder becomes an empty tmpfs, and the paths are bound back
+    into it read-only, below folders anyone may enter (bubblewrap would make them 0700).
+    """
+    hidden: set[Path] = {Path("/tmp")}  # already the pod's tmpfs
+    for path in paths:
+        for folder in [*reversed(path.parents)][1:]:
+            if folder in hidden:
+                break
+            if not folder.stat().st_mode & 0o001:
+                hidden.add(folder)
+                break
+    args = [arg for folder in sorted(hidden - {Path("/tmp")}) for arg in ("--tmpfs", str(folder))]
+    for path in sorted(set(paths)):
+        top = next((folder for folder in hidden if path.is_relative_to(folder)), None)
+        if top is not None:
+            between = [folder for folder in reversed(path.parents) if folder.is_relative_to(top) and folder != top]
+            args += [arg for folder in between for arg in ("--perms", "0755", "--dir", str(folder))]
+            args += ["--ro-bind", str(path), str(path)]
+    return args
 
 
 def _only_child(init: int) -> int:
