@@ -98,11 +98,16 @@ def register_scheduling(
         for task in starting:
             task.cancel()
         await asyncio.gather(*starting, return_exceptions=True)
-        await stop_within(STOP_SECONDS, _stop_all(parts, opened), what="stopping scheduling")
+        await stop_within(STOP_SECONDS, _stop_parts(parts), what="stopping scheduling")
+        # Always reached: a connection left open would go on reconnecting to a broker that is gone.
+        await stop_within(STOP_SECONDS, _close(opened), what="closing the broker connection")
 
 
-async def _stop_all(parts: list[Scheduler | SchedulingRequests | UsageLedger], opened: list[Bus]) -> None:
+async def _stop_parts(parts: list[Scheduler | SchedulingRequests | UsageLedger]) -> None:
     while parts:
         await parts.pop().stop()
+
+
+async def _close(opened: list[Bus]) -> None:
     while opened:
         await opened.pop().close()

@@ -255,6 +255,8 @@ class _AmqpSubscription(Subscription):
 
     async def close(self, *, drain_seconds: float = 0.0) -> None:
         self._closing = True
+        if self._tag is not None and self._channel.is_closed:  # the connection is down: so is the consumer
+            self._tag = None
         if self._tag is not None:
             try:
                 async with asyncio.timeout(_CLOSE_STEP_SECONDS):
