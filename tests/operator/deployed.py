@@ -89,24 +89,30 @@ CHILD_KINDS = [("apps", "deployments", ""), ("", "serviceaccounts", ""), ("", "s
 def converged(emulator: KubeApiEmulator, agents: list[str], *, namespace: str = NAMESPACE) -> bool:
     """Straight from the emulator's store (no request): exactly these Agents, each with its five children and a
     Ready=True status for its generation, and every Tool's `usedBy` naming exactly the Agents that use it."""
+    return not lagging(emulator, agents, namespace=namespace)
+
+
+def lagging(emulator: KubeApiEmulator, agents: list[str], *, namespace: str = NAMESPACE) -> str:
+    """What is not yet as `converged` wants it (the first thing found), or '' when everything is."""
     store = emulator.api.store
     for group, plural, suffix in CHILD_KINDS:
         names = {obj["metadata"]["name"] for obj in store.items((group, plural), namespace)}
-        if any(f"rockbot-{agent}{suffix}" not in names for agent in agents):
-            return False
+        missing = [agent for agent in agents if f"rockbot-{agent}{suffix}" not in names]
+        if missing:
+            return f"{len(missing)} Agents without their {plural} (e.g. {missing[0]})"
     found = {obj["metadata"]["name"]: obj for obj in store.items(("rockbot.dev", "agents"), namespace)}
     if set(found) != set(agents):
-        return False
+        return f"Agents {sorted(set(found) ^ set(agents))[:5]} (un)expected"
     for agent in found.values():
         status = agent.get("status") or {}
         ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready" and c["status"] == "True"]
         if not ready or status.get("observedGeneration") != agent["metadata"]["generation"]:
-            return False
+            return f"Agent {agent['metadata']['name']} not Ready for its generation: {status.get('conditions')}"
     for tool in store.items(("rockbot.dev", "tools"), namespace):
         users = sorted(name for name, agent in found.items() if tool["metadata"]["name"] in agent["spec"]["tools"])
         if (tool.get("status") or {}).get("usedBy") != users:
-            return False
-    return True
+            return f"Tool {tool['metadata']['name']}'s usedBy is not the {len(users)} Agents that use it"
+    return ""
 
 
 def writes_by_operator(emulator: KubeApiEmulator, since: int) -> list[str]:

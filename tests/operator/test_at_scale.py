@@ -17,8 +17,8 @@ import pytest
 from rockbot.kube import AGENTS, EVENTS, NAMESPACES, SECRETS, TOOLS, KubeClient
 from tests.fixtures.kubeapi import client_for
 from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.controllers import DeploymentController, running
-from tests.operator.deployed import NAMESPACE, DeployedOperator, converged, start_operator, writes_by_operator
+from tests.kubeapi.controllers import DeploymentController, in_background
+from tests.operator.deployed import NAMESPACE, DeployedOperator, converged, lagging, start_operator, writes_by_operator
 from tests.pod_process import PodProcess, wait_until
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ async def cluster(kube_api: KubeApiEmulator) -> AsyncIterator[KubeClient]:
             await kube.create(TOOLS, namespace=NS, body={
                 "apiVersion": "rockbot.dev/v1alpha1", "kind": "Tool", "metadata": {"name": f"tool-{index}"},
                 "spec": {"description": f"Tool {index}.", "script": {"source": "print(1)"}}})
-        async with running(DeploymentController(client=kube, kubelet_period=1.0)):
+        async with in_background(DeploymentController(client=kube, kubelet_period=1.0)):
             yield kube
 
 
@@ -61,8 +61,11 @@ async def create_agents(kube: KubeClient, indices: range) -> list[str]:
 
 async def settle(kube_api: KubeApiEmulator, operator: DeployedOperator, agents: list[str], *,
                  within: float = 120) -> None:
-    await wait_until(lambda: converged(kube_api, agents), within=within, what=f"{len(agents)} Agents converged",
-                     process=operator.process)
+    try:
+        await wait_until(lambda: converged(kube_api, agents), within=within, what=f"{len(agents)} Agents converged",
+                         process=operator.process)
+    except pytest.fail.Exception as failure:
+        raise AssertionError(f"{failure}\n--- still lagging: {lagging(kube_api, agents)}") from None
 
 
 async def stop(operator: DeployedOperator) -> None:
