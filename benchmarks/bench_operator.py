@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import base64
 import collections
-import contextlib
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,7 +35,7 @@ from tests.chart.conftest import CHART, Helm, _fetch_helm
 from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
 from tests.fixtures.rabbitmq import RabbitBroker, provision_on
 from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.controllers import DeploymentController
+from tests.kubeapi.controllers import DeploymentController, in_background
 from tests.operator.deployed import NAMESPACE, OPERATOR_TOKEN, DeployedOperator, start_operator
 
 NS = NAMESPACE
@@ -153,7 +152,6 @@ async def main(args: argparse.Namespace) -> None:
     try:
         async with emulator, kmock.Server(emulator), client_for(emulator) as client:
             await prepare(client, tools=args.tools)
-            controller = asyncio.create_task(DeploymentController(client=client, kubelet_period=1.0).run())
             env = {"ROCKBOT_RESYNC_SECONDS": str(args.resync_seconds)}
             if broker is not None:
                 await provision_on(broker, OPERATOR, SCRIPTS_MANAGER)  # what the chart's Secrets give them
@@ -162,11 +160,9 @@ async def main(args: argparse.Namespace) -> None:
                 return start_operator(lambda _: manifests, emulator, started, broker=broker, extra_env=env)
 
             try:
-                await run_phases(args, emulator, client, launch)
+                async with in_background(DeploymentController(client=client, kubelet_period=1.0)):
+                    await run_phases(args, emulator, client, launch)
             finally:
-                controller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await controller
                 for process in started:
                     process.cleanup()
                 emulator.end_watches()

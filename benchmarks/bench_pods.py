@@ -37,7 +37,8 @@ from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.kubelet import FakeKubelet, kubelet_running
+from tests.kubeapi.controllers import in_background
+from tests.kubeapi.kubelet import FakeKubelet
 
 NS = "rockbot-scripts"
 
@@ -56,7 +57,7 @@ async def cluster(relist: float) -> AsyncIterator[KubeApiEmulator]:
     emulator = KubeApiEmulator()
     async with emulator, kmock.Server(emulator), client(emulator) as kube:
         await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        async with kubelet_running(FakeKubelet(emulator=emulator, kube=kube, namespace=NS,
+        async with in_background(FakeKubelet(emulator=emulator, kube=kube, namespace=NS,
                                                relist_seconds=relist or None)):
             try:
                 yield emulator

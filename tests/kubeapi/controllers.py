@@ -10,7 +10,7 @@ status writes, as on a real node.
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from rockbot.kube import DEPLOYMENTS, Conflict, Gone, KubeClient, NotFound
 from tests.kubeapi.clock import now
@@ -141,12 +141,19 @@ def _comparable(status: dict[str, Any]) -> dict[str, Any]:
     return {**status, "conditions": conditions}
 
 
+class Worker(Protocol):
+    async def run(self) -> None: ...
+
+
+W = TypeVar("W", bound=Worker)
+
+
 @contextlib.asynccontextmanager
-async def running(controller: DeploymentController) -> AsyncIterator[asyncio.Task[None]]:
-    """Run a controller in the background for the duration of the block."""
-    task = asyncio.create_task(controller.run(), name="deployment-controller")
+async def in_background(worker: W) -> AsyncIterator[W]:
+    """Run a controller (or the fake kubelet: anything with `run()`) in the background for the duration of the block."""
+    task = asyncio.create_task(worker.run(), name=type(worker).__name__)
     try:
-        yield task
+        yield worker
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -25,7 +25,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -314,13 +314,3 @@ async def run_command(kubelet: FakeKubelet, pod: RunningPod) -> None:
     await kubelet.run_container(pod)
 
 
-@contextlib.asynccontextmanager
-async def kubelet_running(kubelet: FakeKubelet) -> AsyncIterator[FakeKubelet]:
-    """Run a fake kubelet for the duration of the block; its containers are killed at the end."""
-    task = asyncio.create_task(kubelet.run(), name="fake kubelet")
-    try:
-        yield kubelet
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

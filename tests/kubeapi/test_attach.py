@@ -15,7 +15,8 @@ import pytest
 from rockbot.kube import NAMESPACES, PODS, ApiError, Conflict, Invalid, KubeClient, NotFound
 from rockbot.kube.attach import ERROR, PROTOCOL, STDERR, STDOUT
 from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.kubelet import FakeKubelet, RunningPod, kubelet_running
+from tests.kubeapi.controllers import in_background
+from tests.kubeapi.kubelet import FakeKubelet, RunningPod
 from tests.waiting import eventually
 
 NS = "nodes"
@@ -39,7 +40,7 @@ async def kube(kube_client: KubeClient) -> AsyncIterator[KubeClient]:
 
 @pytest.fixture
 async def node(kube: KubeClient, kube_api: KubeApiEmulator) -> AsyncIterator[FakeKubelet]:
-    async with kubelet_running(FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)) as kubelet:
+    async with in_background(FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)) as kubelet:
         yield kubelet
 
 
@@ -180,7 +181,7 @@ async def test_with_a_held_relist_container_states_are_reported_only_at_the_reli
     kube: KubeClient, kube_api: KubeApiEmulator
 ) -> None:
     held = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS, relist_seconds=float("inf"))
-    async with kubelet_running(held):
+    async with in_background(held):
         await kube.create(PODS, namespace=NS, body=pod("quiet", stdin=False, command=["python3", "-c", "print(1)"]))
 
         async def ran() -> RunningPod:

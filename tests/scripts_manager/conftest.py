@@ -16,7 +16,8 @@ from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.fixtures.kubeapi import client_for
 from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.kubelet import Behaviour, FakeKubelet, kubelet_running
+from tests.kubeapi.controllers import in_background
+from tests.kubeapi.kubelet import Behaviour, FakeKubelet
 
 MakeSettings = Callable[..., ScriptsManagerSettings]
 
@@ -62,7 +63,7 @@ async def node(
     """A node running the scripts namespace's pods (see tests/kubeapi/kubelet.py)."""
     kubelet = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS, behaviour=behaviour,
                           relist_seconds=relist_seconds)
-    async with kubelet_running(kubelet):
+    async with in_background(kubelet):
         yield kubelet
 
 
