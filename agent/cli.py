@@ -88,16 +88,13 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
     kubelet sees a live pod that is not ready rather than one to restart. Returns the bus and the
     health server, which the caller stops once the agent's own server listens on the same port.
     """
-    from rockbot.bus import AccessRefused, AmqpBus, BusUnavailable
-    from rockbot.health import HealthServer, Readiness, wait_for_dependency
+    from rockbot.bus import AmqpBus
+    from rockbot.health import HealthServer, Readiness
 
     readiness = Readiness()
     health = HealthServer(readiness=readiness)
     await health.start(host=host, port=port, reuse_port=True)
-    connecting = asyncio.create_task(wait_for_dependency(
-        lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker",
-        retry_on=(BusUnavailable, AccessRefused),  # the operator may be creating this agent's login right now
-    ))  # fmt: skip
+    connecting = asyncio.create_task(AmqpBus.connect_when_ready(url=url, readiness=readiness))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()

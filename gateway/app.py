@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable, NoRoute
+from rockbot.bus import AmqpBus, Bus, NoRoute
 from rockbot.bus.topology import GATEWAY_RUNS
 from rockbot.clock import Clock, SystemClock
 from rockbot.gateway import admission, events
@@ -86,10 +86,7 @@ class Gateway:
             if settings.amqp_url is None:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the gateway needs its broker login (service.gateway)")
             url = settings.amqp_url.get_secret_value()
-            self._bus = await wait_for_dependency(
-                lambda: AmqpBus.connect(url=url), readiness=self.readiness, dependency="broker",
-                retry_on=(BusUnavailable, AccessRefused),
-            )  # fmt: skip
+            self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
         self._ledger = KubeLedger(kube=self._kube, on_written=lambda *written: self._dispatch.written(*written))
         self._dispatch = Dispatch(bus=self._bus, ledger=self._ledger, clock=self._clock, replies=GATEWAY_RUNS)
         await wait_for_dependency(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable, NoRoute
+from rockbot.bus import AmqpBus, Bus, NoRoute
 from rockbot.health import HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.scripts_manager.backends import ScriptBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
@@ -66,10 +66,7 @@ class ScriptsManager:
             if settings.amqp_url is None:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the scripts-manager needs the broker's URL")
             url = settings.amqp_url.get_secret_value()
-            self._bus = await wait_for_dependency(
-                lambda: AmqpBus.connect(url=url), readiness=self.readiness, dependency="broker",
-                retry_on=(BusUnavailable, AccessRefused),
-            )  # fmt: skip
+            self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics)
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import kopf
 
-from rockbot.bus import AccessRefused, AmqpBus, Bus, BusUnavailable
+from rockbot.bus import AmqpBus, Bus
 from rockbot.clock import Clock, SystemClock
-from rockbot.health import Readiness, stop_within, wait_for_dependency
+from rockbot.health import Readiness, stop_within
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.firing import Scheduler
@@ -67,10 +67,7 @@ def register_scheduling(
         log.info("scheduling started")
 
     async def connect_then_start(url: str, readiness: Readiness) -> None:
-        connection = await wait_for_dependency(
-            lambda: AmqpBus.connect(url=url), readiness=readiness, dependency="broker",
-            retry_on=(BusUnavailable, AccessRefused),
-        )
+        connection = await AmqpBus.connect_when_ready(url=url, readiness=readiness)
         opened.append(connection)
         try:
             await start(connection)

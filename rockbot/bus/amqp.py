@@ -32,6 +32,7 @@ from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, NoRoute,
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, PUBLISHED_AT_HEADER, SCHEMA_VERSION_HEADER, Delivery, Outgoing
 from rockbot.bus.topology import EXCHANGE, Queue
+from rockbot.health import Readiness, wait_for_dependency
 from rockbot.telemetry import TRACE_HEADERS
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,15 @@ class AmqpBus(Bus):
         return cls(
             connection=connection, channel=channel, exchange=exchange, user=user_of(url),  # type: ignore[arg-type]
             publish_timeout=publish_timeout,
+        )  # fmt: skip
+
+    @classmethod
+    async def connect_when_ready(cls, *, url: str, readiness: Readiness) -> AmqpBus:
+        """Connect, trying again while the broker cannot be reached or refuses the login (the operator may be
+        making it right now); meanwhile `readiness` says why the process is not ready, and it stays live."""
+        return await wait_for_dependency(
+            lambda: cls.connect(url=url), readiness=readiness, dependency="broker",
+            retry_on=(BusUnavailable, AccessRefused),
         )  # fmt: skip
 
     async def declare(self, queue: Queue) -> None:
