@@ -10,8 +10,7 @@ import argparse
 import asyncio
 import sys
 
-from pydantic import ValidationError
-
+from rockbot.cli import load_settings
 from rockbot.logs import setup_logging
 
 
@@ -27,13 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from rockbot.gateway.settings import GatewaySettings
     from rockbot.kube import KubeConfigError
 
-    overrides = {"webhook_port": args.webhook_port, "public_url": args.public_url, "health_port": args.health_port,
-                 "log_format": args.log_format}  # fmt: skip
-    try:
-        settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        problems = "; ".join(f"ROCKBOT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        print(f"rockbot gateway: invalid settings: {problems}", file=sys.stderr)
+    settings = load_settings(GatewaySettings, command="gateway", webhook_port=args.webhook_port,
+                             public_url=args.public_url, health_port=args.health_port, log_format=args.log_format)
+    if settings is None:
         return 2
     setup_logging(log_format=settings.log_format)
     try:

@@ -13,6 +13,9 @@ import importlib
 import pathlib
 import sys
 from collections.abc import Sequence
+from typing import TypeVar
+
+S = TypeVar("S")
 
 #: subcommand -> (module with `configure(parser)` and `run(args) -> int`, help text)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -55,6 +58,19 @@ def run(args: argparse.Namespace) -> int:
         for path in crdgen.write_all(args.write):
             print(f"wrote {path}")
     return 0
+
+
+def load_settings(cls: type[S], *, command: str, **flags: object) -> S | None:
+    """`cls` (pydantic settings) from its `ROCKBOT_*` variables and the flags given (None: not given); None once
+    stderr says what is invalid."""
+    from pydantic import ValidationError
+
+    try:
+        return cls(**{name: value for name, value in flags.items() if value is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"ROCKBOT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        print(f"rockbot {command}: invalid settings: {problems}", file=sys.stderr)
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:

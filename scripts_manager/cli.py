@@ -10,8 +10,7 @@ import argparse
 import asyncio
 import sys
 
-from pydantic import ValidationError
-
+from rockbot.cli import load_settings
 from rockbot.logs import setup_logging
 
 
@@ -28,16 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
     setup_logging(log_format=args.log_format)
-    overrides = {
-        "scripts_backend": args.backend,
-        "scripts_concurrency": args.concurrency,
-        "health_port": args.health_port,
-    }
-    try:
-        settings = ScriptsManagerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        problems = "; ".join(f"ROCKBOT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        print(f"rockbot scripts-manager: invalid settings: {problems}", file=sys.stderr)
+    settings = load_settings(ScriptsManagerSettings, command="scripts-manager", scripts_backend=args.backend,
+                             scripts_concurrency=args.concurrency, health_port=args.health_port)
+    if settings is None:
         return 2
     try:
         asyncio.run(_main(settings))
