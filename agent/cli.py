@@ -28,8 +28,6 @@ from rockbot.contracts.agent_config import AMQP_URL_ENV, AgentConfig
 from rockbot.logs import setup_logging
 
 log = logging.getLogger("rockbot.agent")
-#: Beyond the drain, how long each step of a stop may wait (for the broker, a tool's server).
-STOP_STEP_SECONDS = 5.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -114,7 +112,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.usage_reports import UsageReporter
     from rockbot.bus import MemoryBroker, Principal
     from rockbot.bus.admin import ensure_principal
-    from rockbot.health import stop_within
+    from rockbot.health import STOP_STEP_SECONDS, stop_within
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -31,13 +31,11 @@ from rockbot.gateway.metrics import GatewayMetrics
 from rockbot.gateway.secrets import KubeKeys, Unreadable
 from rockbot.gateway.settings import GatewaySettings
 from rockbot.gateway.webhooks import Webhooks, WebhookServer, tls_context
-from rockbot.health import HealthServer, Readiness, stop_within, wait_for_dependency
+from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.kube import AGENTS, TRIGGERS, ApiError, KubeClient, NotFound
 from rockbot.kube.mirroring import mirror
 
 log = logging.getLogger("rockbot.gateway")
-#: How long each step of a stop may wait (requests in flight, the broker, the API server).
-STOP_STEP_SECONDS = 5.0
 
 
 class Gateway:

@@ -144,6 +144,10 @@ async def serve_until_signalled(service: Service) -> None:
         await service.stop()
 
 
+#: How long one step of a shutdown may take: several fit in a pod's default 30 s grace period.
+STOP_STEP_SECONDS = 5.0
+
+
 async def stop_within(seconds: float, step: Awaitable[object], *, what: str) -> None:
     """Await one step of a shutdown for at most `seconds`: a dependency that is gone must not hold SIGTERM.
 

@@ -12,15 +12,13 @@ import logging
 import os
 
 from rockbot.bus import AmqpBus, Bus, NoRoute
-from rockbot.health import HealthServer, Readiness, stop_within, wait_for_dependency
+from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.scripts_manager.backends import ScriptBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 log = logging.getLogger("rockbot.scripts_manager")
-#: Beyond the drain, how long each step of a stop may wait (for the broker, the API server).
-STOP_STEP_SECONDS = 5.0
 
 
 def backend_name(settings: ScriptsManagerSettings) -> str:

@@ -18,7 +18,7 @@ import kopf
 
 from rockbot.bus import AmqpBus, Bus
 from rockbot.clock import Clock, SystemClock
-from rockbot.health import Readiness, stop_within
+from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.firing import Scheduler
@@ -27,8 +27,6 @@ from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.usage import UsageLedger
 
 log = logging.getLogger(__name__)
-#: How long stopping scheduling may take: the scheduler's steps in flight, then the broker connection.
-STOP_SECONDS = 5.0
 
 
 class RuntimeLike(Protocol):
@@ -95,9 +93,9 @@ def register_scheduling(
         for task in starting:
             task.cancel()
         await asyncio.gather(*starting, return_exceptions=True)
-        await stop_within(STOP_SECONDS, _stop_parts(parts), what="stopping scheduling")
+        await stop_within(STOP_STEP_SECONDS, _stop_parts(parts), what="stopping scheduling")
         # Always reached: a connection left open would go on reconnecting to a broker that is gone.
-        await stop_within(STOP_SECONDS, _close(opened), what="closing the broker connection")
+        await stop_within(STOP_STEP_SECONDS, _close(opened), what="closing the broker connection")
 
 
 async def _stop_parts(parts: list[Scheduler | SchedulingRequests | UsageLedger]) -> None:
