@@ -186,8 +186,7 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
         if with_usage:
             await response.write(chunk(None, usage=result.usage))
     except BudgetExhausted as exc:  # used up by another turn since the check above
-        error = {"error": {"message": str(exc), "type": "insufficient_quota", "code": "token_budget_exhausted"}}
-        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+        await response.write(f"data: {json.dumps(_quota_error(exc))}\n\n".encode())
     except LlmError as exc:
         error = {"error": {"message": str(exc), "type": "upstream_error", "code": exc.status}}
         await response.write(f"data: {json.dumps(error)}\n\n".encode())
@@ -221,10 +220,11 @@ def _message(index: int, message: dict[str, Any]) -> dict[str, Any]:
 
 def _exhausted(exc: BudgetExhausted) -> web.Response:
     """429, as OpenAI answers a used-up quota, with when to try again."""
-    return web.json_response(
-        {"error": {"message": str(exc), "type": "insufficient_quota", "code": "token_budget_exhausted"}},
-        status=429, headers={"Retry-After": str(exc.retry_after_seconds)},
-    )  # fmt: skip
+    return web.json_response(_quota_error(exc), status=429, headers={"Retry-After": str(exc.retry_after_seconds)})
+
+
+def _quota_error(exc: BudgetExhausted) -> dict[str, Any]:
+    return {"error": {"message": str(exc), "type": "insufficient_quota", "code": "token_budget_exhausted"}}
 
 
 def _error(status: int, message: str, kind: str, *, headers: dict[str, str] | None = None) -> web.Response:

@@ -129,26 +129,21 @@ class Bus(ABC):
         `TooLarge` over `max_message_bytes`. A message with `expires_after_seconds` that no consumer
         has taken by then is discarded (dead-lettered on a work queue).
         """
-        with tracing.sending(type(body).__name__) as span:
-            message = encode(
-                body=body,
-                message_id=message_id,
-                correlation_id=correlation_id,
-                reply_to=reply_to,
-                expires_after_seconds=expires_after_seconds,
-                trace_context=inject(),
-            )
-            tracing.describe_sent(span, routing_key=queue.name, message=message)
-            await self._put(queue_name=queue.name, message=self._checked(message))
+        await self._post(queue.name, body, message_id=message_id, correlation_id=correlation_id, reply_to=reply_to,
+                         expires_after_seconds=expires_after_seconds)  # fmt: skip
 
     async def reply(self, *, to: Delivery, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
         if not to.reply_to:
             raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
+        await self._post(to.reply_to, body, correlation_id=to.correlation_id)
+
+    async def _post(self, queue_name: str, body: BaseModel, **fields: str | float | None) -> None:
+        """Encode `body` with `fields` and the trace context, and put it on `queue_name`, in a producer span."""
         with tracing.sending(type(body).__name__) as span:
-            message = encode(body=body, correlation_id=to.correlation_id, trace_context=inject())
-            tracing.describe_sent(span, routing_key=to.reply_to, message=message)
-            await self._put(queue_name=to.reply_to, message=self._checked(message))
+            message = encode(body=body, trace_context=inject(), **fields)
+            tracing.describe_sent(span, routing_key=queue_name, message=message)
+            await self._put(queue_name=queue_name, message=self._checked(message))
 
     def _checked(self, message: Outgoing) -> Outgoing:
         if len(message.body) > self.max_message_bytes:

@@ -21,7 +21,7 @@ MAX_REPORT_BYTES = 4096
 Tokens = Annotated[int, Field(ge=0)]
 
 
-class UsageReport(BaseModel):
+class _DayTokens(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -30,10 +30,9 @@ class UsageReport(BaseModel):
     completion_tokens: Tokens = 0
 
 
-class UsageTotal(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class UsageReport(_DayTokens):
+    """Tokens one agent process used since its last report."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
-    day: datetime.date
-    prompt_tokens: Tokens = 0
-    completion_tokens: Tokens = 0
+
+class UsageTotal(_DayTokens):
+    """What the Agent used that day over all its replicas."""
