@@ -3,7 +3,7 @@
 kopf watches Agents and Tools and keeps them in indices (an Agent's body by name, and per namespace
 the little of each Agent that others depend on, see `references`); its handlers run only once every
 index is filled, so nothing is judged on a half-listed namespace. The children are watched by the
-operator itself (`watching.mirror`, by label): cheaper per event than a kopf handler, and only what
+operator itself (`rockbot.kube.mirroring`, by label): cheaper per event than a kopf handler, and only what
 a comparison needs is kept (`children`). Handlers never call the API: they add keys to the work
 queue, which coalesces a burst of events for one Agent into one reconcile and bounds how many run
 at once. Level-based: kopf keeps no progress, diff-base annotations or finalizers on our objects, and

@@ -83,8 +83,7 @@ class AgentReconciler:
     async def forget(self, namespace: str, name: str) -> None:
         """The Agent is gone: forget what was kept for it, and its broker user and inbox."""
         self._statuses.forget(namespace, name)
-        for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):
-            self._secrets.forget(namespace, builders.child_name_of(name, suffix))
+        self._forget_credentials(namespace, name)
         if self.bus is not None:
             await self.bus.forget(namespace=namespace, name=name)
 
@@ -101,10 +100,14 @@ class AgentReconciler:
             }):  # fmt: skip
                 await self._reconcile(inputs, now=now or _now())
         except Exception as error:  # said on the Agent before any other reconcile can succeed
-            for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):  # the retry reads them (and the broker) again
-                self._secrets.forget(namespace, builders.child_name_of(name, suffix))
+            self._forget_credentials(namespace, name)  # the retry reads them (and the broker) again
             await self._report_failure(body, error)
             raise
+
+    def _forget_credentials(self, namespace: str, name: str) -> None:
+        """Forget what is known of the Agent's HTTP token and bus Secrets."""
+        for suffix in (builders.HTTP_TOKEN_SUFFIX, BUS_SUFFIX):
+            self._secrets.forget(namespace, builders.child_name_of(name, suffix))
 
     async def _reconcile(self, inputs: AgentInputs, *, now: datetime.datetime) -> None:
         body = inputs.body

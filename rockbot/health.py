@@ -44,10 +44,6 @@ class Readiness:
         found = [f"{dependency}: {why}" for dependency, why in self._pending.items()]
         return found + [reason for probe in self._checks if (reason := probe()) is not None]
 
-    @property
-    def ready(self) -> bool:
-        return not self.reasons()
-
 
 async def wait_for_dependency(
     connect: Callable[[], Awaitable[T]],

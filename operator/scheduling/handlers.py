@@ -1,7 +1,7 @@
 """kopf glue: start the scheduler, the agents' request consumer and their usage ledger with the operator, stop them
 with it.
 
-The scheduler watches ScheduledTasks and Agents itself (see `watching`), so kopf only owns its
+The scheduler watches ScheduledTasks and Agents itself (see `rockbot.kube.mirroring`), so kopf only owns its
 lifetime: one `on.startup` and one `on.cleanup` handler on the operator's registry. The broker may
 come up after the operator (a fresh `helm install`): scheduling then starts once it answers, the
 operator meanwhile reconciles Agents and reports itself not ready, saying why. Stopping waits for

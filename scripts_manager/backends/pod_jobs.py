@@ -26,8 +26,6 @@ from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
 
 log = logging.getLogger(__name__)
 
-_RUNNER_STDERR_KEPT = 4096
-
 
 def output_limit(max_output_bytes: int) -> int:
     """The most a runner prints for one job: both capped streams as JSON (six bytes a byte at worst)."""
@@ -84,7 +82,6 @@ class Attempt:
 
     output: RunnerOutput
     status: dict[str, Any] | None = None
-    runner_stderr: bytearray = field(default_factory=bytearray)
 
 
 def new_nonce() -> str:
@@ -114,8 +111,7 @@ async def run_job(
         try:
             await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
             async for piece in session:
-                if piece.channel != STDOUT:
-                    attempt.runner_stderr = (attempt.runner_stderr + piece.data)[-_RUNNER_STDERR_KEPT:]
+                if piece.channel != STDOUT:  # the runner's own stderr: the answer is on stdout only
                     continue
                 was_started = attempt.output.started
                 attempt.output.feed(piece.data)

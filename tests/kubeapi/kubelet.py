@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rockbot.kube import PODS, ApiError, Gone, KubeClient, NotFound
+from tests.kubeapi.clock import now
 from tests.kubeapi.containers import Container
 from tests.kubeapi.emulator import KubeApiEmulator
 
@@ -41,8 +42,7 @@ Behaviour = Callable[["FakeKubelet", Obj], Awaitable[None]]
 NODE = "emulated-node"
 
 
-def timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+timestamp = now  # as the API server writes them
 
 
 def pod_sandbox() -> list[str]:
