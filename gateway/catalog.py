@@ -18,9 +18,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rockbot.conditions import ConditionUpdate, merge_conditions
+from rockbot.conditions import ConditionUpdate, merge_condition_models
 from rockbot.gateway.templates import Prompt, TemplateProblem
-from rockbot.resources.common import Condition
 from rockbot.resources.trigger import Trigger, TriggerStatus
 from rockbot.runs import AgentState
 
@@ -157,10 +156,9 @@ def settle(
             return  # the entry is of another generation: the newer one settles it
         status.observed_generation = generation
         status.webhook_url = url
-        updates = [_ready(entry, secret_problem=secret_problem, url=url), _agent_ready(entry, agent)]
-        current = [condition.to_wire() for condition in status.conditions]
-        merged = merge_conditions(current, updates, generation=generation, now=now)
-        status.conditions = [Condition.model_validate(condition) for condition in merged]
+        updates = [_ready(entry, secret_problem=secret_problem, url=url),
+                   agent.condition(entry.trigger.spec.agent_ref.name)]  # fmt: skip
+        status.conditions = merge_condition_models(status.conditions, updates, generation=generation, now=now)
 
     return change
 
@@ -184,13 +182,3 @@ def _ready(entry: Entry, *, secret_problem: str | None, url: str | None) -> Cond
     message = f"watching {events.type} Events in {', '.join(entry.event_namespaces)}"
     return ConditionUpdate(type="Ready", status="True", reason="Watching", message=message)
 
-
-def _agent_ready(entry: Entry, agent: AgentState) -> ConditionUpdate:
-    name = entry.trigger.spec.agent_ref.name
-    if not agent.exists:
-        return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotFound",
-                               message=f"Agent {name!r} not found in this namespace")  # fmt: skip
-    if not agent.ready:
-        return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotReady",
-                               message=agent.message or "the Agent has no Ready condition yet")  # fmt: skip
-    return ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message="")

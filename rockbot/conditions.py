@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from rockbot.resources.common import Condition
+
 
 class ConditionUpdate(BaseModel):
     """What a reconcile concluded about one condition type."""
@@ -44,3 +46,11 @@ def merge_conditions(
             entry["observedGeneration"] = generation
         merged.append(entry)
     return merged
+
+
+def merge_condition_models(
+    current: list[Condition], updates: list[ConditionUpdate], *, generation: int | None, now: datetime.datetime
+) -> list[Condition]:
+    """`merge_conditions` over a status model's conditions."""
+    merged = merge_conditions([condition.to_wire() for condition in current], updates, generation=generation, now=now)
+    return [Condition.model_validate(condition) for condition in merged]

@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from rockbot.conditions import ConditionUpdate
 from rockbot.contracts.inbox import InboxReply
 from rockbot.resources.agent import SCALED_TO_ZERO
 from rockbot.resources.runs import ActiveRun, ConcurrencyPolicy, RunRecord
@@ -59,6 +60,16 @@ class AgentState(BaseModel):
             reason="" if ready is None else str(ready.get("reason") or ""),
             message="" if ready is None else str(ready.get("message") or ready.get("reason") or ""),
         )
+
+    def condition(self, name: str) -> ConditionUpdate:
+        """The AgentReady condition of an object whose runs go to the Agent `name`."""
+        if not self.exists:
+            return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotFound",
+                                   message=f"Agent {name!r} not found in this namespace")  # fmt: skip
+        if not self.ready:
+            return ConditionUpdate(type="AgentReady", status="False", reason="AgentNotReady",
+                                   message=self.message or "the Agent has no Ready condition yet")  # fmt: skip
+        return ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message="")
 
     def refusal(self, name: str) -> tuple[Literal["Failed", "Missed"], str] | None:
         """(outcome, message) of a run that cannot go to the Agent `name` now, or None when it can."""

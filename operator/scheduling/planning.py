@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rockbot import runs
-from rockbot.conditions import ConditionUpdate, merge_conditions
+from rockbot.conditions import ConditionUpdate, merge_condition_models
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources.common import Condition
 from rockbot.resources.runs import truncate
@@ -272,30 +272,8 @@ def _conditions(
             message="spec.suspend is true: no slot fires" if suspended else "",
         ),
     ]
-    if not agent.exists:
-        name = spec.agent_ref.name if spec is not None else "?"
-        updates.append(
-            ConditionUpdate(
-                type="AgentReady",
-                status="False",
-                reason="AgentNotFound",
-                message=f"Agent {name!r} not found in this namespace",
-            )
-        )
-    elif not agent.ready:
-        updates.append(
-            ConditionUpdate(
-                type="AgentReady",
-                status="False",
-                reason="AgentNotReady",
-                message=agent.message or "the Agent has no Ready condition yet",
-            )
-        )
-    else:
-        updates.append(ConditionUpdate(type="AgentReady", status="True", reason="AgentReady", message=""))
-    current = [condition.to_wire() for condition in status.conditions]
-    merged = merge_conditions(current, updates, generation=generation, now=now)
-    return [Condition.model_validate(condition) for condition in merged]
+    updates.append(agent.condition(spec.agent_ref.name if spec is not None else "?"))
+    return merge_condition_models(status.conditions, updates, generation=generation, now=now)
 
 
 def _invalid(
