@@ -155,6 +155,7 @@ def _reporting_agent(delivery: Delivery) -> Principal:
     sender = delivery.sender
     if sender is None or sender.kind != "agent":
         raise Refused(f"usage reports come from agents, not from {delivery.user_id}")
-    if not (delivery.reply_to or "").startswith(scheduling_reply_prefix(namespace=sender.namespace, name=sender.name)):
+    if delivery.agent_answered_on_own(lambda agent: scheduling_reply_prefix(namespace=agent.namespace,
+                                                                            name=agent.name)) is None:  # fmt: skip
         raise Refused(f"{sender} asked for its usage total on {delivery.reply_to!r}, not one of its own queues")
     return sender

@@ -209,14 +209,12 @@ class _Refusal(Exception):
 
 def _answerable(delivery: Delivery) -> Principal:
     """The agent that sent `delivery`, when its `reply_to` is one of that agent's own queues; else `Refused`."""
-    sender = delivery.sender
-    reply_to = delivery.reply_to or ""
-    if sender is None or sender.kind != "agent" or not reply_to.startswith(
-        script_result_prefix(namespace=sender.namespace, agent=sender.name)
-    ):
+    sender = delivery.agent_answered_on_own(lambda agent: script_result_prefix(namespace=agent.namespace,
+                                                                               agent=agent.name))  # fmt: skip
+    if sender is None:
         raise Refused(
             f"a script request is answered only on one of its agent's own script.result.<namespace>.<agent>.* queues; "
-            f"{delivery.user_id} asked for {reply_to!r}, so it can never be answered"
+            f"{delivery.user_id} asked for {delivery.reply_to or ''!r}, so it can never be answered"
         )
     return sender
 

@@ -96,15 +96,13 @@ class SchedulingRequests:
             self._subscription = None
 
     async def _handle(self, delivery: Delivery) -> None:
-        sender = delivery.sender
-        assert sender is not None  # the bus refuses messages without one
         reply_to = delivery.reply_to or ""
-        if sender.kind != "agent" or not reply_to.startswith(
-            scheduling_reply_prefix(namespace=sender.namespace, name=sender.name)
-        ):
+        sender = delivery.agent_answered_on_own(
+            lambda agent: scheduling_reply_prefix(namespace=agent.namespace, name=agent.name))
+        if sender is None:
             raise Refused(
                 f"a scheduling request must come from an agent and ask for replies on one of its own scheduling "
-                f"reply queues; {sender} asked for {reply_to!r}"
+                f"reply queues; {delivery.sender} asked for {reply_to!r}"
             )
         try:
             _check_version(delivery)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -92,6 +92,14 @@ class Delivery(BaseModel):
     def sender(self) -> Principal | None:
         """Who sent it; the bus refuses messages without one before any handler sees them."""
         return Principal.parse(self.user_id)
+
+    def agent_answered_on_own(self, queues: Callable[[Principal], str]) -> Principal | None:
+        """The agent that sent this, when `reply_to` is one of its own queues (named from `queues(agent)` on);
+        None when the sender is no agent or the answer would go to someone else's queue."""
+        sender = self.sender
+        if sender is None or sender.kind != "agent" or not (self.reply_to or "").startswith(queues(sender)):
+            return None
+        return sender
 
     def json(self, *, max_bytes: int | None = None) -> Any:  # type: ignore[override]
         """The body as plain JSON data; `TooLarge` past `max_bytes`."""
