@@ -150,13 +150,15 @@ class Gateway:
     def _trigger_changed(self, body: dict[str, Any]) -> None:
         assert self._ledger is not None
         self._ledger.observe(body)
+        known = self.catalog.entries.get(_key(body))
         entry = self.catalog.upsert(body)
         if entry is None:
             log.warning("Trigger %s/%s does not parse; it is not served", *_key(body))
             return
         self._settle_soon(entry.key)
         assert self._events is not None
-        self._events.update()
+        if entry is not known:  # a new Trigger or generation (not our own status write): its Events may differ
+            self._events.update()
 
     def _trigger_deleted(self, namespace: str, name: str) -> None:
         self.catalog.delete(namespace, name)
