@@ -36,11 +36,9 @@ from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
 from tests.fixtures.rabbitmq import RabbitBroker, provision_on
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.controllers import DeploymentController, in_background
-from tests.operator.deployed import NAMESPACE, OPERATOR_TOKEN, DeployedOperator, start_operator
+from tests.operator.deployed import NAMESPACE, DeployedOperator, converged, lagging, operator_requests, start_operator
 
 NS = NAMESPACE
-CHILDREN = [("apps", "deployments", ""), ("", "serviceaccounts", ""), ("", "services", ""),
-            ("", "configmaps", "-config"), ("", "secrets", "-http-token")]
 #: How long without a request from the operator counts as "it has nothing left to do".
 QUIET_SECONDS = 2.0
 
@@ -61,43 +59,6 @@ def _agent(index: int, tools: int) -> dict[str, Any]:
             "spec": {"model": {"baseUrl": "https://llm.example/v1", "name": "m",
                                "apiKeySecretRef": {"name": "llm", "key": "apiKey"}},
                      "tools": [f"tool-{t}" for t in range(tools)], "builtinTools": ["scripts", "scheduling"]}}
-
-
-def converged(emulator: KubeApiEmulator, count: int, tools: int) -> bool:
-    """Read straight from the emulator's store (no request): every child and status in place."""
-    store = emulator.api.store
-    for group, plural, suffix in CHILDREN:
-        names = {obj["metadata"]["name"] for obj in store.items((group, plural), NS)}
-        if any(f"rockbot-agent-{index}{suffix}" not in names for index in range(count)):
-            return False
-    agents = store.items(("rockbot.dev", "agents"), NS)
-    if len(agents) != count:
-        return False
-    for agent in agents:
-        status = agent.get("status") or {}
-        ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready" and c["status"] == "True"]
-        if not ready or status.get("observedGeneration") != agent["metadata"]["generation"]:
-            return False
-    for tool in store.items(("rockbot.dev", "tools"), NS):
-        if len((tool.get("status") or {}).get("usedBy") or []) != count:
-            return False
-    return tools == 0 or len(store.items(("rockbot.dev", "tools"), NS)) == tools
-
-
-def diagnosis(emulator: KubeApiEmulator, count: int) -> str:
-    """What is still missing when the Agents do not converge."""
-    store = emulator.api.store
-    found = {plural: len(store.items((group, plural), NS)) for group, plural, _ in CHILDREN}
-    agents = store.items(("rockbot.dev", "agents"), NS)
-    ready = sum(1 for a in agents if any(c["type"] == "Ready" and c["status"] == "True"
-                                         for c in (a.get("status") or {}).get("conditions") or []))
-    users = {t["metadata"]["name"]: len((t.get("status") or {}).get("usedBy") or [])
-             for t in store.items(("rockbot.dev", "tools"), NS)}
-    return f"of {count} Agents: children {found}, {ready} Ready; Tools' usedBy sizes {users}"
-
-
-def operator_requests(emulator: KubeApiEmulator, since: int) -> list[Any]:
-    return [r for r in emulator.requests[since:] if r.headers.get("Authorization") == f"Bearer {OPERATOR_TOKEN}"]
 
 
 def writes(requests: list[Any]) -> list[Any]:
@@ -194,10 +155,11 @@ async def run_phases(args: argparse.Namespace, emulator: KubeApiEmulator, client
     pending = [client.create(AGENTS, namespace=NS, body=_agent(index, tools)) for index in range(count)]
     for batch in range(0, count, 25):
         await asyncio.gather(*pending[batch:batch + 25])
+    names = [f"agent-{index}" for index in range(count)]
     try:
-        await until(lambda: converged(emulator, count, tools), within=args.within, what="converged")
+        await until(lambda: converged(emulator, names), within=args.within, what="converged")
     except TimeoutError:
-        print(diagnosis(emulator, count), "\n--- the operator's last lines:\n", operator.process.output()[-3000:])
+        print(lagging(emulator, names), "\n--- the operator's last lines:\n", operator.process.output()[-3000:])
         raise
     converge_seconds = time.perf_counter() - began
     await quiet(emulator)

@@ -31,6 +31,7 @@ from pathlib import Path
 import kmock
 from kubernetes_asyncio import client as k8s_client
 
+from benchmarks.bench_scripts import percentile
 from rockbot.kube import NAMESPACES, KubeClient
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pods import PodBackend
@@ -41,11 +42,6 @@ from tests.kubeapi.controllers import in_background
 from tests.kubeapi.kubelet import FakeKubelet
 
 NS = "rockbot-scripts"
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def client(emulator: KubeApiEmulator) -> KubeClient:
