@@ -54,7 +54,8 @@ async def running(
         manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER))
         await manager.start()
         stack.push_async_callback(manager.stop)
-        scheduler = LocalScheduler(bus=await connected(LOCAL), tasks=tasks, report=report)
+        local = await connected(LOCAL)  # the scheduler's and the webhooks' (one login, their own reply queues)
+        scheduler = LocalScheduler(bus=local, tasks=tasks, report=report)
         runtimes = {}
         for name, assembled in agents.items():
             bus = await connected(Principal.agent(namespace=assembled.config.namespace, name=name))
@@ -74,7 +75,7 @@ async def running(
         stack.push_async_callback(scheduler.close)
         port = None
         if triggers:
-            served = LocalTriggers(bus=await connected(LOCAL), triggers=triggers, agents=list(agents), keys=keys or {},
+            served = LocalTriggers(bus=local, triggers=triggers, agents=list(agents), keys=keys or {},
                                    report=trigger_report or (lambda *_: None))  # fmt: skip
             await served.start(host=WEBHOOK_HOST, port=webhook_port)
             stack.push_async_callback(served.stop)
