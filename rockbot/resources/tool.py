@@ -48,7 +48,9 @@ class RestBackendSpec(Schema):
 
     url: Annotated[str, Field(min_length=1, max_length=4096)]
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: Annotated[dict[str, Annotated[str, Field(max_length=8192)]], Field(max_length=64)] = Field(
+        default_factory=dict
+    )
     auth: RestAuthSpec | None = None
 
 
@@ -91,7 +93,9 @@ class McpBackendSpec(Schema):
     server: KubeName = Field(description="A short name for the server; tools are listed as mcp:<server>.")
     url: Annotated[str, Field(max_length=4096)] | None = None
     transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
-    command: list[str] = Field(default_factory=list)
+    command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
+        default_factory=list
+    )
     tool: Annotated[str, Field(min_length=1, max_length=256)]
     headers_from: Annotated[list[SecretHeaderSpec], Field(max_length=16)] = Field(
         default_factory=list, description="HTTP headers from Secrets, sent to this server only (never literals)."
@@ -114,7 +118,10 @@ class ScriptBackendSpec(Schema):
     )
 
     source: Annotated[str, Field(min_length=1, max_length=262_144)]
-    pip_packages: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+    #: Item bounds keep the CEL rule's cost within the API server's budget (it estimates unbounded strings).
+    pip_packages: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=32)] = Field(
+        default_factory=list
+    )
 
 
 class AgentBackendSpec(Schema):
