@@ -199,7 +199,7 @@ def _to_amqp(message: Outgoing, *, user_id: str) -> aio_pika.Message:
         reply_to=message.reply_to,
         type=message.message_type,
         headers={
-            SCHEMA_VERSION_HEADER: message.schema_version, PUBLISHED_AT_HEADER: message.published_at,
+            SCHEMA_VERSION_HEADER: message.schema_version, PUBLISHED_AT_HEADER: round(message.published_at * 1000),
             **message.trace_context,
         },
         expiration=message.expires_after_seconds,
@@ -243,7 +243,7 @@ class _AmqpSubscription(Subscription):
                 redelivered=bool(message.redelivered),
                 user_id=message.user_id,
                 trace_context={k: _text(v) for k, v in headers.items() if k in TRACE_HEADERS},
-                published_at=published_at if isinstance(published_at, int | float) else None,
+                published_at=published_at / 1000 if isinstance(published_at, int) else None,
             )
             try:
                 outcome = await run_handler(handler=self._handler, delivery=delivery)

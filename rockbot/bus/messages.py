@@ -3,8 +3,8 @@
 Bodies are JSON (`content_type` `application/json`); the message `type` is the model's class name
 and the `x-schema-version` header its `schema_version`, so a consumer can refuse what it cannot read.
 Headers also carry the sender's trace context (W3C `traceparent`, `tracestate`) and when it was
-sent (`x-published-at`, seconds since the epoch), so the receiver's work joins the sender's trace
-and shows how long the message waited in its queue.
+sent (`x-published-at-ms`, integer milliseconds since the epoch), so the receiver's work joins the
+sender's trace and shows how long the message waited in its queue.
 A received message says who sent it (`user_id`, set by the sending connection and checked by the
 broker, see `identity`); a consumer bounds what it parses with `max_bytes` before reading a byte
 of JSON, so an oversized body never becomes Python objects.
@@ -24,7 +24,8 @@ from rockbot.bus.identity import Principal
 
 CONTENT_TYPE = "application/json"
 SCHEMA_VERSION_HEADER = "x-schema-version"
-PUBLISHED_AT_HEADER = "x-published-at"
+# Integer milliseconds: AMQP tables (pamqp) encode a Python float as a 32-bit float, off by up to a minute.
+PUBLISHED_AT_HEADER = "x-published-at-ms"
 
 M = TypeVar("M")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Literal
 
@@ -64,6 +65,19 @@ async def test_published_message_arrives_with_its_contract_metadata(bus: Bus) ->
         "application/json", "Ping", 1)
     assert (delivery.message_id, delivery.redelivered, delivery.queue) == ("m-1", False, queue.name)
     assert delivery.user_id == "service.test"
+
+
+async def test_a_delivery_knows_when_it_was_published_to_the_millisecond(bus: Bus) -> None:
+    """The queue-wait metric reads this: a 32-bit float header would be off by up to a minute."""
+    queue = await declared(bus)
+    received: asyncio.Queue[Delivery] = asyncio.Queue()
+    before = time.time()
+    await bus.publish(queue=queue, body=Ping(n=2))
+    after = time.time()
+    await bus.consume(queue=queue, handler=received.put)
+    delivery = await asyncio.wait_for(received.get(), WAIT)
+    assert delivery.published_at is not None
+    assert before - 0.001 <= delivery.published_at <= after + 0.001
 
 
 async def test_decoding_into_the_wrong_contract_is_a_bad_message(bus: Bus) -> None:
