@@ -63,3 +63,7 @@ AGENTS = Resource(group=GROUP, version=VERSION, plural="agents", kind="Agent")
 TOOLS = Resource(group=GROUP, version=VERSION, plural="tools", kind="Tool")
 SCHEDULED_TASKS = Resource(group=GROUP, version=VERSION, plural="scheduledtasks", kind="ScheduledTask")
 TRIGGERS = Resource(group=GROUP, version=VERSION, plural="triggers", kind="Trigger")
+TOKEN_REVIEWS = Resource(group="authentication.k8s.io", version="v1", plural="tokenreviews", kind="TokenReview",
+                         namespaced=False)
+SUBJECT_ACCESS_REVIEWS = Resource(group="authorization.k8s.io", version="v1", plural="subjectaccessreviews",
+                                  kind="SubjectAccessReview", namespaced=False)

@@ -67,3 +67,5 @@ def test_built_wheel_imports_all_of_it_from_outside_the_repository(tmp_path):
         assert pathlib.Path(_where(str(site), module, tmp_path)).is_relative_to(site)
     installed = {".".join(init.parent.relative_to(site).parts) for init in site.glob("rockbot/**/__init__.py")}
     assert installed == _packages_on_disk()
+    assert (site / "rockbot/console/web/templates/login.html").is_file()  # data files travel with the code
+    assert (site / "rockbot/console/web/static/console.css").is_file()

@@ -1,0 +1,1 @@
+"""The console's pages, templates and static files."""

@@ -1,0 +1,160 @@
+"""The console's pages: server-rendered Jinja2 (autoescaped: whatever an agent or a model wrote is text),
+a little plain JavaScript served from the package, and a strict Content-Security-Policy (no inline
+script or style, nothing from another origin).
+
+`build_app` returns an aiohttp application; `rockbot console` serves it beside the run store's JSON API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from rockbot.console.auth_sessions import COOKIE_NAME, CSRF_FIELD, IDLE_SECONDS, Sessions
+from rockbot.console.authentication import Identity, Unauthenticated
+from rockbot.console.authorization import VIEW, Action, Authorizer
+from rockbot.console.web.agents import agent_page, agents_for
+from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
+from rockbot.kube import KubeClient
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+
+
+def templates() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    environment.filters["pretty_json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
+    versions = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:12] for path in (HERE / "static").iterdir()}
+    environment.globals["static"] = lambda name: f"/static/{name}?v={versions[name]}"
+    return environment
+
+
+def build_app(*, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool = True) -> web.Application:
+    """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do)."""
+    app = web.Application(middlewares=[_security_headers, gate.middleware()], client_max_size=64 * 1024)
+    app[TEMPLATES] = templates()
+    views = _Views(gate=gate, authorizer=authorizer, kube=kube, secure_cookie=secure_cookie)
+    app.router.add_get("/", views.home)
+    app.router.add_get("/login", views.login_form)
+    app.router.add_post("/login", views.login)
+    app.router.add_post("/logout", views.logout)
+    app.router.add_get("/agents", views.agents)
+    app.router.add_get("/agents/{namespace}/{name}", views.agent)
+    app.router.add_get("/healthz", views.healthz)
+    app.router.add_static("/static/", HERE / "static")
+    return app
+
+
+@web.middleware
+async def _security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(_SECURITY_HEADERS)
+        raise
+    if not response.prepared:
+        response.headers.update(_SECURITY_HEADERS)
+        if not request.path.startswith("/static/"):
+            response.headers.setdefault("Cache-Control", "no-store")
+    return response
+
+
+class _Views:
+    def __init__(self, *, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool) -> None:
+        self._gate = gate
+        self._authorizer = authorizer
+        self._kube = kube
+        self._secure_cookie = secure_cookie
+
+    @property
+    def _sessions(self) -> Sessions:
+        return self._gate.sessions
+
+    def _render(self, request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
+        principal = request.get(CSRF_PRINCIPAL)
+        identity: Identity | None = request.get(IDENTITY)
+        page = request.app[TEMPLATES].get_template(template).render(
+            user=identity.username if identity else None,
+            csrf=self._sessions.csrf_token(principal=principal) if principal else "",
+            csrf_field=CSRF_FIELD,
+            can_log_out=principal is not None and not principal.startswith(("proxy:", "local")),
+            **context,
+        )
+        return web.Response(text=page, status=status, content_type="text/html")
+
+    async def _require(self, request: web.Request, *, namespace: str, action: Action) -> None:
+        """403 unless the user may do `action` in `namespace` (the same answer whether or not the object exists)."""
+        if not await self._authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=action):
+            raise web.HTTPForbidden(
+                text=f"{request[IDENTITY].username} may not {action.describe()} in namespace {namespace} "
+                f"(ask for a Role granting it)")
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def home(self, request: web.Request) -> web.Response:
+        raise web.HTTPSeeOther(location="/agents")
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        return self._render(request, "login.html", error=None)
+
+    async def login(self, request: web.Request) -> web.Response:
+        if self._gate.tokens is None:
+            raise web.HTTPNotFound(text="this console logs users in through its authenticating proxy")
+        token = str((await request.post()).get("token") or "").strip()
+        try:
+            identity = await self._gate.tokens.identity(token)
+        except Unauthenticated as exc:
+            return self._render(request, "login.html", status=401, error=str(exc))
+        session = self._sessions.start(token=token, identity=identity)
+        log.info("console login", extra={"user": identity.username})
+        response = web.HTTPSeeOther(location="/agents")
+        response.set_cookie(COOKIE_NAME, session.id, httponly=True, secure=self._secure_cookie, samesite="Strict",
+                            path="/", max_age=IDLE_SECONDS)
+        raise response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        principal = request.get(CSRF_PRINCIPAL)
+        if principal:
+            self._sessions.end(principal)
+        response = web.HTTPSeeOther(location="/login")
+        response.del_cookie(COOKIE_NAME, path="/")
+        raise response
+
+    async def agents(self, request: web.Request) -> web.Response:
+        shown = await agents_for(kube=self._kube, identity=request[IDENTITY], authorizer=self._authorizer)
+        return self._render(request, "agents.html", agents=shown)
+
+    async def agent(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        await self._require(request, namespace=namespace, action=VIEW)
+        page = await agent_page(kube=self._kube, namespace=namespace, name=name)
+        if page is None:
+            raise web.HTTPNotFound(text=f"no Agent {namespace}/{name}")
+        return self._render(request, "agent.html", page=page)
