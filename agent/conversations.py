@@ -1,4 +1,5 @@
-"""Conversations kept in memory per session id, bounded so a long-lived agent cannot grow without end.
+"""Conversations kept in memory per `ConversationKey.id` (agent, caller, session id), bounded so a
+long-lived agent cannot grow without end.
 
 Two bounds: each conversation keeps at most `max_messages` messages (older turns are dropped
 whole, at a user message, so an assistant's tool calls are never separated from their `role:

@@ -1,10 +1,12 @@
 """The agent's inbox: user messages, scheduled tasks, Trigger runs and other agents' calls, one handler.
 
-Each `InboxRequest` becomes a turn of the conversation named by its session id; the outcome goes
-back as an `InboxReply` to `reply_to` (when there is one). Nothing is acked before it is handled:
-the bus acks after this handler returns, i.e. after the reply is published. A call that would
-loop back to this agent or go too deep is refused before any work (see `delegation`), and every
-failure, including an unreadable message, is answered as an error, never silently dropped.
+Each `InboxRequest` becomes a turn of the conversation its sender (`user_id`, checked by the broker)
+keeps under its session id (see `ConversationKey`: another sender's same session id is another
+conversation); the outcome goes back as an `InboxReply` to `reply_to` (when there is one). Nothing
+is acked before it is handled: the bus acks after this handler returns, i.e. after the reply is
+published. A call that would loop back to this agent or go too deep is refused before any work (see
+`delegation`), and every failure, including an unreadable message, is answered as an error, never
+silently dropped.
 
 Who asks is the message's sender (`user_id`, checked by the broker): answers go only to one of the
 sender's own reply queues (a request asking for replies elsewhere is dead-lettered unanswered); an
@@ -81,7 +83,7 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
         try:
             reply = await once.run(
                 key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
-                work=lambda: _remembered(runtime, request, agent_id),
+                work=lambda: _remembered(runtime, request, agent_id=agent_id, caller=sender),
             )  # fmt: skip
         except _Retryable as retryable:
             reply = retryable.reply
@@ -120,14 +122,14 @@ class _Retryable(Exception):
         self.reply = reply
 
 
-async def _remembered(runtime: AgentRuntime, request: InboxRequest, agent_id: str) -> InboxReply:
-    reply = await _handle(runtime, request, agent_id=agent_id)
+async def _remembered(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: Principal) -> InboxReply:
+    reply = await _handle(runtime, request, agent_id=agent_id, caller=caller)
     if reply.error is not None and reply.error.retryable:
         raise _Retryable(reply)
     return reply
 
 
-async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str) -> InboxReply:
+async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: Principal) -> InboxReply:
     def failed(code: ErrorCode, message: str, *, retryable: bool = False) -> InboxReply:
         return InboxReply(
             request_id=request.request_id,
@@ -141,8 +143,8 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
             return failed(ErrorCode.REJECTED, reason)
     try:
         result = await runtime.chat(
-            request.session_id, request.content, call_chain=request.call_chain, source=request.kind,
-            request_id=request.request_id,
+            request.session_id, request.content, caller=caller.user, call_chain=request.call_chain,
+            source=request.kind, request_id=request.request_id,
         )  # fmt: skip
     except BudgetExhausted as exc:
         return failed(ErrorCode.REJECTED, str(exc))

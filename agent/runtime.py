@@ -1,7 +1,7 @@
 """The agent runtime: one configured agent, in process, ready to chat.
 
     async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox) as agent:
-        result = await agent.chat("session-1", "What is 6 x 7?", on_event=print)
+        result = await agent.chat("session-1", "What is 6 x 7?", caller="service.local", on_event=print)
         print(result.answer)
 
 `from_config` wires the pieces (LLM client, registry with the enabled tool sets and the config's
@@ -41,6 +41,7 @@ from rockbot.agent.toolsets.kit import Guides, ToolKit, ToolSetSource, builtin_m
 from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
+from rockbot.contracts.conversations import HTTP_CALLER, ConversationKey
 from rockbot.contracts.tool_names import ToolRank
 from rockbot.telemetry import tracer
 
@@ -187,36 +188,46 @@ class AgentRuntime:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    def conversation(self, *, caller: str, session_id: str) -> ConversationKey:
+        """The key of `caller`'s session `session_id` with this agent (`caller`: the broker-validated sender)."""
+        return ConversationKey(agent=self.kit.agent_id, caller=caller, session_id=session_id)
+
     async def chat(
         self,
         session_id: str,
         text: str,
         *,
+        caller: str,
         on_event: EventSink | None = None,
         call_chain: tuple[str, ...] = (),
         source: str = "chat",
         request_id: str | None = None,
     ) -> ChatResult:
-        """One user turn in the kept conversation `session_id`; turns of one session run in order.
+        """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
-        `source` (the inbox request's kind) and `request_id` label the turn's span and metrics.
+        The conversation and its working memory are `caller`'s alone (see `ConversationKey`): another
+        caller using the same session id talks in a conversation of its own. `source` (the inbox
+        request's kind) and `request_id` label the turn's span and metrics.
         """
-        async with self.conversations.lock(session_id):
-            history = self.conversations.history(session_id)
+        key = self.conversation(caller=caller, session_id=session_id).id
+        async with self.conversations.lock(key):
+            history = self.conversations.history(key)
             history.append({"role": "user", "content": text})
             try:
                 return await self._turn(
-                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event,
+                    history=history, session_id=key, call_chain=call_chain, on_event=on_event,
                     source=source, request_id=request_id,
                 )  # fmt: skip
             finally:
-                self.conversations.save(session_id, _complete_turns(history))
+                self.conversations.save(key, _complete_turns(history))
 
     async def complete(
         self, messages: list[dict[str, Any]], *, session_id: str, on_event: EventSink | None = None
     ) -> ChatResult:
-        """One turn over a history the caller keeps (OpenAI semantics); nothing is stored but working memory."""
-        return await self._turn(history=list(messages), session_id=session_id, on_event=on_event, source="http")
+        """One turn over a history the caller keeps (OpenAI semantics); nothing is stored but working memory,
+        kept as the endpoint's (`HTTP_CALLER`), apart from any bus caller's."""
+        key = self.conversation(caller=HTTP_CALLER, session_id=session_id).id
+        return await self._turn(history=list(messages), session_id=key, on_event=on_event, source="http")
 
     async def admit(self, *, source: str) -> None:
         """Refuse a turn before it starts, counted as one (a stream's status is chosen before its first byte)."""

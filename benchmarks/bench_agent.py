@@ -84,7 +84,7 @@ async def loop_overhead(rounds: int, *, label: str) -> float:
     agent.llm._attempt = timed_attempt  # the stopwatch around the HTTP request (its span is the loop's cost)
     async with agent:
         started = time.perf_counter()
-        results = [await agent.chat(f"bench-{n}", "go") for n in range(len(turns))]
+        results = [await agent.chat(f"bench-{n}", "go", caller="service.test") for n in range(len(turns))]
         total = time.perf_counter() - started
     await llm.stop()
     assert [(r.answer, r.iterations) for r in results] == [("done", size + 1) for size in turns], results
@@ -167,7 +167,7 @@ async def parallel_speedup() -> None:
                                          tool_sets=[tools_module(slow)])
         async with agent:
             started = time.perf_counter()
-            await agent.chat("bench", "go")
+            await agent.chat("bench", "go", caller="service.test")
             timings[parallel] = time.perf_counter() - started
         await llm.stop()
     print(f"tools: three 200 ms tools serial {timings[False] * 1000:.0f} ms, parallel {timings[True] * 1000:.0f} ms, "

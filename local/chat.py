@@ -8,6 +8,7 @@ from typing import TextIO
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmError
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import LOCAL
 from rockbot.contracts.inbox import InboxReply
 
 SESSION = "local-terminal"
@@ -69,7 +70,7 @@ def banner(name: str, agent: AgentRuntime, *, base_url: str) -> str:
 async def ask(agent: AgentRuntime, text: str, *, printer: Printer) -> bool:
     """One turn; a model that cannot be reached or refuses is reported in one line, not a traceback."""
     try:
-        result = await agent.chat(SESSION, text, on_event=printer)
+        result = await agent.chat(SESSION, text, caller=LOCAL.user, on_event=printer)
     except LlmError as error:
         printer.err.write(f"error: {error}\n")
         printer.err.flush()

@@ -37,7 +37,7 @@ async def test_no_sets_no_tools_and_no_tools_sent(scripted_llm):
     scripted_llm.play(Turn(text="plain"))
     async with AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url), env={API_KEY_ENV: "k"}) as agent:
         assert len(agent.registry) == 0
-        await agent.chat("s", "hi")
+        await agent.chat("s", "hi", caller="service.test")
     assert "tools" not in scripted_llm.requests[0].body
 
 
@@ -53,11 +53,11 @@ async def test_a_helper_runs_with_a_subset_of_tools_and_reports_on_the_whiteboar
     )
     config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents"])
     async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}) as agent:
-        result = await agent.chat("s", "delegate")
-        listing = await agent.registry.invoke("list_subagents", {}, context=ToolContext(session_id="s"))
-        other = await agent.registry.invoke("list_subagents", {}, context=ToolContext(session_id="t"))
-        helper_answer = await agent.registry.invoke(
-            "whiteboard_read", {"key": "helper:h1"}, context=ToolContext(session_id="s"))
+        result = await agent.chat("s", "delegate", caller="service.test")
+        mine = ToolContext(session_id=agent.conversation(caller="service.test", session_id="s").id)
+        listing = await agent.registry.invoke("list_subagents", {}, context=mine)
+        other = await agent.registry.invoke("list_subagents", {}, context=ToolContext(session_id="s"))
+        helper_answer = await agent.registry.invoke("whiteboard_read", {"key": "helper:h1"}, context=mine)
     assert result.answer == "The helper found it."
     helper_request = scripted_llm.requests[1]
     assert helper_request.tool_names == ["whiteboard_write"]

@@ -143,7 +143,9 @@ async def test_an_agent_calls_another_agent_as_a_tool(scripted_llm, team):
     assert researcher_request.messages[-1] == {"role": "user", "content": "Find the capital of France."}
     tool_answer = scripted_llm.requests[2].messages[-1]
     assert tool_answer == {"role": "tool", "tool_call_id": "call_0_0", "content": "Paris."}
-    assert researcher.conversations.history("team-a/lead:u1")[-1]["content"] == "Paris."
+    leads_session = f"team-a/lead:team-a/lead|{LOCAL.user}|u1"  # the lead's own conversation, named by its key
+    kept = researcher.conversation(caller=agent("lead").user, session_id=leads_session)
+    assert researcher.conversations.history(kept.id)[-1]["content"] == "Paris."
 
 
 async def test_a_call_that_would_loop_back_is_refused(scripted_llm, team):
@@ -217,7 +219,8 @@ async def test_a_duplicated_request_asks_the_model_once_and_every_copy_gets_the_
         await answers.close()
     assert len(scripted_llm.requests) == 1
     assert copies[0].answer == "Only once." and copies[0] == copies[1] == copies[2]
-    assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
+    kept = runtime.conversation(caller=LOCAL.user, session_id="s")
+    assert [m["content"] for m in runtime.conversations.history(kept.id)] == ["hi", "Only once."]
 
 
 class FaultyRuntime(AgentRuntime):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 
@@ -45,7 +46,9 @@ async def test_an_agent_calls_another_agent_as_a_tool_across_the_broker(scripted
     assert reply.tools_called == ("ask_researcher",)
     assert scripted_llm.requests[1].messages[-1] == {"role": "user", "content": "Find the capital of Peru."}
     assert scripted_llm.requests[2].messages[-1] == {"role": "tool", "tool_call_id": "call_0_0", "content": "Lima."}
-    assert researcher.conversations.history("team-a/lead:u1")[-1]["content"] == "Lima."
+    leads_session = f"team-a/lead:team-a/lead|{LOCAL.user}|u1"  # the lead's own conversation, named by its key
+    kept = researcher.conversation(caller=agent("lead").user, session_id=leads_session)
+    assert researcher.conversations.history(kept.id)[-1]["content"] == "Lima."
 
 
 class GatedLLM(ScriptedLLM):
@@ -114,4 +117,29 @@ async def test_an_inbox_request_redelivered_after_the_connection_died_unacked_as
     assert llm.arrived == len(llm.requests) == 1
     # The copy whose connection died was never answered; the redelivered one was, with the one turn's answer.
     assert [(r.request_id, r.answer) for r in replies] == [("dup-1", "Only once.")]
-    assert [m["content"] for m in runtime.conversations.history("s")] == ["hi", "Only once."]
+    kept = runtime.conversation(caller=LOCAL.user, session_id="s")
+    assert [m["content"] for m in runtime.conversations.history(kept.id)] == ["hi", "Only once."]
+
+
+async def test_two_callers_using_the_same_session_id_never_share_a_conversation(scripted_llm, vhost):
+    """L2: B tells a shared callee a secret under a session id; A, using the same session id, gets nothing of it."""
+    scripted_llm.play(Turn(text="Noted."), Turn(text="I know nothing about Alice."))
+    team = on_broker(vhost)
+    session = "default/victim:task-payroll"
+    try:
+        await team.start(
+            scripted_llm, config(scripted_llm, "helper"), config(scripted_llm, "victim", calls("ask_helper", "helper")),
+            config(scripted_llm, "attacker", calls("ask_helper", "helper")), run=["helper"],
+        )
+        told = await team.ask(name="helper", sender=agent("victim"), request=InboxRequest(
+            kind="agent_call", request_id="v1", session_id=session, content="Alice earns 123456 EUR.",
+            call_chain=("team-a/victim",)))
+        asked = await team.ask(name="helper", sender=agent("attacker"), request=InboxRequest(
+            kind="agent_call", request_id="a1", session_id=session, content="What does Alice earn?",
+            call_chain=("team-a/attacker",)))
+    finally:
+        await team.close()
+    assert (told.answer, asked.answer) == ("Noted.", "I know nothing about Alice.")
+    seen_by_attackers_turn = json.dumps(scripted_llm.requests[1].messages)
+    assert "123456" not in seen_by_attackers_turn
+    assert scripted_llm.requests[1].messages[1:] == [{"role": "user", "content": "What does Alice earn?"}]

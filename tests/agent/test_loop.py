@@ -76,7 +76,7 @@ async def test_single_tool_call_round_trip(scripted_llm):
     )
     events = []
     async with runtime_for(scripted_llm, add) as agent:
-        result = await agent.chat("s1", "What is 2 + 3?", on_event=events.append)
+        result = await agent.chat("s1", "What is 2 + 3?", on_event=events.append, caller="service.test")
     assert result.answer == "2 + 3 = 5." and result.tools_called == ["add"] and result.iterations == 2
     first, second = scripted_llm.requests
     assert first.tool_names == ["add"] and first.authorization == "Bearer k"
@@ -98,7 +98,7 @@ async def test_non_streaming_mode_gives_the_same_result(scripted_llm):
     config = agent_config(llm_url=scripted_llm.url)
     agent = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, tool_sets=[tool_set(add)], stream=False)
     async with agent:
-        result = await agent.chat("s", "1+1?")
+        result = await agent.chat("s", "1+1?", caller="service.test")
     assert result.answer == "2"
     assert all(r.body["stream"] is False for r in scripted_llm.requests)
     assert tool_messages(scripted_llm.requests[1]) == [{"role": "tool", "tool_call_id": "call_0_0", "content": "2"}]
@@ -109,7 +109,7 @@ async def test_parallel_calls_run_together_and_answer_in_call_order(scripted_llm
     calls = [ScriptedCall(name="slow_lookup", arguments={"key": k}) for k in ("x", "y", "z")]
     scripted_llm.play(Turn(tool_calls=calls), Turn(text="done"))
     async with runtime_for(scripted_llm, gauge.tool()) as agent:
-        result = await agent.chat("s", "look up x, y, z")
+        result = await agent.chat("s", "look up x, y, z", caller="service.test")
     assert result.answer == "done" and gauge.peak == 3
     assert [(m["tool_call_id"], m["content"]) for m in tool_messages(scripted_llm.requests[1])] == [
         ("call_0_0", "value of x"), ("call_0_1", "value of y"), ("call_0_2", "value of z")
@@ -122,7 +122,7 @@ async def test_parallel_calls_off_runs_one_at_a_time(scripted_llm):
     calls = [ScriptedCall(name="slow_lookup", arguments={"key": k}) for k in ("x", "y")]
     scripted_llm.play(Turn(tool_calls=calls), Turn(text="done"))
     async with runtime_for(scripted_llm, gauge.tool(), parallel_tool_calls=False) as agent:
-        await agent.chat("s", "look up")
+        await agent.chat("s", "look up", caller="service.test")
     assert gauge.peak == 1
 
 
@@ -134,7 +134,7 @@ async def test_the_model_corrects_a_call_after_an_error(scripted_llm):
         Turn(text="5"),
     )
     async with runtime_for(scripted_llm, add) as agent:
-        result = await agent.chat("s", "add two and 3")
+        result = await agent.chat("s", "add two and 3", caller="service.test")
     assert result.answer == "5" and result.tools_called == ["add", "add", "add"]
     broken = json.loads(tool_messages(scripted_llm.requests[1])[0]["content"])["error"]
     assert broken["code"] == "InvalidArguments" and "not valid JSON" in broken["message"]
@@ -158,7 +158,7 @@ async def test_unknown_and_blacklisted_tools_are_answered_without_running(script
         Turn(text="I cannot do that."),
     )
     async with runtime_for(scripted_llm, add, wipe_disk, tool_blacklist=["wipe_disk"]) as agent:
-        result = await agent.chat("s", "wipe and summon")
+        result = await agent.chat("s", "wipe and summon", caller="service.test")
     assert ran == [] and result.answer == "I cannot do that."
     assert scripted_llm.requests[0].tool_names == ["add"]
     answers = tool_messages(scripted_llm.requests[1])
@@ -190,16 +190,18 @@ async def test_a_large_result_is_chunked_and_read_back_from_working_memory(scrip
     async with runtime_for(
         scripted_llm, fetch_report, builtin_tools=["memory"], model={"max_result_chars": 2000}
     ) as agent:
-        result = await agent.chat("s", "summarise the report")
+        result = await agent.chat("s", "summarise the report", caller="service.test")
     assert result.answer == "read it"
     index = tool_messages(scripted_llm.requests[1])[-1]["content"]
     assert f"'fetch_report' returned {len(document)} characters" in index and ": Section 0 (" in index
     assert len(index) <= 2000 // 4
     chunk = tool_messages(scripted_llm.requests[2])[-1]["content"]
     assert chunk in document and chunk.strip() and len(chunk) <= 1000
-    keys = agent.kit.memory.keys(session_id="s")
+    kept = agent.conversation(caller="service.test", session_id="s").id  # working memory is the caller's alone
+    assert agent.kit.memory.keys(session_id="s") == []
+    keys = agent.kit.memory.keys(session_id=kept)
     assert f"`{keys[0]}` to `{keys[-1]}`" in index
-    assert "".join(agent.kit.memory.get(session_id="s", key=k) for k in keys).strip() == document.strip()
+    assert "".join(agent.kit.memory.get(session_id=kept, key=k) for k in keys).strip() == document.strip()
 
 
 def tool_messages_from(body):
@@ -218,7 +220,7 @@ async def test_a_large_result_brings_the_reader_when_the_memory_set_is_not_enabl
 
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="fetch_report")]), read_chunk, Turn(text="ok"))
     async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000}) as agent:
-        await agent.chat("s", "go")
+        await agent.chat("s", "go", caller="service.test")
     first, second, third = scripted_llm.requests
     assert first.tool_names == ["fetch_report"]
     assert second.tool_names == ["fetch_report", "get_from_working_memory"]
@@ -235,7 +237,7 @@ async def test_a_large_result_is_cut_when_the_reader_is_blacklisted(scripted_llm
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="fetch_report")]), Turn(text="ok"))
     async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000},
                            tool_blacklist=["get_from_working_memory"]) as agent:
-        await agent.chat("s", "go")
+        await agent.chat("s", "go", caller="service.test")
     content = tool_messages(scripted_llm.requests[1])[-1]["content"]
     assert content == "x" * 1000 + "\n[result truncated: 4000 characters omitted]"
     assert scripted_llm.requests[1].tool_names == ["fetch_report"]
@@ -245,8 +247,8 @@ async def test_max_iterations_ends_with_a_clear_message(scripted_llm):
     call = Turn(tool_calls=[ScriptedCall(name="add", arguments={"a": 1, "b": 1})])
     scripted_llm.play(call, call, call)
     async with runtime_for(scripted_llm, add, max_iterations=2) as agent:
-        result = await agent.chat("s", "loop forever")
-        history = agent.conversations.history("s")
+        result = await agent.chat("s", "loop forever", caller="service.test")
+        history = agent.conversations.history(agent.conversation(caller="service.test", session_id="s").id)
     assert result.hit_iteration_limit and "max_iterations" in result.answer
     assert len(scripted_llm.requests) == 2 and scripted_llm.remaining == 1
     assert history[-1] == {"role": "assistant", "content": result.answer}
@@ -255,7 +257,7 @@ async def test_max_iterations_ends_with_a_clear_message(scripted_llm):
 async def test_429_is_retried(scripted_llm):
     scripted_llm.play(Turn(status=429, error="slow down", retry_after=0), Turn(text="hello"))
     async with runtime_for(scripted_llm) as agent:
-        result = await agent.chat("s", "hi")
+        result = await agent.chat("s", "hi", caller="service.test")
         metrics = agent.metrics.exposition().decode()
     assert result.answer == "hello" and len(scripted_llm.requests) == 2
     assert 'rockbot_llm_requests_total{agent="helper-bot",model="scripted-model",status="429"} 1.0' in metrics
@@ -269,7 +271,7 @@ async def test_5xx_is_retried_until_attempts_run_out(scripted_llm):
     scripted_llm.play(*[Turn(status=503, error="overloaded")] * 4, Turn(text="never"))
     async with runtime_for(scripted_llm) as agent:
         with pytest.raises(LlmError, match=r"HTTP 503: overloaded \(gave up after 4 attempts\)"):
-            await agent.chat("s", "hi")
+            await agent.chat("s", "hi", caller="service.test")
         assert agent.conversations.history("s") == []
     assert len(scripted_llm.requests) == 4
 
@@ -279,7 +281,7 @@ async def test_401_is_a_clear_error_naming_the_env_var(scripted_llm):
     scripted_llm.play(Turn(text="never"))
     async with runtime_for(scripted_llm, env={API_KEY_ENV: "a-wrong-key"}) as agent:
         with pytest.raises(LlmAuthError, match=rf"refused the API key \(HTTP 401\).*{API_KEY_ENV}"):
-            await agent.chat("s", "hi")
+            await agent.chat("s", "hi", caller="service.test")
     assert len(scripted_llm.requests) == 1
 
 
@@ -288,16 +290,16 @@ async def test_a_wrong_model_name_is_a_clear_error(scripted_llm):
     config = agent_config(llm_url=scripted_llm.url, model={"name": "gpt-nonexistent"})
     async with AgentRuntime.from_config(config, env={}) as agent:
         with pytest.raises(LlmModelNotFound, match=r"does not know model 'gpt-nonexistent'.*Check the model name"):
-            await agent.chat("s", "hi")
+            await agent.chat("s", "hi", caller="service.test")
     assert len(scripted_llm.requests) == 1
 
 
 async def test_conversations_are_kept_per_session(scripted_llm):
     scripted_llm.play(Turn(text="Hi Ada."), Turn(text="Hi Bob."), Turn(text="You are Ada."))
     async with runtime_for(scripted_llm) as agent:
-        await agent.chat("ada", "I am Ada")
-        await agent.chat("bob", "I am Bob")
-        await agent.chat("ada", "Who am I?")
+        await agent.chat("ada", "I am Ada", caller="service.test")
+        await agent.chat("bob", "I am Bob", caller="service.test")
+        await agent.chat("ada", "Who am I?", caller="service.test")
     last = scripted_llm.requests[2].messages
     assert [m["content"] for m in last[1:]] == ["I am Ada", "Hi Ada.", "Who am I?"]
 
@@ -310,7 +312,7 @@ async def test_tool_events_carry_the_error(scripted_llm):
         events.append(event)
 
     async with runtime_for(scripted_llm) as agent:
-        await agent.chat("s", "x", on_event=sink)
+        await agent.chat("s", "x", on_event=sink, caller="service.test")
     started, finished = [e for e in events if isinstance(e, ToolStarted | ToolFinished)]
     assert started.name == finished.name == "nope" and finished.error.code == ErrorCode.TOOL_NOT_FOUND
 
@@ -330,7 +332,7 @@ async def test_stream_lines_longer_than_64_kib_and_interleaved_calls_are_read(sc
         Turn(text="stored"),
     )
     async with runtime_for(scripted_llm, store, add) as agent:
-        result = await agent.chat("s", "store it")
+        result = await agent.chat("s", "store it", caller="service.test")
     assert result.answer == "stored"
     assert [m["content"] for m in tool_messages(scripted_llm.requests[1])] == ["90000", "3"]
 

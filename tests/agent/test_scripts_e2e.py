@@ -41,7 +41,7 @@ async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, broker_with_
     config = agent_config(llm_url=scripted_llm.url, name="calc", builtin_tools=["scripts"])
     sandbox = ScriptSandbox(bus=bus, namespace=config.namespace, agent=config.name)
     async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"}) as agent:
-        result = await agent.chat("s", "What is 6 x 7? Use Python.")
+        result = await agent.chat("s", "What is 6 x 7? Use Python.", caller="service.test")
     assert result.answer == "6 x 7 = 42"
     ran = scripted_llm.requests[1].messages[-1]["content"]
     assert ran.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in ran

@@ -340,7 +340,7 @@ async def test_an_agent_schedules_lists_and_cancels_its_own_tasks_and_they_fire(
     scripted_llm.play(*[respond] * 4)
     async with running_in_process(tmp_path, scripted_llm) as (local, reports):
         analyst = local.agents["analyst"]
-        result = await analyst.chat("s", "Remind me with a ping.")
+        result = await analyst.chat("s", "Remind me with a ping.", caller="service.test")
         async with asyncio.timeout(10):
             await reports.arrived.wait()
         listing = await analyst.registry.invoke("list_scheduled_tasks", {}, context=ToolContext(session_id="s"))
