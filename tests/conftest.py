@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.rabbitmq",
     "tests.fixtures.llm",
     "tests.fixtures.tracing",
+    "tests.fixtures.postgres",
 ]

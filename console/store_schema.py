@@ -1,0 +1,105 @@
+"""The run store's tables (SQLAlchemy Core), the same on PostgreSQL and SQLite; Alembic's migrations create them.
+
+Two tables:
+- `runs`: one row per agent turn, keyed by the run id the agent chose; which agent it belongs to
+  (`namespace`, `agent`) is set by its first event from the broker-validated sender and never
+  changes, so no other agent can write to it. Listing reads it alone (newest first, by
+  `started_at`, `run_id`), through an index per filter it offers.
+- `run_events`: a run's timeline, one row per message, model request, tool call or script run,
+  unique by (run, event id) so a redelivered event is written once. What differs per kind lives
+  in `body` (JSON); what a list or a filter needs (`kind`, `name`, `status`, `duration_seconds`) has
+  columns of its own.
+Times are stored as UTC without a zone (SQLite keeps none) and read back as aware UTC times.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+
+
+class UtcDateTime(TypeDecorator[datetime.datetime]):
+    """An aware UTC time in, stored without a zone, an aware UTC time out."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime.datetime | None, dialect: Dialect) -> datetime.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"{value!r} has no time zone: the store keeps UTC times only")
+        return value.astimezone(datetime.UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime.datetime | None, dialect: Dialect) -> datetime.datetime | None:
+        return None if value is None else value.replace(tzinfo=datetime.UTC)
+
+
+#: A 64-bit key on PostgreSQL; SQLite autoincrements only an INTEGER PRIMARY KEY (which is 64-bit there too).
+BigKey = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("namespace", String(63), nullable=False),
+    Column("agent", String(63), nullable=False),
+    Column("source", String(32), nullable=False, server_default=""),
+    Column("caller", String(256), nullable=False, server_default=""),
+    Column("session_id", String(256), nullable=False, server_default=""),
+    Column("parent_run_id", String(64), nullable=True),
+    Column("request_id", String(256), nullable=False, server_default=""),
+    Column("trace_id", String(32), nullable=False, server_default=""),
+    Column("model", String(256), nullable=False, server_default=""),
+    Column("record", String(16), nullable=False, server_default="Full"),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("ended_at", UtcDateTime(), nullable=True),
+    Column("outcome", String(16), nullable=True),
+    Column("error", Text(), nullable=False, server_default=""),
+    Column("prompt_tokens", BigInteger(), nullable=False, server_default="0"),
+    Column("completion_tokens", BigInteger(), nullable=False, server_default="0"),
+    Column("tool_calls", Integer(), nullable=False, server_default="0"),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Index("runs_by_time", "started_at", "run_id"),
+    Index("runs_by_agent", "namespace", "agent", "started_at", "run_id"),
+    Index("runs_by_source", "source", "started_at", "run_id"),
+    Index("runs_by_outcome", "outcome", "started_at", "run_id"),
+    Index("runs_by_session", "namespace", "agent", "session_id", "caller", "started_at"),
+    Index("runs_by_parent", "parent_run_id"),
+    Index("runs_by_expiry", "expires_at"),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("id", BigKey, primary_key=True, autoincrement=True),
+    Column("run_id", String(64), ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("event_id", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("at", UtcDateTime(), nullable=False),
+    Column("name", String(256), nullable=False, server_default=""),
+    Column("status", String(256), nullable=False, server_default=""),
+    Column("duration_seconds", Float(), nullable=True),
+    Column("body", JSON(), nullable=False),
+    UniqueConstraint("run_id", "event_id", name="run_events_once"),
+    Index("run_events_timeline", "run_id", "at", "id"),
+)

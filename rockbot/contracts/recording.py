@@ -1,0 +1,160 @@
+"""Run events an agent publishes on `console.runs`, and the session-history request it sends to `console.history`.
+
+An agent never holds database credentials: it describes what it did as events, the console writes
+them. Every event has an id the agent chose (the console writes each once, by agent and id, so a
+redelivered batch is harmless) and names its run. Which agent a run belongs to is never a field:
+the console takes it from the broker-validated sender (`Delivery.user_id`).
+
+A run is one turn of an agent: `RunStarted`, then its timeline (`MessageRecorded`,
+`ModelRequested`, `ToolCalled`, `ScriptRan`), then `RunEnded`. Text fields are cut at
+`MAX_TEXT_CHARS` by the sender (the console cuts again, so a hostile sender gains nothing), and the
+characters cut are recorded beside the text (`*_cut`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+#: The longest text kept of one message, argument list, result or output stream.
+MAX_TEXT_CHARS = 16_000
+#: The most events one `RunEvents` message carries, and the largest such message the console reads.
+MAX_EVENTS_PER_MESSAGE = 200
+MAX_BATCH_BYTES = 1024 * 1024
+
+RunSource = Literal["chat", "http", "user_message", "scheduled_task", "trigger", "agent_call", "local"]
+RunOutcome = Literal["Succeeded", "Failed", "Refused", "TimedOut", "Interrupted"]
+#: What a run keeps: everything, no text of messages, arguments, results or output, or nothing at all.
+RecordMode = Literal["Full", "Metadata", "None"]
+
+Id = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Label = Annotated[str, Field(max_length=256)]
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+def cut(text: str | None, *, limit: int = MAX_TEXT_CHARS) -> tuple[str, int]:
+    """`text` within `limit` characters, and how many characters were cut off its end."""
+    text = text or ""
+    return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Id
+    run_id: Id
+    at: datetime.datetime
+
+
+class RunStarted(_Event):
+    kind: Literal["run_started"] = "run_started"
+    source: RunSource
+    session_id: Label = ""
+    #: Who asked (a bus principal, `http` for the chat endpoint): with the agent and session, the conversation key.
+    caller: Label = ""
+    parent_run_id: Id | None = None
+    request_id: Label = ""
+    trace_id: Annotated[str, Field(max_length=32)] = ""
+    model: Label = ""
+    record: RecordMode = "Full"
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+
+
+class MessageRecorded(_Event):
+    kind: Literal["message"] = "message"
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text = ""
+    content_cut: int = 0
+    #: An assistant message's tool calls (`[{id, type, function: {name, arguments}}]`), a tool message's call id.
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    tool_call_id: Label = ""
+
+
+class ModelRequested(_Event):
+    kind: Literal["model_request"] = "model_request"
+    model: Label
+    status: Label
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_seconds: float = 0.0
+    finish_reason: Label = ""
+
+
+class ToolCalled(_Event):
+    kind: Literal["tool_call"] = "tool_call"
+    call_id: Label
+    name: Label
+    source: Label = ""
+    arguments: Text = ""
+    arguments_cut: int = 0
+    result: Text = ""
+    result_cut: int = 0
+    #: The error code (`rockbot.contracts.errors.ErrorCode`) when the call failed; empty when it succeeded.
+    error_code: Label = ""
+    duration_seconds: float = 0.0
+
+
+class ScriptRan(_Event):
+    kind: Literal["script_run"] = "script_run"
+    call_id: Label = ""
+    exit_code: int | None = None
+    stdout: Text = ""
+    stdout_cut: int = 0
+    stderr: Text = ""
+    stderr_cut: int = 0
+    duration_seconds: float = 0.0
+    backend: Label = ""
+    pod: Label = ""
+
+
+class RunEnded(_Event):
+    kind: Literal["run_ended"] = "run_ended"
+    outcome: RunOutcome
+    error: Text = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: int = 0
+
+
+RunEvent = Annotated[
+    RunStarted | MessageRecorded | ModelRequested | ToolCalled | ScriptRan | RunEnded, Field(discriminator="kind")
+]
+TimelineEvent = MessageRecorded | ModelRequested | ToolCalled | ScriptRan
+
+
+class RunEvents(BaseModel):
+    """One message on `console.runs`: some events of one agent's runs, in the order they happened."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    events: Annotated[list[RunEvent], Field(min_length=1, max_length=MAX_EVENTS_PER_MESSAGE)]
+
+
+class HistoryRequest(BaseModel):
+    """An agent asks the console for a session's messages (request/reply on `console.history`).
+
+    The agent is the sender; `caller` is the principal the session belongs to (who talked to the
+    agent). The console answers only from that agent's own runs of that caller and session.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    session_id: Annotated[str, Field(min_length=1, max_length=256)]
+    caller: Label = ""
+    max_messages: Annotated[int, Field(ge=1, le=1000)] = 200
+
+
+class HistoryReply(BaseModel):
+    """The session's messages (OpenAI chat format, oldest first) from runs recorded in `Full`, and their run ids."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    session_id: str
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    run_ids: list[str] = Field(default_factory=list)
