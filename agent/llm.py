@@ -12,7 +12,14 @@ fails with `LlmStreamBroken` instead. A 401/403 and an unknown model fail at onc
 that says what to fix, because retrying cannot help.
 
 `timeout_seconds` bounds the connection and each wait for more bytes (`sock_read`), not the whole
-answer: a long stream that keeps sending is never cut, a silent endpoint is.
+answer: a long stream that keeps sending is never cut, a silent endpoint is, and is tried only
+`TIMEOUT_ATTEMPTS` times.
+
+Endpoints answer imperfectly, and each way is read for what it is: a plain JSON completion answering
+a stream request is the answer; a 200 that is neither (an HTML page, an `{"error"}` body, no
+choices) fails naming what came; a stream that ends without `finish_reason` or `[DONE]` is broken,
+not complete; `finish_reason: length` is kept (`Completion.cut_off`); tool-call deltas that repeat
+the id and name in every chunk are one id and one name.
 
 Each `complete()` is one span (`chat <model>`, OpenTelemetry's GenAI conventions: model, tokens in
 and out, finish reason, retries as events); each HTTP attempt goes to the observers (metrics, the
@@ -38,6 +45,8 @@ from rockbot.telemetry import capture_content, tracer
 TextSink = Callable[[str], Awaitable[None]]
 #: `gen_ai.system` of every request: the protocol spoken (OpenAI's), whoever serves it (`server.address` says).
 SYSTEM = "openai"
+#: Attempts at a request that timed out (an overloaded endpoint, 429/5xx, gets `max_attempts`).
+TIMEOUT_ATTEMPTS = 2
 
 
 class LlmError(Exception):
@@ -58,6 +67,10 @@ class LlmAuthError(LlmError):
 
 class LlmModelNotFound(LlmError):
     """The endpoint does not know the configured model name."""
+
+
+class LlmTimeout(LlmError):
+    """The endpoint sent nothing for the request timeout; retried once only, since a hung endpoint stays hung."""
 
 
 class LlmStreamBroken(LlmError):
@@ -103,6 +116,11 @@ class Completion(BaseModel):
     finish_reason: str | None = None
     usage: Usage = Field(default_factory=Usage)
 
+    @property
+    def cut_off(self) -> bool:
+        """The model stopped at its output token limit, mid-answer."""
+        return self.finish_reason == "length"
+
     def message(self) -> dict[str, Any]:
         """The assistant message to append to the history."""
         message: dict[str, Any] = {"role": "assistant", "content": self.content or None}
@@ -136,7 +154,7 @@ class LlmClient:
         api_key: str | None = None,
         api_key_env: str | None = None,
         temperature: float | None = None,
-        timeout_seconds: float = 120.0,
+        timeout_seconds: float = 60.0,
         max_attempts: int = 4,
         backoff_seconds: float = 0.5,
         max_backoff_seconds: float = 20.0,
@@ -147,6 +165,7 @@ class LlmClient:
         self._api_key = api_key
         self._api_key_env = api_key_env
         self._temperature = temperature
+        self._timeout_seconds = timeout_seconds
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=min(timeout_seconds, 30.0), sock_connect=min(timeout_seconds, 10.0),
             sock_read=timeout_seconds,
@@ -203,7 +222,8 @@ class LlmClient:
             except LlmError as error:
                 status = f"{error.status or 'error'}"
                 self._observe(Attempt(model=self.model, status=status, seconds=time.perf_counter() - started))
-                if passed_on or not error.retryable or attempt == self._max_attempts:
+                last = attempt == self._max_attempts or (isinstance(error, LlmTimeout) and attempt >= TIMEOUT_ATTEMPTS)
+                if passed_on or not error.retryable or last:
                     span.set_attribute("error.type", status)
                 if passed_on:
                     raise LlmStreamBroken(
@@ -211,7 +231,7 @@ class LlmClient:
                         "a retry would repeat that text; ask again)",
                         status=error.status,
                     ) from error
-                if not error.retryable or attempt == self._max_attempts:
+                if not error.retryable or last:
                     if error.retryable:
                         raise LlmError(
                             f"{error} (gave up after {attempt} attempts)", status=error.status, retryable=True
@@ -268,13 +288,34 @@ class LlmClient:
             async with session.post(url, json=body, headers=headers) as response:
                 if response.status != 200:
                     raise await self._failure(response)
-                if stream:
-                    return await _read_stream(response, on_text=on_text)
-                return _parse_completion(await response.json(content_type=None))
+                return await self._answer(response, url=url, on_text=on_text)
         except TimeoutError:
-            raise LlmError(f"the model endpoint {url} did not answer in time", retryable=True) from None
+            raise LlmTimeout(
+                f"the model endpoint {url} did not answer within {self._timeout_seconds:g} s (raise the Agent's "
+                "spec.model.requestTimeoutSeconds for a slow model)", retryable=True,
+            ) from None
         except aiohttp.ClientError as exc:
             raise LlmError(f"cannot reach the model endpoint {url}: {exc}", retryable=True) from exc
+
+    async def _answer(self, response: aiohttp.ClientResponse, *, url: str, on_text: TextSink | None) -> Completion:
+        """A 200 answer read by what it is, not by what was asked for: some endpoints ignore `stream`."""
+        kind = response.content_type
+        if kind == "text/event-stream":
+            return await _read_stream(response, on_text=on_text)
+        text = await response.text()
+        if kind != "application/json" and not kind.endswith("+json"):
+            raise LlmError(f"the model endpoint {url} answered HTTP 200 with {kind or 'no content type'}, not a "
+                           f"completion: {text.strip()[:200] or 'an empty body'}. Check the Agent's spec.model.baseUrl "
+                           "(it ends with the API's /v1)")  # fmt: skip
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise LlmError(f"the model endpoint {url} answered HTTP 200 with {kind} that is not JSON: "
+                           f"{text.strip()[:200] or 'an empty body'}") from None  # fmt: skip
+        completion = _parse_completion(data)
+        if completion.content and on_text is not None:
+            await on_text(completion.content)
+        return completion
 
     async def _failure(self, response: aiohttp.ClientResponse) -> LlmError:
         text = (await response.text())[:500]
@@ -335,7 +376,9 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-def _parse_completion(data: dict[str, Any]) -> Completion:
+def _parse_completion(data: Any) -> Completion:
+    if isinstance(data, dict) and data.get("error"):
+        raise _reported_error(data)
     try:
         choice = data["choices"][0]
         message = choice["message"]
@@ -371,15 +414,19 @@ async def _read_stream(response: aiohttp.ClientResponse, *, on_text: TextSink | 
     calls: dict[int, _PartialCall] = {}
     finish_reason: str | None = None
     usage = Usage()
+    done = False
     async for data in _sse_events(response):
         if data == "[DONE]":
+            done = True
             break
         try:
             chunk = json.loads(data)
         except ValueError:
             raise LlmError(f"the model endpoint sent a stream event that is not JSON: {data[:200]}") from None
+        if not isinstance(chunk, dict):
+            raise LlmError(f"the model endpoint sent a stream event that is not a chunk: {data[:200]}")
         if chunk.get("error"):
-            raise LlmError(f"the model endpoint reported an error mid-stream: {_error_message(data)}")
+            raise _reported_error(chunk)
         if chunk.get("usage"):
             usage = Usage.model_validate(chunk["usage"])
         for choice in chunk.get("choices") or []:
@@ -390,16 +437,36 @@ async def _read_stream(response: aiohttp.ClientResponse, *, on_text: TextSink | 
                     await on_text(delta["content"])
             for fragment in delta.get("tool_calls") or []:
                 partial = calls.setdefault(int(fragment.get("index", len(calls))), _PartialCall())
-                partial.id += fragment.get("id") or ""
+                partial.id = _grown(partial.id, fragment.get("id"))
                 function = fragment.get("function") or {}
-                partial.name += function.get("name") or ""
+                partial.name = _grown(partial.name, function.get("name"))
                 partial.arguments += function.get("arguments") or ""
             finish_reason = choice.get("finish_reason") or finish_reason
+    if not done and finish_reason is None:
+        raise LlmError("the model endpoint's stream ended before the answer was complete (no finish_reason and no "
+                       "[DONE])", retryable=True)  # fmt: skip
     tool_calls = [
         ToolCall(id=partial.id or f"call_{index}", name=partial.name, arguments=partial.arguments)
         for index, partial in sorted(calls.items())
     ]
     return Completion(content="".join(text), tool_calls=tool_calls, finish_reason=finish_reason, usage=usage)
+
+
+def _grown(so_far: str, fragment: str | None) -> str:
+    """An id or name fragment added to what came before; one that repeats it whole (some providers send the
+    full id and name in every chunk) is the same id or name, not a second copy."""
+    if not fragment or fragment == so_far:
+        return so_far
+    return so_far + fragment
+
+
+def _reported_error(data: dict[str, Any]) -> LlmError:
+    """An `{"error": ...}` body sent with status 200 (or inside a stream); retried when its code says overloaded."""
+    error = data["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    retryable = isinstance(code, int) and (code == 429 or code >= 500)
+    return LlmError(f"the model endpoint reported an error: {_error_message(json.dumps(data))}",
+                    status=code if isinstance(code, int) else None, retryable=retryable)  # fmt: skip
 
 
 async def _sse_events(response: aiohttp.ClientResponse):

@@ -10,7 +10,8 @@ with an error without running anything (the registry decides). A result longer t
 `get_from_working_memory` is installed then if the `memory` set did not already offer it, so any
 tool's large result can be read back. Only if the reader is blacklisted is the result cut with a
 notice. The loop ends with the first
-answer without tool calls, or after `max_iterations` rounds with a final message saying so.
+answer without tool calls (one the model cut at its output token limit says so at its end), or
+after `max_iterations` rounds with a final message saying so.
 
 Before each model request the loop asks `admit` (the daily token budget): refused before the first,
 the turn fails with `BudgetExhausted`; refused later, the turn ends with a final message saying so,
@@ -33,6 +34,7 @@ from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
 from rockbot.agent.toolsets.memory import reader
 
 Message = dict[str, Any]
+CUT_OFF = "\n\n[the answer was cut off: the model reached its output token limit (finish_reason: length)]"
 READER = "get_from_working_memory"
 #: Asked before each model request; raises `BudgetExhausted` when the request may not go out.
 Admission = Callable[[], Awaitable[None]]
@@ -118,6 +120,9 @@ class ToolLoop:
                 on_text=on_text,
             )
             usage += completion.usage
+            if completion.cut_off and not completion.tool_calls:
+                completion.content += CUT_OFF
+                await on_text(CUT_OFF)
             history.append(completion.message())
             if not completion.tool_calls:
                 return LoopResult(answer=completion.content, tools_called=called, iterations=iteration, usage=usage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rockbot.contracts import agent_config as cfg
-from rockbot.local.manifests import Manifests
+from rockbot.local.manifests import ManifestError, Manifests
 from rockbot.operator.resolving import resolve_agent
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
@@ -19,9 +19,10 @@ _SCHEDULING = "scheduling"
 
 @dataclass
 class LocalModel:
-    """The endpoint every local agent uses (from flags or the OPENAI_* environment)."""
+    """The endpoint every local agent uses (from flags or the OPENAI_* environment); without a `base_url`, each
+    Agent's own `spec.model`, with its key from a Secret manifest (or `api_key_env` when there is none)."""
 
-    base_url: str
+    base_url: str | None
     name: str | None
     api_key_env: str | None
 
@@ -41,6 +42,7 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
     secret_keys = {name: set(values) for name, values in manifests.secrets.items()}
     secret_keys |= {_BUS.name: {_BUS.key}, _TOKEN.name: {_TOKEN.key}}
     assembled = {}
+    problems = []
     for name, body in manifests.agents.items():
         agent = Agent.model_validate(body)
         resolution = resolve_agent(
@@ -57,13 +59,24 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
             for item in resolution.secret_env
             if item.ref.key in manifests.secrets.get(item.ref.name, {})
         }
+        own = resolution.config.model
         api_key = cfg.SecretEnv(env=model.api_key_env) if model.api_key_env else None
+        if model.base_url is None and own.api_key is not None and own.api_key.env in env:
+            api_key = own.api_key
+        elif model.base_url is None and own.api_key is not None and api_key is None:
+            ref = agent.spec.model.api_key_secret_ref
+            problems.append(
+                f"{manifests.files[('Agent', name)]}: Agent {name!r}: spec.model.apiKeySecretRef: the key for "
+                f"{own.base_url} is in Secret {ref.name!r} (key {ref.key!r}), which is not in these files: add it as "
+                "a kind: Secret document, export OPENAI_API_KEY, or point every agent at another endpoint with "
+                "OPENAI_BASE_URL"  # type: ignore[union-attr]
+            )
         config = resolution.config.model_copy(
             update={
-                "model": resolution.config.model.model_copy(
+                "model": own.model_copy(
                     update={
-                        "base_url": model.base_url,
-                        "name": model.name or resolution.config.model.name,
+                        "base_url": model.base_url or own.base_url,
+                        "name": model.name or own.name,
                         "api_key": api_key,
                     }
                 ),
@@ -77,4 +90,6 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
             warnings=list(resolution.tool_problems),
             scheduling=_SCHEDULING in resolution.config.builtin_tools,
         )
+    if problems:
+        raise ManifestError(problems)
     return assembled

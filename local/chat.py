@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
+import time
 from typing import TextIO
 
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
@@ -12,17 +15,44 @@ from rockbot.bus import LOCAL
 from rockbot.contracts.inbox import InboxReply
 
 SESSION = "local-terminal"
+#: Seconds without a word from the model before the chat says it is still waiting (and again after as many).
+WAIT_NOTICE_SECONDS = 5.0
 
 
 class Printer:
     """Writes the answer to `out` as it streams, and progress lines to `err`."""
 
-    def __init__(self, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+    def __init__(
+        self, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr, wait_notice_seconds: float = WAIT_NOTICE_SECONDS
+    ) -> None:
         self.out = out
         self.err = err
+        self.wait_notice_seconds = wait_notice_seconds
         self._streamed = False
+        self._tools_running = 0
+        self._heard = time.monotonic()
+
+    async def waiting(self, *, model: str, timeout_seconds: float) -> None:
+        """Until cancelled: a line each `wait_notice_seconds` the model stays silent while no tool runs."""
+        started = self._heard = time.monotonic()
+        while True:
+            await asyncio.sleep(self.wait_notice_seconds / 4)
+            silent = time.monotonic() - self._heard
+            if self._tools_running or silent < self.wait_notice_seconds:
+                continue
+            self._heard = time.monotonic()
+            gap = "\n" if self._streamed else ""
+            self.err.write(f"{gap}  … waiting for the model {model} "
+                           f"({time.monotonic() - started:.0f} s; each request times out after "
+                           f"{timeout_seconds:g} s of silence)\n")  # fmt: skip
+            self.err.flush()
 
     def __call__(self, event: Event) -> None:
+        self._heard = time.monotonic()
+        if isinstance(event, ToolStarted):
+            self._tools_running += 1
+        elif isinstance(event, ToolFinished):
+            self._tools_running -= 1
         if isinstance(event, TextDelta):
             self.out.write(event.text)
             self.out.flush()
@@ -61,19 +91,25 @@ class Printer:
         self.err.flush()
 
 
-def banner(name: str, agent: AgentRuntime, *, base_url: str) -> str:
+def banner(name: str, agent: AgentRuntime) -> str:
     """Which model the chat uses and the tools it is offered (blacklisted ones are registered, not offered)."""
     tools = ", ".join(tool["function"]["name"] for tool in agent.registry.openai_tools()) or "none"
-    return f"[{name}: {agent.config.model.name} at {base_url}; tools: {tools}]"
+    return f"[{name}: {agent.config.model.name} at {agent.config.model.base_url}; tools: {tools}]"
 
 
 async def ask(agent: AgentRuntime, text: str, *, printer: Printer) -> bool:
     """One turn; a model that cannot be reached or refuses is reported in one line, not a traceback."""
+    model = agent.config.model
+    waiting = asyncio.create_task(printer.waiting(model=model.name, timeout_seconds=model.request_timeout_seconds))
     try:
         result = await agent.chat(SESSION, text, caller=LOCAL.user, on_event=printer)
     except LlmError as error:
         printer.err.write(f"error: {error}\n")
         printer.err.flush()
         return False
+    finally:
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
     printer.finish(result.answer, list(result.tools_called))
     return True

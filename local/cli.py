@@ -7,12 +7,11 @@ import asyncio
 import logging
 import os
 import pathlib
+import signal
 import sys
 
-MODEL_HELP = (
-    "no model endpoint: set OPENAI_BASE_URL (and OPENAI_API_KEY, OPENAI_MODEL), or pass --base-url and --model, "
-    "e.g. --base-url https://openrouter.ai/api/v1 --model openai/gpt-4o-mini"
-)
+#: The exit code of a run ended by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +30,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--base-url",
         default=os.environ.get("OPENAI_BASE_URL"),
-        help="OpenAI-compatible endpoint for every agent (default: $OPENAI_BASE_URL)",
+        help="OpenAI-compatible endpoint for every agent (default: $OPENAI_BASE_URL, else each Agent's own "
+        "spec.model.baseUrl)",
     )
     parser.add_argument(
         "--model",
@@ -67,19 +67,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rockbot.local.assembly import LocalModel, assemble
     from rockbot.local.logfile import default_path, log_to_file
-    from rockbot.local.manifests import ManifestError, load
+    from rockbot.local.manifests import ManifestError, load, script_limit_problems
     from rockbot.logs import setup_logging
+    from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
     setup_logging(log_format="text", level=logging.INFO if args.verbose else logging.WARNING)
     log_file = None if args.verbose else log_to_file(default_path())
-    if not args.base_url:
-        print(f"rockbot local: {MODEL_HELP}", file=sys.stderr)
-        return 2
+    scripts = ScriptsManagerSettings(
+        scripts_backend="local",
+        health_host="127.0.0.1",
+        health_port=0,
+        scripts_local_isolation="unsafe-none" if args.unsafe_no_sandbox else "auto",
+    )
     try:
         manifests = load(args.paths)
+        limits = script_limit_problems(manifests, max_cpu=scripts.scripts_max_cpu,
+                                       max_memory=scripts.scripts_max_memory)  # fmt: skip
+        if limits:
+            raise ManifestError(limits)
     except ManifestError as error:
-        print(f"rockbot local: {error}", file=sys.stderr)
-        return 2
+        return _refused(error)
     if not manifests.agents:
         print(
             f"rockbot local: no Agent in {', '.join(map(str, args.paths))}: add a `kind: Agent` document",
@@ -95,30 +102,54 @@ def run(args: argparse.Namespace) -> int:
         name=args.model,
         api_key_env="OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None,
     )
-    agents = assemble(manifests, model=model)
+    try:
+        agents = assemble(manifests, model=model)
+    except ManifestError as error:
+        return _refused(error)
     for warning in manifests.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for name, assembled in agents.items():
         for warning in assembled.warnings:
             print(f"warning: Agent {name}: {warning}", file=sys.stderr)
-    return asyncio.run(_main(args, manifests=manifests, agents=agents, chosen=chosen, log_file=log_file))
+    try:
+        return asyncio.run(_interruptible(_main(args, manifests=manifests, agents=agents, chosen=chosen,
+                                                scripts=scripts, log_file=log_file)))  # fmt: skip
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return INTERRUPTED
 
 
-async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log_file=None) -> int:
+def _refused(error) -> int:
+    for problem in error.problems:
+        print(f"rockbot local: {problem}", file=sys.stderr)
+    return 2
+
+
+async def _interruptible(main) -> int:
+    """Run `main`; the first Ctrl-C cancels it (its parts stop in order, and the terminal says what it waits
+    for), a second one exits at once."""
+    task = asyncio.current_task()
+    assert task is not None
+
+    def interrupted() -> None:
+        if task.cancelling():
+            print("\n[stopped at once]", file=sys.stderr, flush=True)
+            os._exit(INTERRUPTED)
+        print("\n[stopping: ending the turn in progress, then the agents, the scheduler and the sandbox; Ctrl-C "
+              "again quits at once]", file=sys.stderr, flush=True)  # fmt: skip
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, interrupted)
+    return await main
+
+
+async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scripts, log_file=None) -> int:
     from rockbot.bus import BusError
     from rockbot.local import broker
     from rockbot.local.app import running
     from rockbot.local.chat import Printer
     from rockbot.local.triggers import PortUnavailable
     from rockbot.resources import ScheduledTask
-    from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
-    scripts = ScriptsManagerSettings(
-        scripts_backend="local",
-        health_host="127.0.0.1",
-        health_port=0,
-        scripts_local_isolation="unsafe-none" if args.unsafe_no_sandbox else "auto",
-    )
     tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
     printer = Printer()
     configs = [assembled.config for assembled in agents.values()]
@@ -146,9 +177,10 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, log
 async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:
     """The chat (or the one --prompt) while every part runs."""
     from rockbot.local.chat import ask, banner
+    from rockbot.local.terminal import Terminal
 
     agent = local.agents[chosen]
-    print(banner(chosen, agent, base_url=args.base_url), file=sys.stderr)
+    print(banner(chosen, agent), file=sys.stderr)
     for name, body in manifests.triggers.items():
         print(f"[trigger {name}: POST http://127.0.0.1:{local.webhook_port}/hooks/local/{name} runs "
               f"{body['spec']['agentRef']['name']}]", file=sys.stderr)
@@ -157,11 +189,10 @@ async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, p
     if args.prompt is not None:
         return 0 if await ask(agent, args.prompt, printer=printer) else 1
     print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
+    terminal = Terminal()
     while True:
-        try:
-            line = await asyncio.to_thread(input, "you> ")
-        except EOFError:
-            return 0
-        if not line.strip():
+        line = await terminal.line("you> ")
+        if line is None or not line.strip():
             return 0
         await ask(agent, line, printer=printer)
+

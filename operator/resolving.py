@@ -206,6 +206,7 @@ def resolve_agent(
             api_key=api_key,
             temperature=spec.model.temperature,
             max_result_chars=spec.model.max_result_chars,
+            request_timeout_seconds=spec.model.request_timeout_seconds,
         ),
         system_prompt=spec.system_prompt,
         tools=offered,

@@ -123,7 +123,7 @@ class ModelConfig(Contract):
     api_key: SecretEnv | None = None
     temperature: float | None = None
     max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = 16_000  # the Agent CRD's bounds
-    request_timeout_seconds: Annotated[float, Field(gt=0)] = 120.0
+    request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
 
 
 class ScriptLimits(Contract):

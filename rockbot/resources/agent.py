@@ -64,6 +64,10 @@ class ModelSpec(Schema):
     max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = Field(
         default=16_000, description="Tool results longer than this go to working memory in chunks."
     )
+    request_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
+        default=60, description="Longest wait for the model endpoint's next bytes; a timed-out request is tried "
+        "once more, then the turn fails.",
+    )
 
 
 class LabelSelectorRequirement(Schema):

@@ -120,9 +120,120 @@ async def test_a_silent_endpoint_times_out_per_read():
     async with endpoint(silent) as (url, requests):
         client = LlmClient(base_url=url, model="m", timeout_seconds=0.3, max_attempts=2, backoff_seconds=0.01)
         try:
-            with pytest.raises(LlmError, match="did not answer in time") as failed:
+            with pytest.raises(LlmError, match=r"did not answer within 0\.3 s") as failed:
                 await client.complete(messages=[{"role": "user", "content": "go"}])
         finally:
             release.set()
             await client.close()
     assert failed.value.retryable and len(requests) == 2
+
+
+def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
+    body = {"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+async def ask(handler, **settings) -> tuple:
+    """One streamed request to an endpoint answering with `handler`: (completion, text passed on, requests)."""
+    received: list[str] = []
+
+    async def on_text(text: str) -> None:
+        received.append(text)
+
+    async with endpoint(handler) as (url, requests):
+        client = LlmClient(base_url=url, model="m", backoff_seconds=0.01, **{"max_attempts": 1, **settings})
+        try:
+            completion = await client.complete(messages=[{"role": "user", "content": "rock?"}], on_text=on_text)
+        finally:
+            await client.close()
+    return completion, received, requests
+
+
+async def test_a_json_completion_answered_to_a_stream_request_is_read_as_the_answer():
+    async def plain_json(request):
+        return web.json_response({"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": "Obsidian"}}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+    completion, received, _ = await ask(plain_json)
+    assert completion.content == "Obsidian" and completion.usage.completion_tokens == 1
+    assert received == ["Obsidian"]  # the caller sees the text as if streamed
+
+
+@pytest.mark.parametrize(("answer", "content_type", "expected"), [
+    ("<html><body>Welcome to nginx</body></html>", "text/html", "text/html"),
+    ('{"error": {"message": "Provider returned error", "code": 502}}', "application/json", "Provider returned error"),
+    ('{"object": "chat.completion", "choices": []}', "application/json", "without choices"),
+    ("", "text/plain", "text/plain"),
+])
+async def test_a_200_answer_that_is_no_completion_fails_naming_what_came(answer, content_type, expected):
+    async def odd(request):
+        return web.Response(text=answer, content_type=content_type)
+
+    with pytest.raises(LlmError, match=expected):
+        await ask(odd)
+
+
+async def test_a_stream_that_ends_without_finish_reason_or_done_is_an_error_not_an_answer():
+    async def cut(request):
+        response = await streaming(request)
+        await response.write(chunk({"content": "partial "}))
+        return response  # the connection closes cleanly: no finish_reason, no [DONE]
+
+    with pytest.raises(LlmStreamBroken, match="ended before the answer was complete"):
+        await ask(cut)
+
+
+async def test_a_stream_with_finish_reason_but_no_done_is_complete():
+    async def no_done(request):
+        response = await streaming(request)
+        await response.write(chunk({"content": "Marble"}, "stop"))
+        return response
+
+    completion, _, _ = await ask(no_done)
+    assert completion.content == "Marble" and not completion.cut_off
+
+
+async def test_an_answer_cut_at_the_length_limit_says_so():
+    async def long_answer(request):
+        response = await streaming(request)
+        await response.write(chunk({"content": "Granite is an igneous"}, "length"))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    completion, _, _ = await ask(long_answer)
+    assert completion.cut_off and completion.finish_reason == "length"
+
+
+async def test_tool_call_deltas_that_repeat_id_and_name_in_every_chunk_make_one_call():
+    async def repeating(request):
+        response = await streaming(request)
+        for arguments in ('{"a": ', '2, "b"', ': 3}'):
+            await response.write(chunk({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                                        "function": {"name": "add", "arguments": arguments}}]}))
+        await response.write(chunk({}, "tool_calls"))
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    completion, _, _ = await ask(repeating)
+    [call] = completion.tool_calls
+    assert (call.id, call.name, json.loads(call.arguments)) == ("c1", "add", {"a": 2, "b": 3})
+
+
+async def test_a_timeout_is_retried_once_not_as_often_as_an_overloaded_endpoint():
+    release = asyncio.Event()
+
+    async def silent(request):
+        response = await streaming(request)
+        await release.wait()
+        return response
+
+    async with endpoint(silent) as (url, requests):
+        client = LlmClient(base_url=url, model="m", timeout_seconds=0.3, max_attempts=4, backoff_seconds=0.01)
+        try:
+            with pytest.raises(LlmError, match=r"did not answer within 0\.3 s") as failed:
+                await client.complete(messages=[{"role": "user", "content": "go"}])
+        finally:
+            release.set()
+            await client.close()
+    assert len(requests) == 2 and "spec.model.requestTimeoutSeconds" in str(failed.value)

@@ -343,3 +343,15 @@ async def test_the_runtime_is_not_ready_before_start(scripted_llm):
     await agent.start()
     assert agent.ready
     await agent.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_cut_at_the_output_limit_tells_the_user(scripted_llm, stream):
+    scripted_llm.play(Turn(text="Granite forms from slowly", finish_reason="length"))
+    events = []
+    config = agent_config(llm_url=scripted_llm.url)
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, stream=stream) as agent:
+        result = await agent.chat("s", "granite?", on_event=events.append)
+    assert result.answer.startswith("Granite forms from slowly")
+    assert "cut off" in result.answer and "output token limit" in result.answer
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == result.answer

@@ -75,11 +75,30 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
     assert "warning" not in result.stderr.lower()
 
 
-async def test_without_a_model_it_says_how_to_point_it_at_one():
+async def test_without_the_agents_model_key_it_says_how_to_give_one():
     result = await rockbot_local("-f", str(EXAMPLES / "analyst.yaml"), "--prompt", "hi")
     assert result.returncode == 2
-    assert result.stderr.startswith("rockbot local: no model endpoint: set OPENAI_BASE_URL")
+    assert result.stderr.startswith(
+        f"rockbot local: {EXAMPLES / 'analyst.yaml'}: Agent 'analyst': spec.model.apiKeySecretRef: the key for "
+        "https://openrouter.ai/api/v1 is in Secret 'llm' (key 'apiKey'), which is not in these files: add it as a "
+        "kind: Secret document, export OPENAI_API_KEY, or point every agent at another endpoint with OPENAI_BASE_URL"
+    )
     assert "Traceback" not in result.stderr
+
+
+async def test_agents_that_name_their_own_endpoint_need_no_openai_base_url(scripted_llm, tmp_path):
+    scripted_llm.api_key = "sk-from-the-secret"
+    scripted_llm.play(Turn(text="Basalt."))
+    agent = (EXAMPLES / "analyst.yaml").read_text().split("---")[0]
+    agent = agent.replace("https://openrouter.ai/api/v1", scripted_llm.url).replace(
+        "openai/gpt-4o-mini", scripted_llm.model)
+    secret = ("apiVersion: v1\nkind: Secret\nmetadata: {name: llm}\n"
+              "stringData: {apiKey: sk-from-the-secret}\n")
+    write(tmp_path, "agent.yaml", agent + "---\n" + secret)
+    result = await rockbot_local("-f", str(tmp_path / "agent.yaml"), "--prompt", "a rock?")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Basalt.\n" and f"at {scripted_llm.url}" in result.stderr
+    assert scripted_llm.requests[0].authorization == "Bearer sk-from-the-secret"
 
 
 async def test_an_invalid_manifest_is_named_with_its_field(tmp_path):

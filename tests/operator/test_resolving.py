@@ -234,3 +234,12 @@ def test_a_network_that_does_not_parse_is_named_and_left_out_not_a_failed_reconc
 def test_a_daily_token_budget_reaches_the_agents_config():
     assert resolve(agent(limits={"tokensPerDay": 50_000})).config.limits.tokens_per_day == 50_000
     assert resolve(agent()).config.limits.tokens_per_day is None
+
+
+def test_the_model_request_timeout_is_an_agent_field_with_a_default():
+    assert resolve(agent()).config.model.request_timeout_seconds == 60
+    body = agent_body("analyst", "default")
+    body["spec"]["model"]["requestTimeoutSeconds"] = 300
+    from rockbot.resources import Agent
+
+    assert resolve(Agent.model_validate(body)).config.model.request_timeout_seconds == 300
