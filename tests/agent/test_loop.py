@@ -351,7 +351,7 @@ async def test_an_answer_cut_at_the_output_limit_tells_the_user(scripted_llm, st
     events = []
     config = agent_config(llm_url=scripted_llm.url)
     async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, stream=stream) as agent:
-        result = await agent.chat("s", "granite?", on_event=events.append)
+        result = await agent.chat("s", "granite?", on_event=events.append, caller="service.test")
     assert result.answer.startswith("Granite forms from slowly")
     assert "cut off" in result.answer and "output token limit" in result.answer
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == result.answer
