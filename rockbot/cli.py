@@ -24,6 +24,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scripts-manager": ("rockbot.scripts_manager.cli", "run the service that executes scripts in sandboxes"),
     "gateway": ("rockbot.gateway.cli", "serve webhook Triggers and start runs from Kubernetes Events"),
     "local": ("rockbot.local.cli", "run the Agents of some YAML files on this machine, with no cluster"),
+    "console": ("rockbot.console.cli", "record agents' runs in a database and serve the console and its read API"),
+    "runs": ("rockbot.console.runs_cli", "list, show and follow recorded runs (a cluster's console or rockbot local)"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),
     "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),
 }

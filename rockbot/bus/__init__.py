@@ -16,7 +16,7 @@ from rockbot.bus.errors import (
     RequestTimeout,
     TooLarge,
 )
-from rockbot.bus.identity import GATEWAY, LOCAL, OPERATOR, SCRIPTS_MANAGER, Principal
+from rockbot.bus.identity import CONSOLE, GATEWAY, LOCAL, OPERATOR, SCRIPTS_MANAGER, Principal
 from rockbot.bus.interface import Bus, Handler, Subscription
 from rockbot.bus.memory import MemoryBroker, MemoryBus
 from rockbot.bus.messages import Delivery
@@ -24,6 +24,7 @@ from rockbot.bus.permissions import Permissions, permissions_for
 from rockbot.bus.topology import Queue
 
 __all__ = [
+    "CONSOLE",
     "GATEWAY",
     "LOCAL",
     "OPERATOR",

@@ -11,6 +11,7 @@ a consumer reads the sender from `Delivery.user_id` and never from a field the s
 | `service.scripts-manager`   | the scripts-manager (the only reader of script.invoke)  |
 | `service.gateway`           | the gateway (Trigger runs: webhooks, Kubernetes events) |
 | `service.local`             | `rockbot local` (its ScheduledTasks, Triggers and chat) |
+| `service.console`           | the console (writes run events, answers histories)      |
 | `service.<name>`            | any other platform service (tests)                      |
 
 Namespaces and names are DNS labels (no dots), so a user name splits back into its parts exactly.
@@ -84,3 +85,4 @@ OPERATOR = Principal.service("operator")
 SCRIPTS_MANAGER = Principal.service("scripts-manager")
 GATEWAY = Principal.service("gateway")
 LOCAL = Principal.service("local")
+CONSOLE = Principal.service("console")

@@ -12,14 +12,16 @@ For an agent X in namespace N (see `topology` for the names):
 - it declares, binds and reads only its own per-process queues (`agent.N.X.replies.*`,
   `agent.N.X.scheduling-replies.*`, `script.result.N.X.*`), and reads its inbox (which the operator
   declares);
-- it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, the inboxes of the agents it `calls`
+- it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, `console.runs`, `console.history`,
+  the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
 Only `service.scripts-manager` reads `script.invoke`; only the operator reads its three queues. The
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
-would protect nothing.
+would protect nothing. Only the console (`service.console`) reads `console.runs` and `console.history`,
+and it answers history requests on agents' reply queues (it checks each is the asking agent's own).
 Every expression is anchored, so none matches more than the names it spells out.
 """
 
@@ -32,7 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus import topology
-from rockbot.bus.identity import GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal
+from rockbot.bus.identity import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal
 
 #: One segment of a queue name (a DNS label: namespaces, names and instances hold no dots).
 _SEGMENT = r"[-a-z0-9]+"
@@ -97,7 +99,7 @@ def _declared(principal: Principal) -> list[str]:
             _family(topology.scheduling_reply_prefix(namespace=namespace, name=name)),
             _family(topology.script_result_prefix(namespace=namespace, agent=name)),
         ]
-    if principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY):
+    if principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY, CONSOLE):
         return []
     return [reply_queues(principal)]
 
@@ -113,6 +115,8 @@ def _provisioned(principal: Principal) -> list[str]:
         return [_name(topology.SCRIPT_INVOKE.name)]
     if principal == GATEWAY:
         return [_name(topology.GATEWAY_RUNS.name)]
+    if principal == CONSOLE:
+        return [_name(topology.CONSOLE_RUNS.name), _name(topology.CONSOLE_HISTORY.name)]
     return []
 
 
@@ -120,7 +124,8 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
     inboxes = [_name(topology.inbox_of(callee).name) for callee in calls if callee.kind == "agent"]
     if principal.kind == "agent":
         fixed = [_name(queue.name) for queue in (topology.SCRIPT_INVOKE, topology.OPERATOR_SCHEDULING,
-                                                 topology.OPERATOR_USAGE)]
+                                                 topology.OPERATOR_USAGE, topology.CONSOLE_RUNS,
+                                                 topology.CONSOLE_HISTORY)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
         return [_ANY_INBOX, rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}"]
@@ -128,6 +133,8 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
         return [_ANY_INBOX]
     if principal == SCRIPTS_MANAGER:
         return [rf"script\.result\.{_SEGMENT}\.{_SEGMENT}\.{_SEGMENT}"]
+    if principal == CONSOLE:  # history answers, to the asking agent's own reply queue (checked per request)
+        return [rf"agent\.{_SEGMENT}\.{_SEGMENT}\.replies\.{_SEGMENT}"]
     return inboxes
 
 

@@ -17,10 +17,12 @@ permissions that say who may write to which queue (see `permissions`).
 | `gateway.runs`                                | `InboxReply` to Trigger runs               | gateway         |
 | `agent.<ns>.<name>.scheduling-replies.<inst>` | `SchedulingReply`, `UsageTotal` to it      | one agent proc. |
 | `service.<name>.replies.<inst>`               | `InboxReply` to a service's requests       | one service     |
+| `console.runs`                                | `RunEvents`: what agents did, to record    | console         |
+| `console.history`                             | `HistoryRequest` (reply: `HistoryReply`)   | console         |
 | `rockbot.dead-letters`                        | what a work queue refused or gave up on    | people          |
 
 Work queues (`script.invoke`, the inboxes, `operator.scheduling`, `operator.scheduling.runs`,
-`operator.usage`, `gateway.runs`) are
+`operator.usage`, `gateway.runs`, `console.runs`, `console.history`) are
 quorum queues, *provisioned*: declared and bound by the operator (inboxes when it reconciles the
 Agent, so messages to an agent that has not started yet are kept), never by their consumers, which
 only check that they exist. A message a consumer refuses, or one delivered more than
@@ -89,13 +91,18 @@ OPERATOR_RUNS = work_queue("operator.scheduling.runs")
 OPERATOR_USAGE = work_queue("operator.usage")
 #: Where agents answer Trigger runs; any gateway replica may complete any run, also after a restart.
 GATEWAY_RUNS = work_queue("gateway.runs")
+#: Where agents publish their run events; the console writes them to the run store.
+CONSOLE_RUNS = work_queue("console.runs")
+#: Where agents ask the console for a session's history (answered on the agent's replies queue).
+CONSOLE_HISTORY = work_queue("console.history")
 DEAD_LETTERS = Queue(
     name="rockbot.dead-letters",
     arguments={"x-queue-type": "quorum", "x-max-length": DEAD_LETTERS_KEPT, "x-overflow": "drop-head"},
     provisioned=True,
 )
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
-FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS)
+FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS, CONSOLE_RUNS,
+                CONSOLE_HISTORY)
 
 
 def script_result_prefix(*, namespace: str, agent: str) -> str:

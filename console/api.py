@@ -1,0 +1,121 @@
+"""The run store's read API, JSON over HTTP, for the web console, `rockbot runs` and scripts.
+
+| request                                             | answers                                   |
+| --------------------------------------------------- | ----------------------------------------- |
+| `GET /api/runs?namespace=N[&agent&source&outcome&session&since&until&limit&cursor]` | `RunPage`, newest first |
+| `GET /api/runs/{run_id}`                            | `RunDetail`: the run and its timeline     |
+| `GET /api/sessions/{namespace}/{agent}/{session}[?caller]` | `{"runs": [RunSummary...]}`, oldest first |
+
+Who asks is the console's gate's business (`IDENTITY`, set by its middleware: a ServiceAccount or
+user token, the authenticating proxy, or `rockbot local`'s one user); what they may read is the
+cluster's: the runs of a namespace need `get agents` there (the same right as the Agent pages).
+A run the user may not read answers 404, like one that does not exist, so ids cannot be probed.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from rockbot.console.authorization import VIEW, Authorizer
+from rockbot.console.store import Store, StoreUnavailable
+from rockbot.console.store_models import MAX_PAGE, BadCursor, RunFilter
+from rockbot.console.web.gate import IDENTITY
+
+STORE = web.AppKey("run_store", Store)
+AUTHORIZER = web.AppKey("run_authorizer", Authorizer)
+
+
+def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer) -> None:
+    """Serve the read API on `app` (behind the app's gate middleware, which sets `IDENTITY`)."""
+    app[STORE] = store
+    app[AUTHORIZER] = authorizer
+    app.router.add_get("/api/runs", list_runs)
+    app.router.add_get("/api/runs/{run_id}", get_run)
+    app.router.add_get("/api/sessions/{namespace}/{agent}/{session_id}", session_runs)
+
+
+def _json(model: BaseModel | dict[str, object]) -> web.Response:
+    text = model.model_dump_json() if isinstance(model, BaseModel) else _dump(model)
+    return web.Response(text=text, content_type="application/json")
+
+
+def _dump(value: dict[str, object]) -> str:
+    import json
+
+    return json.dumps(value, default=lambda item: item.model_dump(mode="json"))
+
+
+async def _may_read(request: web.Request, namespace: str) -> bool:
+    return await request.app[AUTHORIZER].allowed(identity=request[IDENTITY], namespace=namespace, action=VIEW)
+
+
+def _bad_request(text: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=text)
+
+
+def _time(request: web.Request, name: str) -> datetime.datetime | None:
+    value = request.query.get(name)
+    if not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise _bad_request(f"{name}={value!r} is not a time: use ISO 8601, e.g. 2026-11-25T17:00:00Z") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+async def list_runs(request: web.Request) -> web.Response:
+    query = request.query
+    namespace = query.get("namespace", "")
+    if not namespace:
+        raise _bad_request("namespace is required: list the runs of one namespace (?namespace=NAME)")
+    if not await _may_read(request, namespace):
+        raise web.HTTPForbidden(text=f"{request[IDENTITY].username} may not get agents in namespace {namespace} "
+                                "(ask for a Role granting it)")  # fmt: skip
+    try:
+        filters = RunFilter(
+            namespace=namespace, agent=query.get("agent") or None, source=query.get("source") or None,
+            outcome=query.get("outcome") or None, session_id=query.get("session") or None,
+            since=_time(request, "since"), until=_time(request, "until"),
+        )  # fmt: skip
+        limit = int(query.get("limit", "50"))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise _bad_request(f"invalid filter: {problems}") from exc
+    except ValueError as exc:
+        raise _bad_request(f"limit={query.get('limit')!r} is not a number: use 1 to {MAX_PAGE}") from exc
+    try:
+        page = await request.app[STORE].list_runs(filters=filters, limit=limit, cursor=query.get("cursor") or None)
+    except BadCursor as exc:
+        raise _bad_request(str(exc)) from exc
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    return _json(page)
+
+
+async def get_run(request: web.Request) -> web.Response:
+    run_id = request.match_info["run_id"]
+    try:
+        run = await request.app[STORE].get_run(run_id)
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    if run is None or not await _may_read(request, run.namespace):
+        raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
+    return _json(run)
+
+
+async def session_runs(request: web.Request) -> web.Response:
+    namespace, agent, session_id = (request.match_info[k] for k in ("namespace", "agent", "session_id"))
+    if not await _may_read(request, namespace):
+        raise web.HTTPForbidden(text=f"{request[IDENTITY].username} may not get agents in namespace {namespace} "
+                                "(ask for a Role granting it)")  # fmt: skip
+    try:
+        found = await request.app[STORE].session_runs(
+            namespace=namespace, agent=agent, session_id=session_id, caller=request.query.get("caller")
+        )
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    return _json({"runs": found})

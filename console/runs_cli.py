@@ -1,0 +1,213 @@
+"""`rockbot runs list|show|tail`: recorded runs, from a cluster's console (its read API) or `rockbot local`'s SQLite.
+
+    rockbot runs list --url https://console.example.com --token "$TOKEN" -n team-a --agent triage
+    rockbot runs show 3f2a9c...                        # rockbot local's runs (~/.local/state/rockbot/runs.db)
+    rockbot runs tail -n team-a                        # new runs as they start and end
+
+With `--url` (or `$ROCKBOT_CONSOLE_URL`) the runs come from the console over HTTP, as the token's
+user may read them (`--token` or `$ROCKBOT_CONSOLE_TOKEN`: a ServiceAccount or user token); without,
+from the SQLite file `--database` names. `--json` prints what the API answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import sys
+from typing import Protocol
+
+import aiohttp
+
+from rockbot.console.settings import DEFAULT_DATABASE
+from rockbot.console.store_models import RunDetail, RunFilter, RunPage, RunSummary
+
+TAIL_SECONDS = 2.0
+
+
+class RunSource(Protocol):
+    async def list_runs(self, *, filters: RunFilter, limit: int, cursor: str | None = None) -> RunPage: ...
+
+    async def get_run(self, run_id: str) -> RunDetail | None: ...
+
+    async def close(self) -> None: ...
+
+
+class HttpRuns:
+    """The console's read API (`console.api`) as a user with a bearer token reads it."""
+
+    def __init__(self, *, url: str, token: str | None) -> None:
+        self._url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=30))
+
+    async def _get(self, path: str, params: dict[str, str]) -> str | None:
+        async with self._http.get(f"{self._url}{path}", params=params) as response:
+            text = await response.text()
+            if response.status == 404:
+                return None
+            if response.status >= 400:
+                raise RuntimeError(f"the console answered {response.status}: {text.strip()}")
+            return text
+
+    async def list_runs(self, *, filters: RunFilter, limit: int, cursor: str | None = None) -> RunPage:
+        params = {k: v.isoformat() if isinstance(v, datetime.datetime) else str(v)
+                  for k, v in filters.model_dump(exclude_none=True).items()}  # fmt: skip
+        if "session_id" in params:
+            params["session"] = params.pop("session_id")
+        params["limit"] = str(limit)
+        if cursor:
+            params["cursor"] = cursor
+        text = await self._get("/api/runs", params)
+        if text is None:
+            raise RuntimeError(f"{self._url} serves no run API (/api/runs): is it the console's address?")
+        return RunPage.model_validate_json(text)
+
+    async def get_run(self, run_id: str) -> RunDetail | None:
+        text = await self._get(f"/api/runs/{run_id}", {})
+        return None if text is None else RunDetail.model_validate_json(text)
+
+    async def close(self) -> None:
+        await self._http.close()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=os.environ.get("ROCKBOT_CONSOLE_URL"),
+                        help="the console's address (default: $ROCKBOT_CONSOLE_URL; none: the local SQLite runs)")
+    parser.add_argument("--token", default=os.environ.get("ROCKBOT_CONSOLE_TOKEN"),
+                        help="bearer token for --url (default: $ROCKBOT_CONSOLE_TOKEN)")
+    parser.add_argument("--database", default=str(DEFAULT_DATABASE),
+                        help=f"the SQLite run store without --url (default: {DEFAULT_DATABASE})")
+    parser.add_argument("--json", action="store_true", help="print JSON as the API answers it")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, help_text in (("list", "list runs, newest first"), ("tail", "print runs as they start and end")):
+        sub = verbs.add_parser(verb, help=help_text)
+        sub.add_argument("-n", "--namespace", help="the runs of this namespace (required with --url)")
+        sub.add_argument("--agent")
+        sub.add_argument("--source", help="chat, http, user_message, scheduled_task, trigger, agent_call, local")
+        sub.add_argument("--outcome", help="Succeeded, Failed, Refused, TimedOut, Interrupted")
+        sub.add_argument("--session")
+        sub.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-25T17:00:00Z")
+        sub.add_argument("--limit", type=int, default=20)
+    show = verbs.add_parser("show", help="one run with its timeline")
+    show.add_argument("run_id")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (RuntimeError, ValueError, OSError, aiohttp.ClientError) as exc:
+        print(f"rockbot runs: {exc}", file=sys.stderr)
+        return 1
+
+
+async def _open(args: argparse.Namespace) -> RunSource:
+    if args.url:
+        return HttpRuns(url=args.url, token=args.token)
+    from rockbot.console.store import Store
+
+    if not await asyncio.to_thread(os.path.exists, args.database):
+        raise RuntimeError(f"no run store at {args.database}: pass --url for a cluster's console, or --database")
+    return await Store.open(url=f"sqlite:///{args.database}", migrate=False)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    source = await _open(args)
+    try:
+        if args.verb == "show":
+            run = await source.get_run(args.run_id)
+            if run is None:
+                print(f"rockbot runs: no run {args.run_id!r}", file=sys.stderr)
+                return 1
+            print(run.model_dump_json(indent=2) if args.json else describe(run))
+            return 0
+        filters = RunFilter(
+            namespace=args.namespace, agent=args.agent, source=args.source, outcome=args.outcome,
+            session_id=args.session, since=datetime.datetime.fromisoformat(args.since) if args.since else None,
+        )  # fmt: skip
+        if args.verb == "list":
+            page = await source.list_runs(filters=filters, limit=args.limit)
+            print(page.model_dump_json(indent=2) if args.json else table(page.runs))
+            return 0
+        await _tail(source, filters=filters, limit=args.limit, as_json=args.json)
+        return 0
+    finally:
+        await source.close()
+
+
+async def _tail(source: RunSource, *, filters: RunFilter, limit: int, as_json: bool) -> None:
+    """Print the newest runs, then each run again whenever it is new or has ended, until interrupted."""
+    seen: dict[str, str | None] = {}
+    first = True
+    while True:
+        page = await source.list_runs(filters=filters, limit=limit)
+        changed = [run for run in reversed(page.runs) if seen.get(run.run_id, "?") != run.outcome]
+        for run in changed:
+            seen[run.run_id] = run.outcome
+        if changed:
+            print("\n".join(run.model_dump_json() for run in changed) if as_json
+                  else table(changed, header=first), flush=True)  # fmt: skip
+            first = False
+        await asyncio.sleep(TAIL_SECONDS)
+
+
+def table(runs: list[RunSummary], *, header: bool = True) -> str:
+    columns = f"{'STARTED':20} {'AGENT':28} {'SOURCE':14} {'OUTCOME':11} {'TOOLS':>5} {'TOKENS':>7}  RUN"
+    lines = [columns] if header else []
+    for run in runs:
+        lines.append(
+            f"{run.started_at:%Y-%m-%d %H:%M:%S}  {run.namespace + '/' + run.agent:28} {run.source:14} "
+            f"{run.outcome or 'running':11} {run.tool_calls:>5} {run.prompt_tokens + run.completion_tokens:>7}  "
+            f"{run.run_id}"
+        )
+    return "\n".join(lines)
+
+
+def describe(run: RunDetail) -> str:
+    """A run as a person reads it: what it was, then its timeline, one line per entry (long text cut)."""
+    ended = f"{run.ended_at:%H:%M:%S}" if run.ended_at else "-"
+    lines = [
+        f"run       {run.run_id}",
+        f"agent     {run.namespace}/{run.agent}  (source {run.source}, caller {run.caller or '-'}, "
+        f"session {run.session_id or '-'})",
+        f"time      {run.started_at:%Y-%m-%d %H:%M:%S} .. {ended}  outcome {run.outcome or 'running'}"
+        + (f"  error: {run.error}" if run.error else ""),
+        f"model     {run.model or '-'}  tokens {run.prompt_tokens} in / {run.completion_tokens} out, "
+        f"{run.tool_calls} tool calls, recorded {run.record}",
+    ]
+    if run.parent_run_id:
+        lines.append(f"parent    {run.parent_run_id}")
+    if run.children:
+        lines.append(f"children  {', '.join(run.children)}")
+    lines.append("timeline")
+    for entry in run.timeline:
+        at = f"{entry.at:%H:%M:%S.%f}"[:-3]
+        lines.append(f"  {at}  {_entry_line(entry.kind, entry.name, entry.status, entry.data)}")
+    if run.timeline_omitted:
+        lines.append(f"  ... {run.timeline_omitted} more entries not shown")
+    return "\n".join(lines)
+
+
+def _short(text: object, limit: int = 160) -> str:
+    flat = " ".join(str(text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _entry_line(kind: str, name: str, status: str, data: dict[str, object]) -> str:
+    if kind == "message":
+        calls = data.get("tool_calls") or []
+        said = _short(data.get("content")) or (f"(calls {len(calls)} tools)" if calls else "")  # type: ignore[arg-type]
+        return f"{name:9} {said}"
+    if kind == "model_request":
+        return (f"model     {name} {status} {data.get('prompt_tokens')}+{data.get('completion_tokens')} tokens "
+                f"{data.get('latency_seconds', 0):.2f}s {data.get('finish_reason') or ''}")  # fmt: skip
+    if kind == "tool_call":
+        outcome = "ok" if status == "ok" else f"error {status}"
+        return (f"tool      {name}({_short(data.get('arguments'), 80)}) -> {outcome} "
+                f"{data.get('duration_seconds', 0):.2f}s: {_short(data.get('result'), 100)}")  # fmt: skip
+    if kind == "script_run":
+        return (f"script    exit {status or '?'} on {name or '?'} {data.get('pod') or ''} "
+                f"{data.get('duration_seconds', 0):.2f}s stdout: {_short(data.get('stdout'), 100)}"
+                + (f" stderr: {_short(data.get('stderr'), 100)}" if data.get("stderr") else ""))  # fmt: skip
+    return f"{kind} {name} {status}"

@@ -1,0 +1,108 @@
+"""The `rockbot console` process: the run store, its writer and history answers on the bus, and the HTTP side
+(the console's pages and the runs' read API, behind one gate), with health and metrics on a port of their own.
+
+In a cluster the console reviews tokens and rights with the API server (its ServiceAccount); the
+database and the broker may come up after it: until they do, readiness says which it waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from rockbot.bus import AmqpBus, Bus
+from rockbot.console.api import add_run_routes
+from rockbot.console.auth_sessions import Sessions
+from rockbot.console.authentication import ProxyHeaders, TokenReviewer
+from rockbot.console.authorization import AccessReviewer
+from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter, WriterLimits
+from rockbot.console.settings import ConsoleSettings
+from rockbot.console.store import Store, StoreUnavailable, redacted
+from rockbot.console.web.app import build_app
+from rockbot.console.web.gate import Gate
+from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
+from rockbot.kube import KubeClient
+
+log = logging.getLogger(__name__)
+
+
+class Console:
+    def __init__(self, *, settings: ConsoleSettings) -> None:
+        self.settings = settings
+        self.readiness = Readiness()
+        self.registry = CollectorRegistry()
+        self.metrics = RecorderMetrics(self.registry)
+        self.health = HealthServer(readiness=self.readiness, registry=self.registry)
+        self.store: Store | None = None
+        self.bus: Bus | None = None
+        self.kube: KubeClient | None = None
+        self._writer: RunWriter | None = None
+        self._history: HistoryAnswerer | None = None
+        self._http: web.AppRunner | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        settings = self.settings
+        await self.health.start(host=settings.health_host, port=settings.health_port)
+        url = settings.database_url.get_secret_value()
+        log.info("opening the run store at %s", redacted(url))
+        self.store = await wait_for_dependency(
+            lambda: Store.open(url=url), readiness=self.readiness, dependency="database", retry_on=(StoreUnavailable,)
+        )
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="retention")
+        self.kube = await KubeClient.from_environment()
+        gate = Gate(
+            tokens=TokenReviewer(kube=self.kube, ttl=settings.auth_cache_seconds), sessions=Sessions(),
+            proxy=ProxyHeaders(trusted=settings.auth_proxy_cidrs) if settings.auth_proxy_cidrs else None,
+        )  # fmt: skip
+        authorizer = AccessReviewer(kube=self.kube, ttl=settings.auth_cache_seconds)
+        app = build_app(gate=gate, authorizer=authorizer, kube=self.kube)
+        add_run_routes(app, store=self.store, authorizer=authorizer)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        await web.TCPSite(self._http, host=settings.http_host, port=settings.http_port).start()
+        if settings.amqp_url is not None:
+            self.bus = await AmqpBus.connect_when_ready(url=settings.amqp_url.get_secret_value(),
+                                                        readiness=self.readiness)  # fmt: skip
+            limits = WriterLimits(events_per_second=settings.events_per_second, burst_events=settings.burst_events)
+            self._writer = RunWriter(store=self.store, bus=self.bus, readiness=self.readiness, metrics=self.metrics,
+                                     limits=limits)  # fmt: skip
+            await self._writer.start()
+            self._history = HistoryAnswerer(store=self.store, bus=self.bus, metrics=self.metrics)
+            await self._history.start()
+        log.info("console ready on port %d", settings.http_port)
+
+    async def stop(self) -> None:
+        if self._writer is not None:
+            await stop_within(STOP_STEP_SECONDS, self._writer.stop(), what="the run writer")
+        if self._history is not None:
+            await stop_within(STOP_STEP_SECONDS, self._history.stop(), what="the history answers")
+        if self.bus is not None:
+            await stop_within(STOP_STEP_SECONDS, self.bus.close(), what="closing the broker connection")
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._http is not None:
+            await stop_within(STOP_STEP_SECONDS, self._http.cleanup(), what="the HTTP server")
+        if self.kube is not None:
+            await self.kube.close()
+        if self.store is not None:
+            await self.store.close()
+        await self.health.stop()
+
+    async def _sweep_forever(self) -> None:
+        assert self.store is not None
+        while True:
+            try:
+                deleted = await self.store.delete_expired(now=datetime.datetime.now(datetime.UTC))
+                if deleted:
+                    log.info("deleted %d runs past their retention", deleted)
+            except StoreUnavailable as exc:
+                log.warning("retention sweep skipped: %s", exc)
+            await asyncio.sleep(self.settings.retention_sweep_seconds)

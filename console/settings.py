@@ -1,0 +1,42 @@
+"""The console's settings, all from `ROCKBOT_*` environment variables (see the chart)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+#: Where the run store lives when nothing else is said: `rockbot local`'s and a developer's SQLite file.
+DEFAULT_DATABASE = Path.home() / ".local" / "state" / "rockbot" / "runs.db"
+
+
+class ConsoleSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROCKBOT_", extra="ignore")
+
+    #: The run store: postgresql://USER:PASSWORD@HOST:PORT/DB (the chart's, or an external one), or sqlite:///PATH.
+    database_url: SecretStr = SecretStr(f"sqlite:///{DEFAULT_DATABASE}")
+    #: The console's own broker login (`service.console`), made by the operator; none: record nothing from the bus.
+    amqp_url: SecretStr | None = None
+    http_host: str = "0.0.0.0"
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    health_host: str = "0.0.0.0"
+    health_port: Annotated[int, Field(ge=0, le=65535)] = 8081
+    #: Run events one agent may send per second (and at once); past that its messages are refused, counted.
+    events_per_second: Annotated[float, Field(gt=0)] = 500.0
+    burst_events: Annotated[float, Field(gt=0)] = 5000.0
+    #: How often runs past their retention are deleted.
+    retention_sweep_seconds: Annotated[float, Field(gt=0)] = 3600.0
+    #: Seconds the cluster's answers about tokens and rights are kept (0-60).
+    auth_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 10.0
+    #: Addresses of an authenticating proxy whose X-Forwarded-User headers are trusted (comma-separated CIDRs).
+    auth_proxy_cidrs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("auth_proxy_cidrs", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
