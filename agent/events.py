@@ -44,7 +44,34 @@ class ToolFinished(BaseModel):
         return self.error is None
 
 
-Event = TextDelta | ToolStarted | ToolFinished
+class ApprovalRequested(BaseModel):
+    """A call waits for a person's approval (it started; it runs only once approved)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["approval_requested"] = "approval_requested"
+    call_id: str
+    name: str
+    approval_id: str
+    timeout_seconds: float
+
+
+class ApprovalDecided(BaseModel):
+    """How the wait ended: `approved`, `denied` (by a person, with a reason) or `timed_out` (then on_timeout)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["approval_decided"] = "approval_decided"
+    call_id: str
+    name: str
+    approval_id: str
+    outcome: Literal["approved", "denied", "timed_out"]
+    runs: bool
+    decided_by: str = ""
+    reason: str = ""
+
+
+Event = TextDelta | ToolStarted | ToolFinished | ApprovalRequested | ApprovalDecided
 EventSink = Callable[[Event], Awaitable[None] | None]
 
 

@@ -16,6 +16,9 @@ after `max_iterations` rounds with a final message saying so.
 Before each model request the loop asks `admit` (the daily token budget): refused before the first,
 the turn fails with `BudgetExhausted`; refused later, the turn ends with a final message saying so,
 after the tools that already ran. The result counts the tokens of the loop's model requests.
+
+A call that needs a person's approval asks `approvals` first (see `approvals.py`); refused, its error is
+the call's answer and the tool does not run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rockbot.agent.approvals import ApprovalGate
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted, emit
 from rockbot.agent.llm import LlmClient, ToolCall, Usage
@@ -70,6 +74,7 @@ class ToolLoop:
         settings: LoopSettings,
         system_prompt: str = "",
         admit: Admission | None = None,
+        approvals: ApprovalGate | None = None,
     ):
         self.llm = llm
         self.registry = registry
@@ -77,6 +82,7 @@ class ToolLoop:
         self.settings = settings
         self.system_prompt = system_prompt
         self.admit = admit
+        self.approvals = approvals
 
     async def run(
         self,
@@ -162,7 +168,9 @@ class ToolLoop:
         async def run_one(call: ToolCall) -> ToolOutcome:
             await emit(on_event, ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             context = ToolContext(session_id=session_id, tool_call_id=call.id, call_chain=call_chain)
-            outcome = await self.registry.invoke(call.name, call.arguments, context=context)
+            refused = None if self.approvals is None else await self.approvals.check(
+                call, context=context, on_event=on_event)
+            outcome = refused or await self.registry.invoke(call.name, call.arguments, context=context)
             await emit(
                 on_event,
                 ToolFinished(

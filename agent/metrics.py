@@ -11,7 +11,7 @@ and each one would otherwise become a new time series.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from rockbot.agent.llm import Attempt
 from rockbot.agent.registry import UNKNOWN_TOOL, ToolOutcome
@@ -52,6 +52,14 @@ class AgentMetrics:
         self.turn_tool_calls = Histogram(
             "rockbot_agent_turn_tool_calls", "Tool calls one turn made.", ["agent"], registry=self.registry,
             buckets=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55),
+        )  # fmt: skip
+        self.approvals = Counter(
+            "rockbot_tool_approvals_total", "Tool calls that waited for a person, by how the wait ended (approved, "
+            "denied, timed_out).", ["agent", "tool", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.approvals_waiting = Gauge(
+            "rockbot_tool_approvals_waiting", "Tool calls waiting for a person's approval now.", ["agent"],
+            registry=self.registry,
         )  # fmt: skip
 
     def observe_tool(self, outcome: ToolOutcome) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Self
 
 import aiohttp
 
+from rockbot.agent.approvals import ApprovalGate, Approver
 from rockbot.agent.budget import BudgetExhausted, TokenBudget
 from rockbot.agent.conversations import Conversations
 from rockbot.agent.events import EventSink
@@ -69,6 +70,7 @@ class AgentRuntime:
         metrics: AgentMetrics,
         budget: TokenBudget,
         tool_sets: list[ToolSetSource],
+        approver: Approver | None = None,
     ):
         self.config = config
         self.llm = llm
@@ -81,9 +83,10 @@ class AgentRuntime:
         self._tool_sets = tool_sets
         self._http: aiohttp.ClientSession | None = None
         self.ready = False
+        self.approvals = ApprovalGate(config=config, registry=registry, approver=approver, metrics=metrics)
         self.loop = ToolLoop(
             llm=llm, registry=registry, memory=kit.memory, settings=settings, system_prompt=config.system_prompt,
-            admit=budget.admit,
+            admit=budget.admit, approvals=self.approvals,
         )  # fmt: skip
 
     @classmethod
@@ -100,6 +103,7 @@ class AgentRuntime:
         llm_max_attempts: int = 4,
         llm_backoff_seconds: float = 0.5,
         budget: TokenBudget | None = None,
+        approver: Approver | None = None,
     ) -> AgentRuntime:
         """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`.
 
@@ -149,6 +153,7 @@ class AgentRuntime:
             metrics=metrics,
             budget=budget,
             tool_sets=list(tool_sets or []),
+            approver=approver,
         )
         return runtime
 
@@ -321,7 +326,7 @@ class AgentRuntime:
     ) -> str:
         prompt = f"{self.config.system_prompt}\n\n{HELPER_PROMPT}".strip()
         loop = ToolLoop(llm=self.llm, registry=registry, memory=self.kit.memory, settings=self.settings,
-                        system_prompt=prompt, admit=self.budget.admit)
+                        system_prompt=prompt, admit=self.budget.admit, approvals=self.approvals)
         result = await loop.run(
             history=[{"role": "user", "content": instruction}], session_id=session_id, call_chain=call_chain
         )

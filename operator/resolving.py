@@ -220,6 +220,7 @@ def resolve_agent(
         web_browse=_resolve_web_browse(agent, problems=problems),
         http_token=http_token,
         mcp_catalog=catalog,
+        approvals=_approvals(agent),
     )
     statuses = [
         ResolvedToolStatus(name=tool.name, source=f"builtin:{tool.tool_set}", description=tool.description)
@@ -378,9 +379,23 @@ def _resolve_tool(
     definition = cfg.ToolDefinition(
         function=cfg.FunctionDefinition(name=tool.function_name, description=spec.description, parameters=parameters)
     )
+    approval = None
+    if spec.approval is not None and spec.approval.required:
+        approval = cfg.ApprovalPolicy(timeout_seconds=float(spec.approval.timeout_seconds),
+                                      on_timeout=spec.approval.on_timeout)
     return cfg.ResolvedTool(
-        definition=definition, source=source, backend=backend, timeout_seconds=float(spec.timeout_seconds)
+        definition=definition, source=source, backend=backend, timeout_seconds=float(spec.timeout_seconds),
+        approval=approval,
     ), None
+
+
+def _approvals(agent: Agent) -> dict[str, cfg.ApprovalPolicy]:
+    """The Agent's own list of tools (built-in or MCP, by name) whose calls wait for a person."""
+    wanted = agent.spec.approval
+    if wanted is None:
+        return {}
+    policy = cfg.ApprovalPolicy(timeout_seconds=float(wanted.timeout_seconds), on_timeout=wanted.on_timeout)
+    return dict.fromkeys(wanted.tools, policy)
 
 
 def _lists_a_server(tool: cfg.ResolvedTool) -> bool:

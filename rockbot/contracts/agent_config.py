@@ -104,6 +104,13 @@ class AgentBackend(Contract):
 Backend = Annotated[RestBackend | McpBackend | ScriptBackend | AgentBackend, Field(discriminator="kind")]
 
 
+class ApprovalPolicy(Contract):
+    """A call waits for a person's decision this long; then it is denied (a tool error) or allowed."""
+
+    timeout_seconds: Annotated[float, Field(gt=0)] = 600.0
+    on_timeout: Literal["Deny", "Allow"] = "Deny"
+
+
 class ResolvedTool(Contract):
     """A declared tool (Tool resource or sub-agent) with everything needed to call it."""
 
@@ -111,6 +118,8 @@ class ResolvedTool(Contract):
     source: str  # "tool:<name>", "agent:<name>"
     backend: Backend
     timeout_seconds: float = 30.0
+    #: Each call (each tool of the server, for a Tool naming `tool: "*"`) waits for a person's approval.
+    approval: ApprovalPolicy | None = None
 
     @property
     def name(self) -> str:
@@ -176,3 +185,5 @@ class AgentConfig(Contract):
     http_token: SecretEnv | None = None
     #: MCP servers declared in the namespace that `mcp_register_server` may attach (the `mcp` set only).
     mcp_catalog: list[McpServer] = Field(default_factory=list)
+    #: Built-in or MCP tools, by the name the model sees, whose calls wait for a person (the Agent's spec.approval).
+    approvals: dict[str, ApprovalPolicy] = Field(default_factory=dict)

@@ -9,11 +9,13 @@ from pydantic import Field
 
 from rockbot.resources.common import (
     DNS_LABEL,
+    MAX_APPROVAL_SECONDS,
     Condition,
     FunctionName,
     KubeName,
     ListSet,
     LocalObjectReference,
+    OnApprovalTimeout,
     PrinterColumn,
     Quantity,
     Resource,
@@ -229,6 +231,20 @@ class EnvVar(Schema):
     value_from: EnvVarSource | None = None
 
 
+class AgentApprovalSpec(Schema):
+    """Built-in or MCP tools of this Agent (by the name the model sees) whose calls wait for a person."""
+
+    tools: Annotated[list[FunctionName], Field(max_length=256), ListSet()] = Field(
+        default_factory=list, description="Tool names, e.g. execute_python_script."
+    )
+    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_APPROVAL_SECONDS)] = Field(
+        default=600, description="How long a call waits for a decision."
+    )
+    on_timeout: OnApprovalTimeout = Field(
+        default="Deny", description="What a call nobody decided on in time becomes: Deny (a tool error) or Allow."
+    )
+
+
 class AgentSpec(Schema):
     rules = (
         Rule(
@@ -267,6 +283,7 @@ class AgentSpec(Schema):
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
     script_limits: ScriptLimitsSpec = Field(default_factory=ScriptLimitsSpec)
     limits: AgentLimitsSpec | None = None
+    approval: AgentApprovalSpec | None = Field(default=None, description="Tools whose calls wait for a person.")
 
 
 class ResolvedToolStatus(Schema):

@@ -33,6 +33,11 @@ FunctionName = Annotated[str, Field(pattern=FUNCTION_NAME, min_length=1, max_len
 Quantity = Annotated[str, Field(pattern=QUANTITY)]
 
 
+#: The longest a tool call may wait for a person's decision (a day).
+MAX_APPROVAL_SECONDS = 86_400
+OnApprovalTimeout = Literal["Deny", "Allow"]
+
+
 @dataclass(frozen=True)
 class Rule:
     """One validation rule, declared once in its two forms: `cel` is what the CRD gives the API server,

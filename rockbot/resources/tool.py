@@ -8,9 +8,11 @@ from pydantic import Field
 
 from rockbot.resources.common import (
     FUNCTION_NAME,
+    MAX_APPROVAL_SECONDS,
     Condition,
     FunctionName,
     KubeName,
+    OnApprovalTimeout,
     PrinterColumn,
     Resource,
     Rule,
@@ -130,6 +132,18 @@ class AgentBackendSpec(Schema):
     name: KubeName
 
 
+class ApprovalSpec(Schema):
+    """A person approves each call of this Tool before it runs (in the console, or `rockbot local`'s chat)."""
+
+    required: bool = Field(default=True, description="Whether a call waits for a person's approval.")
+    timeout_seconds: Annotated[int, Field(ge=1, le=MAX_APPROVAL_SECONDS)] = Field(
+        default=600, description="How long a call waits for a decision."
+    )
+    on_timeout: OnApprovalTimeout = Field(
+        default="Deny", description="What a call nobody decided on in time becomes: Deny (a tool error) or Allow."
+    )
+
+
 class ToolSpec(Schema):
     rules = (
         Rule(
@@ -148,6 +162,7 @@ class ToolSpec(Schema):
         description="JSON Schema of the arguments (an object schema).",
     )
     timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    approval: ApprovalSpec | None = Field(default=None, description="Calls wait for a person's approval.")
     rest: RestBackendSpec | None = None
     mcp: McpBackendSpec | None = None
     script: ScriptBackendSpec | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rockbot.contracts import agent_config as cfg
 from rockbot.operator.resolving import Resolution, agents_using, resolve_agent, secret_env_name
 from rockbot.operator.secret_refs import secret_references
 from rockbot.resources.common import SecretKeyRef
@@ -243,3 +244,14 @@ def test_the_model_request_timeout_is_an_agent_field_with_a_default():
     from rockbot.resources import Agent
 
     assert resolve(Agent.model_validate(body)).config.model.request_timeout_seconds == 300
+
+
+def test_approvals_of_tools_and_of_the_agents_named_tools_reach_the_config():
+    tools = [tool_body("deploy", approval={"timeoutSeconds": 120, "onTimeout": "Allow"}),
+             tool_body("weather"), tool_body("lenient", approval={"required": False})]
+    result = resolve(agent(tools=["deploy", "weather", "lenient"], builtinTools=["scripts"],
+                           approval={"tools": ["execute_python_script"], "timeoutSeconds": 30}), tools)
+    by_name = {t.name: t.approval for t in result.config.tools}
+    assert by_name["deploy"] == cfg.ApprovalPolicy(timeout_seconds=120, on_timeout="Allow")
+    assert by_name["weather"] is None and by_name["lenient"] is None
+    assert result.config.approvals == {"execute_python_script": cfg.ApprovalPolicy(timeout_seconds=30)}

@@ -1,0 +1,140 @@
+"""Tool calls that wait for a person: the gate the tool loop asks before it runs a call that needs approval.
+
+Which calls wait comes from the agent's config: a Tool's `spec.approval` (every tool of its server for a
+Tool naming `tool: "*"`), and the Agent's `spec.approval.tools` for built-in or MCP tools by name. An
+`Approver` takes the pending call to a person (the console over the bus, `rockbot local`'s terminal) and
+returns their decision. A denial, or a timeout with `onTimeout: Deny`, reaches the model as a tool error
+(errors as data) and the tool does not run. With no approver at all, such calls are refused (fail closed).
+
+A waiting call lives only in the process that waits: if the agent pod restarts meanwhile, the wait ends
+with it and the tool has not run; it never runs for that request. A decision sent afterwards names an
+approval nobody waits for and is dropped. A turn that is delivered again (the inbox redelivers a message
+its consumer never acknowledged) starts over, and its risky call waits for a new approval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+from rockbot.agent.events import ApprovalDecided, ApprovalRequested, EventSink, emit
+from rockbot.agent.llm import ToolCall
+from rockbot.agent.metrics import AgentMetrics
+from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+from rockbot.contracts.agent_config import AgentConfig, ApprovalPolicy
+from rockbot.contracts.approvals import MAX_ARGUMENTS_CHARS, ApprovalDecision, ApprovalRequest
+from rockbot.contracts.errors import ErrorCode, ErrorInfo
+
+log = logging.getLogger(__name__)
+
+
+class Approver(Protocol):
+    """Takes a pending call to a person and returns their decision (the gate bounds the wait)."""
+
+    async def ask(self, request: ApprovalRequest) -> ApprovalDecision: ...
+
+
+def policies(config: AgentConfig) -> tuple[dict[str, ApprovalPolicy], dict[str, ApprovalPolicy]]:
+    """The approval policies of an agent: by tool name, and by source (`mcp:<server>`) for whole servers."""
+    by_name: dict[str, ApprovalPolicy] = {}
+    by_source: dict[str, ApprovalPolicy] = {}
+    for tool in config.tools:
+        if tool.approval is None:
+            continue
+        if getattr(tool.backend, "tool", None) == "*":
+            by_source[tool.source] = tool.approval
+        else:
+            by_name[tool.name] = tool.approval
+    by_name.update(config.approvals)
+    return by_name, by_source
+
+
+class ApprovalGate:
+    """Asks for approval of the calls that need it; None means "run it", an outcome is the refusal to answer."""
+
+    def __init__(
+        self,
+        *,
+        config: AgentConfig,
+        registry: ToolRegistry,
+        approver: Approver | None,
+        metrics: AgentMetrics | None = None,
+        clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    ) -> None:
+        self._namespace = config.namespace
+        self._agent = config.name
+        self._by_name, self._by_source = policies(config)
+        self._registry = registry
+        #: Who asks a person; set once the agent is connected (None: calls that need approval are refused).
+        self.approver = approver
+        self._metrics = metrics
+        self._clock = clock
+
+    def policy(self, name: str) -> ApprovalPolicy | None:
+        """The policy of a call of `name`, None when it runs without approval (or would be refused anyway)."""
+        tool = self._registry.get(name)
+        if tool is None or self._registry.is_blacklisted(name):
+            return None  # the registry answers it with an error; nothing would run
+        return self._by_name.get(name) or self._by_source.get(tool.source)
+
+    async def check(self, call: ToolCall, *, context: ToolContext, on_event: EventSink | None) -> ToolOutcome | None:
+        policy = self.policy(call.name)
+        if policy is None:
+            return None
+        if self.approver is None:
+            return self._refusal(call, ErrorCode.REJECTED, f"{call.name} needs a person's approval and this agent "
+                                 "has no way to ask for it: run it with the console (or rockbot local's chat)")
+        now = self._clock()
+        arguments = call.arguments if len(call.arguments) <= MAX_ARGUMENTS_CHARS else (
+            call.arguments[:MAX_ARGUMENTS_CHARS] + f"… [{len(call.arguments) - MAX_ARGUMENTS_CHARS} more characters]")
+        request = ApprovalRequest(
+            approval_id=uuid.uuid4().hex, namespace=self._namespace, agent=self._agent,
+            session_id=context.session_id, tool_call_id=call.id, tool_name=call.name, arguments=arguments,
+            requested_at=now, expires_at=now + datetime.timedelta(seconds=policy.timeout_seconds),
+            on_timeout=policy.on_timeout,
+        )  # fmt: skip
+        await emit(on_event, ApprovalRequested(call_id=call.id, name=call.name, approval_id=request.approval_id,
+                                               timeout_seconds=policy.timeout_seconds))
+        waiting = self._metrics.approvals_waiting.labels(agent=self._agent) if self._metrics else None
+        if waiting is not None:
+            waiting.inc()
+        try:
+            decision = await asyncio.wait_for(self.approver.ask(request), timeout=policy.timeout_seconds)
+        except TimeoutError:
+            decision = None
+        finally:
+            if waiting is not None:
+                waiting.dec()
+        if decision is None:
+            runs = policy.on_timeout == "Allow"
+            await self._decided(call, request, outcome="timed_out", runs=runs, on_event=on_event)
+            if runs:
+                return None
+            return self._refusal(call, ErrorCode.TIMEOUT, f"nobody approved {call.name} within "
+                                 f"{policy.timeout_seconds:g} s, so it did not run (onTimeout: Deny)")
+        outcome = "approved" if decision.approved else "denied"
+        await self._decided(call, request, outcome=outcome, runs=decision.approved, on_event=on_event,
+                            decided_by=decision.decided_by, reason=decision.reason)
+        if decision.approved:
+            return None
+        because = f": {decision.reason}" if decision.reason else " (no reason given)"
+        return self._refusal(call, ErrorCode.REJECTED, f"{decision.decided_by} denied this call of {call.name}, "
+                             f"so it did not run{because}")
+
+    async def _decided(self, call: ToolCall, request: ApprovalRequest, *, outcome: str, runs: bool,
+                       on_event: EventSink | None, decided_by: str = "", reason: str = "") -> None:
+        log.info("tool approval %s", outcome, extra={"tool": call.name, "approval_id": request.approval_id,
+                                                     "decided_by": decided_by})
+        if self._metrics is not None:
+            self._metrics.approvals.labels(agent=self._agent, tool=call.name, outcome=outcome).inc()
+        await emit(on_event, ApprovalDecided(call_id=call.id, name=call.name, approval_id=request.approval_id,
+                                             outcome=outcome, runs=runs, decided_by=decided_by,  # type: ignore[arg-type]
+                                             reason=reason))
+
+    @staticmethod
+    def _refusal(call: ToolCall, code: ErrorCode, message: str) -> ToolOutcome:
+        return ToolOutcome(tool_call_id=call.id, name=call.name, error=ErrorInfo(code=code, message=message))
