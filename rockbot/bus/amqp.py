@@ -30,7 +30,14 @@ from yarl import URL
 
 from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
-from rockbot.bus.messages import CONTENT_TYPE, PUBLISHED_AT_HEADER, SCHEMA_VERSION_HEADER, Delivery, Outgoing
+from rockbot.bus.messages import (
+    CONTENT_TYPE,
+    PUBLISHED_AT_HEADER,
+    ROUTING_HEADERS,
+    SCHEMA_VERSION_HEADER,
+    Delivery,
+    Outgoing,
+)
 from rockbot.bus.topology import EXCHANGE, Queue
 from rockbot.health import Readiness, wait_for_dependency
 from rockbot.telemetry import TRACE_HEADERS
@@ -244,6 +251,9 @@ class _AmqpSubscription(Subscription):
                 user_id=message.user_id,
                 trace_context={k: _text(v) for k, v in headers.items() if k in TRACE_HEADERS},
                 published_at=published_at / 1000 if isinstance(published_at, int) else None,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                routing_headers=tuple(name for name in ROUTING_HEADERS if name in headers),
             )
             try:
                 outcome = await run_handler(handler=self._handler, delivery=delivery)

@@ -1,10 +1,11 @@
 """The bus every rockbot process talks through: publish, consume with manual ack, request/reply.
 
 Each connection acts as one principal (`user`, see `identity`) and stamps it on every message it
-publishes; a message that arrives without a sender the bus recognises is refused before any
-handler sees it. A handler's message is acked only after the handler returns, so anything it
-publishes (its reply) is confirmed first. What happens to the message of a handler that raises
-depends on why:
+publishes; a message that arrives without a sender the bus recognises, or by any route but the
+exchange `rockbot` with its queue's own name as routing key (`Delivery.misrouted`: copies, dead-
+letter relays, other exchanges), is refused before any handler sees it. A handler's message is acked
+only after the handler returns, so anything it publishes (its reply) is confirmed first. What
+happens to the message of a handler that raises depends on why:
 - a transient bus error (`BusUnavailable`, or a plain `BusError` such as the broker restarting or
   the bus closing) requeues it, after a short pause: the work may well be done and only its reply
   failed to go out, so dropping it would lose the request;
@@ -57,6 +58,11 @@ async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
 
 
 async def _outcome(*, handler: Handler, delivery: Delivery) -> Outcome:
+    misrouted = delivery.misrouted()
+    if misrouted is not None:
+        log.warning("refusing message %s on %s from %s: %s; dead-lettering it unhandled",
+                    delivery.message_id, delivery.queue, delivery.user_id, misrouted)
+        return "drop"
     if delivery.sender is None:
         log.warning("refusing message %s on %s: its sender %r is not a rockbot principal (user_id); dead-lettering it",
                     delivery.message_id, delivery.queue, delivery.user_id)

@@ -256,6 +256,8 @@ class _MemorySubscription(Subscription):
             user_id=stored.user_id,
             trace_context=message.trace_context,
             published_at=message.published_at,
+            exchange=EXCHANGE,  # the one route this broker has
+            routing_key=self._queue.spec.name,
         )
         try:
             outcome = await run_handler(handler=self._handler, delivery=delivery)

@@ -21,11 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rockbot.bus.errors import BadMessage, TooLarge
 from rockbot.bus.identity import Principal
+from rockbot.bus.topology import EXCHANGE
 
 CONTENT_TYPE = "application/json"
 SCHEMA_VERSION_HEADER = "x-schema-version"
 # Integer milliseconds: AMQP tables (pamqp) encode a Python float as a 32-bit float, off by up to a minute.
 PUBLISHED_AT_HEADER = "x-published-at-ms"
+#: Headers that route a message besides its routing key (copies), or say it was dead-lettered before.
+ROUTING_HEADERS = ("CC", "BCC", "x-death")
 
 M = TypeVar("M")
 
@@ -88,6 +91,28 @@ class Delivery(BaseModel):
     #: The sender's trace context (W3C headers), and when it was sent (seconds since the epoch), if it said.
     trace_context: dict[str, str] = Field(default_factory=dict)
     published_at: float | None = None
+    #: How the broker routed it: the exchange and routing key it was published with (None: not said).
+    exchange: str | None = None
+    routing_key: str | None = None
+    #: The routing headers it carries (`ROUTING_HEADERS`: dead-lettered before, copied to other queues).
+    routing_headers: tuple[str, ...] = ()
+
+    def misrouted(self) -> str | None:
+        """Why this message did not come straight to its queue, or None.
+
+        Every queue is bound to `rockbot` by its own name, so a message published for it has exactly
+        that routing key. Anything else reached it by a side route a sender can build around the
+        topic permissions that say who may write to which queue: a copy (`CC`/`BCC`, which RabbitMQ
+        checks against topic permissions only from 4.0), a dead-letter relay (`x-death`), another
+        exchange bound or set as alternate exchange. Such a message is refused, whoever sent it.
+        """
+        if self.exchange != EXCHANGE:
+            return f"it came through exchange {self.exchange!r}, not {EXCHANGE!r}"
+        if self.routing_key != self.queue:
+            return f"its routing key {self.routing_key!r} is not the queue's own name (a copy or a relay)"
+        if self.routing_headers:
+            return f"it carries {', '.join(self.routing_headers)} (a copy or a dead-letter relay)"
+        return None
 
     @property
     def sender(self) -> Principal | None:

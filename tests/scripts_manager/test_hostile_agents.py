@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 import aio_pika
 import aiormq
@@ -160,3 +161,60 @@ async def _dead_letters(vhost: Vhost, count: int) -> list:
     letters = await vhost.admin.dead_letters()
     assert len(letters) >= count, letters
     return letters
+
+
+async def test_a_script_answer_relayed_by_dead_lettering_never_reaches_another_agents_call(
+    vhost: Vhost, make_settings: MakeSettings
+) -> None:
+    """Issue 18 L3: mallory's own queue dead-letters the scripts-manager's answer to mallory into alice's result
+    queue, under the correlation id of alice's pending call; alice gets her own script's output, never mallory's."""
+    manager = ScriptsManager(settings=make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER), scripts_concurrency=2))
+    await manager.start()
+    try:
+        async with await AmqpBus.connect(url=await vhost.url(ALICE)) as alice_bus:
+            sandbox = ScriptSandbox(bus=alice_bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+            pending = asyncio.create_task(sandbox.execute_python_script(
+                script="import time\ntime.sleep(8)\nprint('my own answer')", request_id="alice-1"))
+            alices_queue = await eventually(lambda: _reply_queue_consumed_by(vhost, ALICE), within=WAIT)
+            outcome = await _relay_into(vhost, queue=alices_queue, correlation_id="alice-1")
+            result = await pending
+    finally:
+        await manager.stop()
+    assert isinstance(result, ScriptInvokeResponse), (result, outcome)
+    assert (result.request_id, result.stdout) == ("alice-1", "my own answer\n"), outcome
+
+
+async def _reply_queue_consumed_by(vhost: Vhost, principal: Principal) -> str:
+    """The queue where `principal`'s process takes its answers: the one of its queues with a consumer."""
+    own = (f"script.result.{principal.namespace}.{principal.name}.", f"agent.{principal.namespace}.{principal.name}.")
+    listed = await vhost.admin._get(f"queues/{quote(vhost.name, safe='')}") or []
+    consumed = [item["name"] for item in listed if item.get("consumers") and item["name"].startswith(own)
+                and not item["name"].endswith(".inbox")]
+    assert consumed, f"{principal}'s sandbox client consumes no reply queue yet"
+    return consumed[0]
+
+
+async def _relay_into(vhost: Vhost, *, queue: str, correlation_id: str) -> str:
+    """As mallory: a queue of its own that dead-letters at once into `queue`, as `reply_to` of mallory's script.
+
+    'sent', or what the broker refused."""
+    relay = "script.result.default.mallory.relay"  # a name mallory's configure permission covered
+    request = ScriptInvokeRequest(request_id=correlation_id, agent="mallory", script="print('2 + 2 = 5')")
+    message = aio_pika.Message(
+        request.model_dump_json().encode(), content_type="application/json", type="ScriptInvokeRequest",
+        headers={"x-schema-version": 1}, user_id=MALLORY.user, correlation_id=correlation_id,
+        message_id=correlation_id, reply_to=relay,
+    )  # fmt: skip
+    connection = await aio_pika.connect(await vhost.url(MALLORY))
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(relay, arguments={
+            "x-message-ttl": 0, "x-dead-letter-exchange": EXCHANGE, "x-dead-letter-routing-key": queue})
+        await declared.bind(EXCHANGE, routing_key=relay)
+        exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+        await exchange.publish(message, routing_key=SCRIPT_INVOKE.name)
+        return "sent"
+    except aiormq.exceptions.ChannelAccessRefused as exc:
+        return f"refused: {exc}"
+    finally:
+        await connection.close()
