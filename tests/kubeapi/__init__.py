@@ -25,9 +25,8 @@ What it does as the real server does:
   selectors filter events, and an object leaving (entering) the selection is sent as DELETED (ADDED);
 - CRDs are registered for discovery (kinds, plurals, short names, categories, scope, status
   subresource) once the CRD controller (a moment after the write) reports them Established;
-  custom resources are pruned, defaulted and validated with `openAPIV3Schema` and the
-  `x-kubernetes-validations` CEL rules, `x-kubernetes-list-type: set` duplicates, with errors worded as
-  the real server words them;
+  custom resources are pruned and defaulted with `openAPIV3Schema` (not validated: what the server
+  refuses is tested on the real one, tests/kube_real);
 - built-in defaults that matter to code comparing desired and actual state (Deployment strategy,
   pod template defaults, Service clusterIP/ports, Secret `stringData` folded into `data`...);
 - pods as a node serves them: `pods/{name}/binding` (the scheduler's write, once), `pods/{name}/log`

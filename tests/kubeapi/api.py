@@ -489,14 +489,11 @@ class ApiServer:
     # ---- admission
 
     def _admit(self, rtype: ResourceType, *, version: str, obj: Obj, old: Obj | None) -> None:
-        """Defaulting, pruning and validation, as the API server does before storing."""
-        name = obj["metadata"].get("name", "")
+        """Defaulting and pruning, as the API server does before storing (validation: tests/kube_real)."""
         if rtype.custom:
-            crds.admit(rtype, version=version, obj=obj, old=old)
+            crds.admit(rtype, version=version, obj=obj)
         else:
             builtins.admit(rtype, obj=obj, old=old)
-            if rtype.key == CRDS:
-                crds.validate_crd(obj, registry=self.registry, name=name)
 
     def _check_type(self, rtype: ResourceType, *, version: str, obj: Obj) -> None:
         api_version, kind = obj.get("apiVersion"), obj.get("kind")

@@ -1,4 +1,4 @@
-"""The generated CRDs refuse what the operator could not reconcile, naming the field and the fix."""
+"""On the real API server, the generated CRDs refuse what the operator could not reconcile, naming field and fix."""
 
 from __future__ import annotations
 
@@ -10,27 +10,26 @@ from rockbot.resources import Agent
 from rockbot.resources.agent import MAX_AGENT_NAME
 from tests.operator.samples import agent_body
 
-NS = "default"
-
 
 def body(name: str = "analyst", **spec) -> dict:
     agent = agent_body(name, **spec)
-    del agent["metadata"]["uid"], agent["metadata"]["generation"]
+    del agent["metadata"]["uid"], agent["metadata"]["generation"], agent["metadata"]["namespace"]
     return agent
 
 
-async def refusal(kube: KubeClient, agent: dict) -> str:
+async def refusal(kube: KubeClient, namespace: str, agent: dict) -> str:
+    """The real API server's refusal of `agent`."""
     with pytest.raises(Invalid) as refused:
-        await kube.create(AGENTS, namespace=NS, body=agent)
+        await kube.create(AGENTS, namespace=namespace, body=agent)
     return str(refused.value)
 
 
-async def test_agent_names_are_bounded_by_the_longest_child_name(kube_client: KubeClient):
-    assert await kube_client.create(AGENTS, namespace=NS, body=body("a" * MAX_AGENT_NAME))
-    message = await refusal(kube_client, body("a" * (MAX_AGENT_NAME + 1)))
+async def test_agent_names_are_bounded_by_the_longest_child_name(real_kube_client: KubeClient, kube_namespace: str):
+    assert await real_kube_client.create(AGENTS, namespace=kube_namespace, body=body("a" * MAX_AGENT_NAME))
+    message = await refusal(real_kube_client, kube_namespace, body("a" * (MAX_AGENT_NAME + 1)))
     assert "metadata.name: Agent names are at most 44 characters" in message
     assert "choose a shorter name" in message
-    dotted = await refusal(kube_client, body("team.analyst"))
+    dotted = await refusal(real_kube_client, kube_namespace, body("team.analyst"))
     assert "metadata.name: Agent names must be DNS labels (lowercase letters, digits and '-', no dots)" in dotted
 
 
@@ -45,33 +44,37 @@ async def test_agent_names_are_bounded_by_the_longest_child_name(kube_client: Ku
         ),
     ],
 )
-async def test_selector_values_must_fit_the_operator(kube_client: KubeClient, requirement, expected):
-    message = await refusal(kube_client, body(toolSelector={"matchExpressions": [requirement]}))
-    assert f"spec.toolSelector.matchExpressions[0]: Invalid value: \"object\": {expected}" in message
+async def test_selector_values_must_fit_the_operator(
+    real_kube_client: KubeClient, kube_namespace: str, requirement, expected
+):
+    message = await refusal(real_kube_client, kube_namespace, body(toolSelector={"matchExpressions": [requirement]}))
+    assert f"spec.toolSelector.matchExpressions[0]: Invalid value: {expected}" in message
 
 
-async def test_selector_requirements_that_fit_their_operator_are_accepted(kube_client: KubeClient):
+async def test_selector_requirements_that_fit_their_operator_are_accepted(
+    real_kube_client: KubeClient, kube_namespace: str
+):
     selector = {
         "matchExpressions": [
             {"key": "team", "operator": "In", "values": ["data"]},
             {"key": "tier", "operator": "DoesNotExist"},
         ]
     }
-    assert await kube_client.create(AGENTS, namespace=NS, body=body(toolSelector=selector))
+    assert await real_kube_client.create(AGENTS, namespace=kube_namespace, body=body(toolSelector=selector))
 
 
 @pytest.mark.parametrize("quantity", ["1.2.3", "1..", "Mi", "1Mii", "1e"])
-async def test_malformed_quantities_are_refused(kube_client: KubeClient, quantity):
-    message = await refusal(kube_client, body(resources={"limits": {"memory": quantity}}))
+async def test_malformed_quantities_are_refused(real_kube_client: KubeClient, kube_namespace: str, quantity):
+    message = await refusal(real_kube_client, kube_namespace, body(resources={"limits": {"memory": quantity}}))
     field = "spec.resources.limits.memory"
     assert f'{field}: Invalid value: "{quantity}": {field} in body should match' in message
 
 
-async def test_real_quantities_are_accepted(kube_client: KubeClient):
+async def test_real_quantities_are_accepted(real_kube_client: KubeClient, kube_namespace: str):
     resources = {"limits": {"memory": "1.5Gi", "cpu": "2"}, "requests": {"memory": "128974848", "cpu": ".5"}}
     limits = {"cpu": "250m", "memory": "1e9"}
     agent = body(resources=resources, scriptLimits=limits)
-    assert await kube_client.create(AGENTS, namespace=NS, body=agent)
+    assert await real_kube_client.create(AGENTS, namespace=kube_namespace, body=agent)
     assert Agent.model_validate(agent).spec.resources is not None
 
 
@@ -82,16 +85,17 @@ async def test_real_quantities_are_accepted(kube_client: KubeClient):
         {"secretKeyRef": {"name": "s", "key": "k"}, "fieldRef": {"fieldPath": "metadata.name"}},
     ],
 )
-async def test_value_from_needs_exactly_one_source(kube_client: KubeClient, value_from):
-    message = await refusal(kube_client, body(env=[{"name": "X", "valueFrom": value_from}]))
+async def test_value_from_needs_exactly_one_source(real_kube_client: KubeClient, kube_namespace: str, value_from):
+    message = await refusal(real_kube_client, kube_namespace, body(env=[{"name": "X", "valueFrom": value_from}]))
     assert (
-        "spec.env[0].valueFrom: Invalid value: \"object\": valueFrom must set exactly one of "
+        "spec.env[0].valueFrom: Invalid value: valueFrom must set exactly one of "
         "secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef"
     ) in message
 
 
-async def test_value_from_sources_are_checked_like_a_pods(kube_client: KubeClient):
-    message = await refusal(kube_client, body(env=[{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s"}}}]))
+async def test_value_from_sources_are_checked_like_a_pods(real_kube_client: KubeClient, kube_namespace: str):
+    missing_key = body(env=[{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s"}}}])
+    message = await refusal(real_kube_client, kube_namespace, missing_key)
     assert "spec.env[0].valueFrom.secretKeyRef.key: Required value" in message
     sources = [
         {"secretKeyRef": {"name": "s", "key": "k", "optional": True}},
@@ -100,7 +104,7 @@ async def test_value_from_sources_are_checked_like_a_pods(kube_client: KubeClien
         {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}},
     ]
     env = [{"name": f"X{index}", "valueFrom": source} for index, source in enumerate(sources)]
-    created = await kube_client.create(AGENTS, namespace=NS, body=body(env=env))
+    created = await real_kube_client.create(AGENTS, namespace=kube_namespace, body=body(env=env))
     assert [entry["valueFrom"] for entry in created["spec"]["env"]] == sources
 
 
