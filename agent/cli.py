@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -107,6 +108,7 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
 async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
     from rockbot.agent.budget import TokenBudget
     from rockbot.agent.inbox import serve_inbox
+    from rockbot.agent.recording import SessionHistory, bus_publisher
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
     from rockbot.agent.usage_reports import UsageReporter
@@ -148,8 +150,11 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     reported = bus is not None and url != "memory"  # an operator on the bus keeps the Agent's day over replicas
     budget = TokenBudget(tokens_per_day=config.limits.tokens_per_day, reported=reported)
     runtime = AgentRuntime.from_config(
-        config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config), budget=budget
-    )
+        config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config), budget=budget,
+        publish_runs=bus_publisher(bus) if reported else None,
+        history=SessionHistory(bus=bus, namespace=config.namespace, name=config.name,
+                               instance=secrets.token_hex(4)) if reported else None,
+    )  # fmt: skip
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()

@@ -27,6 +27,10 @@ class Conversations:
         self._histories: OrderedDict[str, list[Message]] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
+    @property
+    def max_messages(self) -> int:
+        return self._max_messages
+
     def history(self, session_id: str) -> list[Message]:
         """A copy of the session's messages (empty for a new session)."""
         return list(self._histories.get(session_id, ()))

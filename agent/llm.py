@@ -138,6 +138,8 @@ class Attempt(BaseModel):
     status: str
     usage: Usage | None = None
     seconds: float
+    #: Why the model stopped (`stop`, `tool_calls`, `length`...), for an answered request.
+    finish_reason: str | None = None
 
 
 AttemptObserver = Callable[[Attempt], None]
@@ -243,7 +245,7 @@ class LlmClient:
                 continue
             span.set_attribute("rockbot.llm.attempts", attempt)
             self._observe(Attempt(model=self.model, status="200", usage=completion.usage,
-                                  seconds=time.perf_counter() - started))
+                                  seconds=time.perf_counter() - started, finish_reason=completion.finish_reason))
             return completion
         raise AssertionError("unreachable")
 

@@ -123,6 +123,9 @@ class ToolOutcome(BaseModel):
     content: str = ""
     error: ErrorInfo | None = None
     duration_seconds: float = 0.0
+    #: The arguments as the model wrote them, and where the tool comes from (for the run store's timeline).
+    arguments: str = ""
+    source: str = ""
 
     @property
     def ok(self) -> bool:
@@ -257,7 +260,11 @@ class ToolRegistry:
                 outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, content=content)
             except ToolFailure as failure:
                 outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=failure.info, known=known)
-            outcome = outcome.model_copy(update={"duration_seconds": time.perf_counter() - started})
+            tool = self._tools.get(name)
+            outcome = outcome.model_copy(update={
+                "duration_seconds": time.perf_counter() - started, "arguments": _as_text(arguments),
+                "source": tool.label if tool is not None else "",
+            })  # fmt: skip
             if span.is_recording():
                 self._describe(span, outcome, arguments)
         for observer in self._observers:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 import aiohttp
+from opentelemetry import trace
 
 from rockbot.agent.approvals import ApprovalGate, Approver
 from rockbot.agent.budget import BudgetExhausted, TokenBudget
@@ -36,6 +37,7 @@ from rockbot.agent.llm import LlmClient, LlmError
 from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
+from rockbot.agent.recording import Publish, RunRecorder, SessionHistory, secrets_of
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.delegation import agent_tool
 from rockbot.agent.toolsets.kit import Guides, ToolKit, ToolSetSource, builtin_modules, install_tool_sets
@@ -71,8 +73,14 @@ class AgentRuntime:
         budget: TokenBudget,
         tool_sets: list[ToolSetSource],
         approver: Approver | None = None,
+        recorder: RunRecorder | None = None,
+        history: SessionHistory | None = None,
     ):
         self.config = config
+        self.recorder = recorder or RunRecorder(publish=None)
+        self.history = history
+        #: The last run of each conversation this process did: its recorded history is newer only if it holds it.
+        self._last_runs: dict[str, str] = {}
         self.llm = llm
         self.registry = registry
         self.kit = kit
@@ -104,15 +112,22 @@ class AgentRuntime:
         llm_backoff_seconds: float = 0.5,
         budget: TokenBudget | None = None,
         approver: Approver | None = None,
+        publish_runs: Publish | None = None,
+        history: SessionHistory | None = None,
     ) -> AgentRuntime:
         """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`.
 
         `budget` is the day's token tally (the agent process's, reported to the operator); by default one
-        of this runtime alone.
+        of this runtime alone. `publish_runs` sends run events to the console (the config's `runs` policy says
+        what they keep); `history` reads a session's recorded history (other replicas' turns, earlier pods').
         """
         env = dict(os.environ if env is None else env)
         metrics = AgentMetrics(agent=config.name)
         budget = budget or TokenBudget(tokens_per_day=config.limits.tokens_per_day)
+        recorder = RunRecorder(
+            publish=publish_runs, record=config.runs.record, retention_days=config.runs.retention_days,
+            redact=secrets_of(config, env), registry=metrics.registry,
+        )  # fmt: skip
         model = config.model
         llm = LlmClient(
             base_url=model.base_url,
@@ -123,9 +138,10 @@ class AgentRuntime:
             timeout_seconds=model.request_timeout_seconds,
             max_attempts=llm_max_attempts,
             backoff_seconds=llm_backoff_seconds,
-            observers=[metrics.observe_llm, budget.record],
+            observers=[metrics.observe_llm, budget.record, recorder.observe_llm],
         )
-        registry = ToolRegistry(blacklist=config.tool_blacklist, observers=[metrics.observe_tool])
+        registry = ToolRegistry(blacklist=config.tool_blacklist,
+                                observers=[metrics.observe_tool, recorder.observe_tool])
         runtime: AgentRuntime
         kit = ToolKit(
             config=config,
@@ -154,6 +170,8 @@ class AgentRuntime:
             budget=budget,
             tool_sets=list(tool_sets or []),
             approver=approver,
+            recorder=recorder,
+            history=history,
         )
         return runtime
 
@@ -166,11 +184,13 @@ class AgentRuntime:
         modules += self._tool_sets
         modules += [m for m in builtin_modules(self.config) if m.endswith(".guides")]
         await install_tool_sets(registry=self.registry, kit=self.kit, modules=modules)
+        await self.recorder.start()
         self.ready = True
         log.info("agent %s/%s ready with %d tools", self.config.namespace, self.config.name, len(self.registry))
         return self
 
     async def close(self) -> None:
+        await self.recorder.close()
         for closer in reversed(self.kit.closers):
             try:
                 await closer()
@@ -216,15 +236,29 @@ class AgentRuntime:
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
-            history = self.conversations.history(key)
+            history = await self._history(key=key, caller=caller, session_id=session_id)
             history.append({"role": "user", "content": text})
             try:
                 return await self._turn(
                     history=history, session_id=key, call_chain=call_chain, on_event=on_event,
-                    source=source, request_id=request_id,
+                    source=source, request_id=request_id, caller=caller, session=session_id,
+                    new_from=len(history) - 1,
                 )  # fmt: skip
             finally:
                 self.conversations.save(key, _complete_turns(history))
+
+    async def _history(self, *, key: str, caller: str, session_id: str) -> list[dict[str, Any]]:
+        """The conversation so far: as recorded (every replica's turns, an earlier pod's) when the store answers in
+        time and holds this process's last turn of it, else as this process holds it."""
+        held = self.conversations.history(key)
+        if self.history is None or self.recorder.record != "Full":
+            return held
+        recorded = await self.history.fetch(caller=caller, session_id=session_id,
+                                            max_messages=self.conversations.max_messages)  # fmt: skip
+        if recorded is None or not recorded.messages:
+            return held
+        last = self._last_runs.get(key)
+        return list(recorded.messages) if last is None or last in recorded.run_ids else held
 
     async def complete(
         self, messages: list[dict[str, Any]], *, session_id: str, on_event: EventSink | None = None
@@ -232,7 +266,9 @@ class AgentRuntime:
         """One turn over a history the caller keeps (OpenAI semantics); nothing is stored but working memory,
         kept as the endpoint's (`HTTP_CALLER`), apart from any bus caller's."""
         key = self.conversation(caller=HTTP_CALLER, session_id=session_id).id
-        return await self._turn(history=list(messages), session_id=key, on_event=on_event, source="http")
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+        return await self._turn(history=list(messages), session_id=key, on_event=on_event, source="http",
+                                caller=HTTP_CALLER, session=session_id, new_from=last_user)  # fmt: skip
 
     async def admit(self, *, source: str) -> None:
         """Refuse a turn before it starts, counted as one (a stream's status is chosen before its first byte)."""
@@ -251,41 +287,71 @@ class AgentRuntime:
         on_event: EventSink | None,
         call_chain: tuple[str, ...] = (),
         request_id: str | None = None,
+        caller: str = "",
+        session: str = "",
+        new_from: int = 0,
     ) -> ChatResult:
-        """Run the loop in the turn's span, and count the turn by its outcome."""
-        outcome, result = "failed", None
-        with tracer.start_as_current_span(f"invoke_agent {self.config.name}") as span:
-            if span.is_recording():
-                span.set_attributes({
-                    "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.config.name,
-                    "gen_ai.conversation.id": session_id, "rockbot.agent.namespace": self.config.namespace,
-                    "rockbot.turn.source": source, "rockbot.turn.depth": len(call_chain),
-                })  # fmt: skip
-                if request_id:
-                    span.set_attribute("rockbot.request.id", request_id)
-            try:
-                result = await self.loop.run(
-                    history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
-                )
-                outcome = _outcome(result)
+        """Run the loop in the turn's span and its recorded run (`history[new_from:]` are the turn's messages), and
+        count the turn by its outcome."""
+        with tracer.start_as_current_span(f"invoke_agent {self.config.name}"):
+            async with self.recorder.run(source=source, session_id=session, caller=caller,
+                                         model=self.config.model.name, request_id=request_id or "") as run:
+                try:
+                    result = await self._traced_turn(history=history, session_id=session_id, source=source,
+                                                     on_event=on_event, call_chain=call_chain, request_id=request_id)
+                except BudgetExhausted as exc:
+                    run.ended(outcome="Refused", error=str(exc))
+                    raise
+                finally:
+                    run.messages(history[new_from:])
+                run.ended(outcome="Succeeded" if not result.hit_iteration_limit and not result.budget_exhausted
+                          else "Failed", error=_outcome(result) if result.hit_iteration_limit else "")
+                self._last_runs[session_id] = run.run_id
                 return result
-            except BudgetExhausted:
-                outcome = "budget_exhausted"
-                raise
-            except LlmError:
-                outcome = "llm_error"
-                raise
-            finally:
-                calls = len(result.tools_called) if result else 0
-                self.metrics.observe_turn(source=source, outcome=outcome, tool_calls=calls)
-                if span.is_recording():
-                    span.set_attributes({"rockbot.turn.outcome": outcome, "rockbot.turn.tool_calls": calls})
-                    if result is not None:
-                        span.set_attributes({
-                            "rockbot.turn.iterations": result.iterations,
-                            "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
-                            "gen_ai.usage.output_tokens": result.usage.completion_tokens,
-                        })  # fmt: skip
+
+    async def _traced_turn(
+        self,
+        *,
+        history: list[dict[str, Any]],
+        session_id: str,
+        source: str,
+        on_event: EventSink | None,
+        call_chain: tuple[str, ...],
+        request_id: str | None,
+    ) -> ChatResult:
+        outcome, result = "failed", None
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": self.config.name,
+                "gen_ai.conversation.id": session_id, "rockbot.agent.namespace": self.config.namespace,
+                "rockbot.turn.source": source, "rockbot.turn.depth": len(call_chain),
+            })  # fmt: skip
+            if request_id:
+                span.set_attribute("rockbot.request.id", request_id)
+        try:
+            result = await self.loop.run(
+                history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
+            )
+            outcome = _outcome(result)
+            return result
+        except BudgetExhausted:
+            outcome = "budget_exhausted"
+            raise
+        except LlmError:
+            outcome = "llm_error"
+            raise
+        finally:
+            calls = len(result.tools_called) if result else 0
+            self.metrics.observe_turn(source=source, outcome=outcome, tool_calls=calls)
+            if span.is_recording():
+                span.set_attributes({"rockbot.turn.outcome": outcome, "rockbot.turn.tool_calls": calls})
+                if result is not None:
+                    span.set_attributes({
+                        "rockbot.turn.iterations": result.iterations,
+                        "gen_ai.usage.input_tokens": result.usage.prompt_tokens,
+                        "gen_ai.usage.output_tokens": result.usage.completion_tokens,
+                    })  # fmt: skip
 
     async def _install_declared_tools(self) -> None:
         """Tool resources and sub-agents (MCP ones come with the `mcp` set, which connects their servers)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rockbot.agent.recording import current_run
 from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import SCRIPT_INVOKE, script_result
 from rockbot.contracts.agent_config import AgentConfig
@@ -97,7 +98,13 @@ class ScriptSandbox:
                 timeout_seconds=wait,
                 responder=SCRIPTS_MANAGER,
             )
-            return reply.decode(SCRIPT_INVOKE_REPLY)
+            answer = reply.decode(SCRIPT_INVOKE_REPLY)
+            if isinstance(answer, ScriptInvokeResponse) and (run := current_run()) is not None:
+                run.recorder.observe_script(
+                    call_id=request_id, exit_code=answer.exit_code, stdout=answer.stdout, stderr=answer.stderr,
+                    duration_seconds=answer.duration_seconds,
+                )
+            return answer
         except RequestTimeout:
             return _error(
                 request_id, ErrorCode.TIMEOUT,

@@ -216,6 +216,7 @@ def resolve_agent(
         max_iterations=spec.max_iterations,
         script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
         limits=cfg.Limits(tokens_per_day=spec.limits.tokens_per_day if spec.limits else None),
+        runs=cfg.RunPolicy(**spec.runs.model_dump()) if spec.runs else cfg.RunPolicy(),
         web_search=web_search,
         web_browse=_resolve_web_browse(agent, problems=problems),
         http_token=http_token,

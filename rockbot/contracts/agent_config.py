@@ -146,6 +146,13 @@ class Limits(Contract):
     tokens_per_day: Annotated[int, Field(ge=1)] | None = None
 
 
+class RunPolicy(Contract):
+    """What the agent records of its turns in the run store (the Agent's `spec.runs`)."""
+
+    record: Literal["Full", "Metadata", "None"] = "Full"
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+
+
 class WebSearchConfig(Contract):
     provider: Literal["searxng", "brave"]
     url: str | None = None
@@ -180,6 +187,7 @@ class AgentConfig(Contract):
     max_iterations: Annotated[int, Field(ge=1, le=100)] = 10  # the Agent CRD's bounds
     script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
     limits: Limits = Field(default_factory=Limits)
+    runs: RunPolicy = Field(default_factory=RunPolicy)
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
     http_token: SecretEnv | None = None

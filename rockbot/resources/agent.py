@@ -164,6 +164,19 @@ class AgentLimitsSpec(Schema):
     )
 
 
+class AgentRunsSpec(Schema):
+    """What the run store keeps of this Agent's turns, and for how long."""
+
+    record: Literal["Full", "Metadata", "None"] = Field(
+        default="Full",
+        description="Full: messages, tool arguments, results and script output (secrets redacted); Metadata: "
+        "who, when, which tools and models, outcomes, tokens and durations, no text; None: nothing.",
+    )
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = Field(
+        default=30, description="Days a run is kept; older runs are deleted."
+    )
+
+
 class ResourceRequirements(Schema):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
@@ -284,6 +297,7 @@ class AgentSpec(Schema):
     script_limits: ScriptLimitsSpec = Field(default_factory=ScriptLimitsSpec)
     limits: AgentLimitsSpec | None = None
     approval: AgentApprovalSpec | None = Field(default=None, description="Tools whose calls wait for a person.")
+    runs: AgentRunsSpec | None = None
 
 
 class ResolvedToolStatus(Schema):

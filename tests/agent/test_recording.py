@@ -1,0 +1,147 @@
+"""An agent's turns recorded through the console: a chat becomes a run with its messages, model requests and tool
+calls, secrets never stored, and a conversation continues in a new process (a restarted pod, another replica)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rockbot.agent.defining import tool
+from rockbot.agent.recording import SessionHistory, bus_publisher
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import CONSOLE, MemoryBroker, Principal
+from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter
+from rockbot.console.store import Store
+from rockbot.console.store_models import RunFilter
+from rockbot.health import Readiness
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.buses import login
+from tests.fixtures.llm import ScriptedCall, Turn
+from tests.waiting import eventually
+
+AGENT = Principal.agent(namespace="team-a", name="helper-bot")
+SECRET = "sk-very-secret-key-123"
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+class Tools:
+    @staticmethod
+    async def install(*, registry, kit):
+        registry.register(add)
+
+
+@pytest.fixture
+async def console(store: Store) -> AsyncIterator[tuple[MemoryBroker, Store]]:
+    broker = MemoryBroker()
+    bus = await login(broker, CONSOLE)
+    metrics = RecorderMetrics(CollectorRegistry())
+    writer = RunWriter(store=store, bus=bus, readiness=Readiness(), metrics=metrics)
+    history = HistoryAnswerer(store=store, bus=bus, metrics=metrics)
+    await writer.start()
+    await history.start()
+    try:
+        yield broker, store
+    finally:
+        await writer.stop()
+        await history.stop()
+        await bus.close()
+
+
+async def _agent(broker: MemoryBroker, llm, **fields) -> AgentRuntime:
+    bus = await login(broker, AGENT)
+    config = agent_config(llm_url=llm.url, **fields)
+    runtime = AgentRuntime.from_config(
+        config, bus=bus, env={API_KEY_ENV: SECRET}, tool_sets=[Tools], publish_runs=bus_publisher(bus),
+        history=SessionHistory(bus=bus, namespace="team-a", name="helper-bot", instance=uuid.uuid4().hex[:8]),
+    )  # fmt: skip
+    return await runtime.start()
+
+
+async def _only_run(store: Store):
+    page = await store.list_runs(filters=RunFilter(namespace="team-a", agent="helper-bot"))
+    assert len(page.runs) >= 1 and all(run.outcome for run in page.runs)
+    return page.runs
+
+
+async def test_a_chat_is_recorded_as_a_run_with_its_tool_calls(console, scripted_llm) -> None:
+    broker, store = console
+    scripted_llm.play(
+        Turn(text="Adding.", tool_calls=[ScriptedCall(name="add", arguments={"a": 2, "b": 3})]),
+        Turn(text=f"It is 5 (and the key is {SECRET})."),
+    )
+    agent = await _agent(broker, scripted_llm)
+    await agent.chat("s1", "What is 2 + 3?", caller="http")
+    await agent.close()  # sends what is buffered
+
+    runs = await eventually(lambda: _only_run(store))
+    run = await store.get_run(runs[0].run_id)
+    assert run is not None
+    assert (run.source, run.caller, run.session_id, run.outcome, run.tool_calls) == ("chat", "http", "s1",
+                                                                                     "Succeeded", 1)
+    assert run.model == "scripted-model" and run.prompt_tokens > 0
+    tool = next(entry for entry in run.timeline if entry.kind == "tool_call")
+    assert (tool.name, tool.status, tool.data["result"]) == ("add", "ok", "5")
+    assert '"a": 2' in tool.data["arguments"]
+    assert [e.data["finish_reason"] for e in run.timeline if e.kind == "model_request"] == ["tool_calls", "stop"]
+    messages = [(e.name, e.data["content"]) for e in run.timeline if e.kind == "message"]
+    assert messages[0] == ("user", "What is 2 + 3?")
+    assert SECRET not in run.model_dump_json() and "[redacted]" in messages[-1][1]
+
+
+async def test_a_conversation_continues_in_a_new_process(console, scripted_llm) -> None:
+    broker, store = console
+    scripted_llm.play(Turn(text="Nice to meet you, Ann."), Turn(text="You are Ann."))
+    first = await _agent(broker, scripted_llm)
+    await first.chat("s1", "I am Ann.", caller="agent.team-a.boss")
+    await first.close()
+    await eventually(lambda: _only_run(store))
+
+    second = await _agent(broker, scripted_llm)  # a restarted pod, or another replica: nothing in memory
+    await second.chat("s1", "Who am I?", caller="agent.team-a.boss")
+    await second.close()
+
+    sent = [m.get("content") for m in scripted_llm.requests[1].messages]
+    assert sent[1:] == ["I am Ann.", "Nice to meet you, Ann.", "Who am I?"]
+
+
+async def test_metadata_agents_record_no_text_and_none_records_nothing(console, scripted_llm) -> None:
+    broker, store = console
+    scripted_llm.play(Turn(text="private answer"), Turn(text="unrecorded"))
+    quiet = await _agent(broker, scripted_llm, runs={"record": "Metadata"})
+    await quiet.chat("s1", "private question", caller="http")
+    await quiet.close()
+    runs = await eventually(lambda: _only_run(store))
+    run = await store.get_run(runs[0].run_id)
+    assert run is not None and run.record == "Metadata" and "private" not in run.model_dump_json()
+
+    silent = await _agent(broker, scripted_llm, runs={"record": "None"})
+    await silent.chat("s2", "anything", caller="http")
+    await silent.close()
+    assert len(await _only_run(store)) == 1
+
+
+async def test_an_unreachable_console_never_fails_a_turn(scripted_llm) -> None:
+    broker = MemoryBroker()  # no console: nobody answers history requests, run events pile up unread
+    scripted_llm.play(Turn(text="still answering"))
+    bus = await login(broker, AGENT)
+
+    async def broken(events) -> None:
+        raise ConnectionError("the broker is gone")
+
+    agent = AgentRuntime.from_config(
+        agent_config(llm_url=scripted_llm.url), bus=bus, env={API_KEY_ENV: "k"}, publish_runs=broken,
+        history=SessionHistory(bus=bus, namespace="team-a", name="helper-bot", instance="abcd", timeout_seconds=0.2),
+    )  # fmt: skip
+    await agent.start()
+    result = await agent.chat("s1", "hello", caller="http")
+    await agent.close()
+    assert result.answer == "still answering"
+    assert agent.recorder.not_recorded.labels("bus_error")._value.get() > 0
