@@ -1,4 +1,4 @@
-"""The image and the e2e script cannot run here (no Docker engine): check what can be checked offline."""
+"""What can be checked of the image and of scripts/e2e-real without running them (e2e/ runs them)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 
 from tests.chart.conftest import CHART, REPO
 
-E2E_SCRIPT = REPO / "scripts" / "e2e-kind.sh"
+E2E_SCRIPT = REPO / "scripts" / "e2e-real"
 
 
 def test_e2e_script_parses_and_passes_shellcheck() -> None:
@@ -54,18 +54,8 @@ def test_dockerignore_lets_in_every_package_folder() -> None:
 def test_python_never_runs_with_the_checkout_on_sys_path() -> None:
     """The repository's operator/ folder would shadow the standard library's `operator` module."""
     script = E2E_SCRIPT.read_text()
-    assert script.index("export PYTHONSAFEPATH=1") < script.index('"$PYTHON"')
-    assert 'cd "$ROOT"' not in script
-    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "e2e-kind.yaml").read_text())
-    assert workflow["env"]["PYTHONSAFEPATH"] == "1"
+    first_python = min(script.index(call) for call in ("/usr/bin/python3", ".venv/bin/pytest"))
+    assert script.index("export PYTHONSAFEPATH=1") < first_python
     dockerfile = (REPO / "Dockerfile").read_text()
     build_stage = dockerfile.split("\nFROM ")[1]
     assert "PYTHONSAFEPATH=1" in build_stage and "WORKDIR /src" in build_stage
-
-
-def test_the_e2e_script_outlasts_a_slow_dns_refusal() -> None:
-    """The probe's DNS lookup can take a minute to fail without network: the limits leave room for it."""
-    script = E2E_SCRIPT.read_text()
-    (timeout,) = map(int, re.findall(r"^\s+timeoutSeconds: (\d+)$", script, flags=re.MULTILINE))
-    (chat,) = map(int, re.findall(r"ClientTimeout\(total=(\d+)\)", script))
-    assert timeout >= 180 and chat > timeout
