@@ -25,6 +25,10 @@ from rockbot.agent.events import ApprovalDecided, ApprovalRequested, EventSink, 
 from rockbot.agent.llm import ToolCall
 from rockbot.agent.metrics import AgentMetrics
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+from rockbot.bus import Bus
+from rockbot.bus.errors import BusError, RequestTimeout
+from rockbot.bus.identity import CONSOLE
+from rockbot.bus.topology import CONSOLE_APPROVALS, Queue
 from rockbot.contracts.agent_config import AgentConfig, ApprovalPolicy
 from rockbot.contracts.approvals import MAX_ARGUMENTS_CHARS, ApprovalDecision, ApprovalRequest
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -36,6 +40,30 @@ class Approver(Protocol):
     """Takes a pending call to a person and returns their decision (the gate bounds the wait)."""
 
     async def ask(self, request: ApprovalRequest) -> ApprovalDecision: ...
+
+
+class BusApprover:
+    """Asks the console over the bus: the request goes to `console.approvals`, the decision comes back on this
+    process's replies queue, taken only from the console's own broker login (`service.console`)."""
+
+    def __init__(self, *, bus: Bus, reply_queue: Queue) -> None:
+        self._bus = bus
+        self._replies = reply_queue
+
+    async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
+        wait = (request.expires_at - request.requested_at).total_seconds()
+        try:
+            delivery = await self._bus.request(
+                queue=CONSOLE_APPROVALS, body=request.model_copy(update={"reply_to": self._replies.name}),
+                reply_queue=self._replies, correlation_id=request.approval_id, timeout_seconds=wait,
+                responder=CONSOLE,
+            )  # fmt: skip
+        except RequestTimeout:
+            raise TimeoutError from None
+        decision = delivery.decode(ApprovalDecision)
+        if decision.approval_id != request.approval_id:
+            raise BusError(f"the console answered approval {request.approval_id} about {decision.approval_id}")
+        return decision
 
 
 def policies(config: AgentConfig) -> tuple[dict[str, ApprovalPolicy], dict[str, ApprovalPolicy]]:
@@ -106,6 +134,10 @@ class ApprovalGate:
             decision = await asyncio.wait_for(self.approver.ask(request), timeout=policy.timeout_seconds)
         except TimeoutError:
             decision = None
+        except BusError as exc:  # nobody could be asked: the call does not run (fail closed)
+            log.warning("could not ask for approval of %s: %s", call.name, exc)
+            return self._refusal(call, ErrorCode.UNAVAILABLE, f"{call.name} needs a person's approval, which could "
+                                 f"not be asked for ({exc}); it did not run: try again later")
         finally:
             if waiting is not None:
                 waiting.dec()

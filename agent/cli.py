@@ -106,6 +106,7 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
 
 
 async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
+    from rockbot.agent.approvals import BusApprover
     from rockbot.agent.budget import TokenBudget
     from rockbot.agent.inbox import serve_inbox
     from rockbot.agent.recording import SessionHistory, bus_publisher
@@ -114,6 +115,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.usage_reports import UsageReporter
     from rockbot.bus import MemoryBroker, Principal
     from rockbot.bus.admin import ensure_principal
+    from rockbot.bus.topology import agent_replies
     from rockbot.health import STOP_STEP_SECONDS, stop_within
 
     stop = asyncio.Event()
@@ -155,6 +157,9 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         history=SessionHistory(bus=bus, namespace=config.namespace, name=config.name,
                                instance=secrets.token_hex(4)) if reported else None,
     )  # fmt: skip
+    if reported:  # a person decides in the console, which is on the real bus only
+        runtime.approvals.approver = BusApprover(bus=bus, reply_queue=agent_replies(
+            namespace=config.namespace, name=config.name, instance=runtime.kit.instance))
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()

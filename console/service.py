@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from rockbot.bus import AmqpBus, Bus
 from rockbot.console.api import add_run_routes
+from rockbot.console.approvals import ApprovalDesk, event_on_agent
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import ProxyHeaders, TokenReviewer
 from rockbot.console.authorization import AccessReviewer
@@ -43,6 +44,7 @@ class Console:
         self.kube: KubeClient | None = None
         self._writer: RunWriter | None = None
         self._history: HistoryAnswerer | None = None
+        self.desk: ApprovalDesk | None = None
         self._http: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -61,7 +63,8 @@ class Console:
             proxy=ProxyHeaders(trusted=settings.auth_proxy_cidrs) if settings.auth_proxy_cidrs else None,
         )  # fmt: skip
         authorizer = AccessReviewer(kube=self.kube, ttl=settings.auth_cache_seconds)
-        app = build_app(gate=gate, authorizer=authorizer, kube=self.kube)
+        self.desk = ApprovalDesk(on_pending=event_on_agent(self.kube))
+        app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk)
         add_run_routes(app, store=self.store, authorizer=authorizer)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
@@ -75,6 +78,7 @@ class Console:
             await self._writer.start()
             self._history = HistoryAnswerer(store=self.store, bus=self.bus, metrics=self.metrics)
             await self._history.start()
+            await self.desk.start(bus=self.bus)
         log.info("console ready on port %d", settings.http_port)
 
     async def stop(self) -> None:
@@ -82,6 +86,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._writer.stop(), what="the run writer")
         if self._history is not None:
             await stop_within(STOP_STEP_SECONDS, self._history.stop(), what="the history answers")
+        if self.desk is not None:
+            await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
         if self.bus is not None:
             await stop_within(STOP_STEP_SECONDS, self.bus.close(), what="closing the broker connection")
         if self._sweeper is not None:

@@ -17,10 +17,11 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
+from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.console.auth_sessions import COOKIE_NAME, CSRF_FIELD, IDLE_SECONDS, Sessions
 from rockbot.console.authentication import Identity, Unauthenticated
-from rockbot.console.authorization import VIEW, Action, Authorizer
-from rockbot.console.web.agents import agent_page, agents_for
+from rockbot.console.authorization import APPROVE, VIEW, Action, Authorizer
+from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
 from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
 from rockbot.kube import KubeClient
 
@@ -55,11 +56,19 @@ def templates() -> jinja2.Environment:
     return environment
 
 
-def build_app(*, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool = True) -> web.Application:
-    """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do)."""
+def build_app(
+    *, gate: Gate, authorizer: Authorizer, kube: KubeClient, desk: ApprovalDesk | None = None,
+    secure_cookie: bool = True,
+) -> web.Application:
+    """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`."""
     app = web.Application(middlewares=[_security_headers, gate.middleware()], client_max_size=64 * 1024)
     app[TEMPLATES] = templates()
+    app[TEMPLATES].globals["approvals_on"] = desk is not None
     views = _Views(gate=gate, authorizer=authorizer, kube=kube, secure_cookie=secure_cookie)
+    if desk is not None:
+        approvals = _Approvals(views=views, desk=desk)
+        app.router.add_get("/approvals", approvals.list)
+        app.router.add_post("/approvals/{approval_id}", approvals.decide)
     app.router.add_get("/", views.home)
     app.router.add_get("/login", views.login_form)
     app.router.add_post("/login", views.login)
@@ -88,7 +97,7 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
 class _Views:
     def __init__(self, *, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool) -> None:
         self._gate = gate
-        self._authorizer = authorizer
+        self.authorizer = authorizer
         self._kube = kube
         self._secure_cookie = secure_cookie
 
@@ -96,7 +105,7 @@ class _Views:
     def _sessions(self) -> Sessions:
         return self._gate.sessions
 
-    def _render(self, request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
+    def render(self, request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
         principal = request.get(CSRF_PRINCIPAL)
         identity: Identity | None = request.get(IDENTITY)
         page = request.app[TEMPLATES].get_template(template).render(
@@ -108,9 +117,9 @@ class _Views:
         )
         return web.Response(text=page, status=status, content_type="text/html")
 
-    async def _require(self, request: web.Request, *, namespace: str, action: Action) -> None:
+    async def require(self, request: web.Request, *, namespace: str, action: Action) -> None:
         """403 unless the user may do `action` in `namespace` (the same answer whether or not the object exists)."""
-        if not await self._authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=action):
+        if not await self.authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=action):
             raise web.HTTPForbidden(
                 text=f"{request[IDENTITY].username} may not {action.describe()} in namespace {namespace} "
                 f"(ask for a Role granting it)")
@@ -122,7 +131,7 @@ class _Views:
         raise web.HTTPSeeOther(location="/agents")
 
     async def login_form(self, request: web.Request) -> web.Response:
-        return self._render(request, "login.html", error=None)
+        return self.render(request, "login.html", error=None)
 
     async def login(self, request: web.Request) -> web.Response:
         if self._gate.tokens is None:
@@ -131,7 +140,7 @@ class _Views:
         try:
             identity = await self._gate.tokens.identity(token)
         except Unauthenticated as exc:
-            return self._render(request, "login.html", status=401, error=str(exc))
+            return self.render(request, "login.html", status=401, error=str(exc))
         session = self._sessions.start(token=token, identity=identity)
         log.info("console login", extra={"user": identity.username})
         response = web.HTTPSeeOther(location="/agents")
@@ -148,13 +157,50 @@ class _Views:
         raise response
 
     async def agents(self, request: web.Request) -> web.Response:
-        shown = await agents_for(kube=self._kube, identity=request[IDENTITY], authorizer=self._authorizer)
-        return self._render(request, "agents.html", agents=shown)
+        shown = await agents_for(kube=self._kube, identity=request[IDENTITY], authorizer=self.authorizer)
+        return self.render(request, "agents.html", agents=shown)
 
     async def agent(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        await self._require(request, namespace=namespace, action=VIEW)
+        await self.require(request, namespace=namespace, action=VIEW)
         page = await agent_page(kube=self._kube, namespace=namespace, name=name)
         if page is None:
             raise web.HTTPNotFound(text=f"no Agent {namespace}/{name}")
-        return self._render(request, "agent.html", page=page)
+        return self.render(request, "agent.html", page=page)
+
+
+class _Approvals:
+    """Tool calls waiting for a person: seen with `get agents`, decided with `create agents/approve`."""
+
+    def __init__(self, *, views: _Views, desk: ApprovalDesk) -> None:
+        self._views = views
+        self._desk = desk
+
+    async def list(self, request: web.Request) -> web.Response:
+        identity = request[IDENTITY]
+        authorizer = self._views.authorizer
+        waiting = self._desk.pending()
+        visible = set(await visible_namespaces(namespaces={r.namespace for r in waiting}, identity=identity,
+                                               authorizer=authorizer))
+        may_approve = {ns for ns in visible
+                       if await authorizer.allowed(identity=identity, namespace=ns, action=APPROVE)}
+        shown = [r for r in waiting if r.namespace in visible]
+        return self._views.render(request, "approvals.html", approvals=shown, may_approve=may_approve)
+
+    async def decide(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        verdict = str(form.get("decision") or "")
+        if verdict not in ("approve", "deny"):
+            raise web.HTTPBadRequest(text="decision must be approve or deny")
+        try:
+            pending = self._desk.get(request.match_info["approval_id"])
+        except UnknownApproval:
+            raise web.HTTPNotFound(text="no tool call waits under this id (decided already, or expired)") from None
+        await self._views.require(request, namespace=pending.namespace, action=VIEW)
+        await self._views.require(request, namespace=pending.namespace, action=APPROVE)
+        try:
+            await self._desk.decide(approval_id=pending.approval_id, approved=verdict == "approve",
+                                    reason=str(form.get("reason") or "").strip(), decided_by=request[IDENTITY].username)
+        except UnknownApproval:
+            raise web.HTTPNotFound(text="no tool call waits under this id (decided already, or expired)") from None
+        raise web.HTTPSeeOther(location="/approvals")

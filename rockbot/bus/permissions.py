@@ -13,6 +13,7 @@ For an agent X in namespace N (see `topology` for the names):
   `agent.N.X.scheduling-replies.*`, `script.result.N.X.*`), and reads its inbox (which the operator
   declares);
 - it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, `console.runs`, `console.history`,
+  `console.approvals`,
   the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
@@ -20,8 +21,9 @@ Only `service.scripts-manager` reads `script.invoke`; only the operator reads it
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
-would protect nothing. Only the console (`service.console`) reads `console.runs` and `console.history`,
-and it answers history requests on agents' reply queues (it checks each is the asking agent's own).
+would protect nothing. Only the console (`service.console`) reads `console.runs`, `console.history` and
+`console.approvals`, and it answers history requests and approvals on agents' reply queues (it checks each
+is the asking agent's own).
 Every expression is anchored, so none matches more than the names it spells out.
 """
 
@@ -116,7 +118,7 @@ def _provisioned(principal: Principal) -> list[str]:
     if principal == GATEWAY:
         return [_name(topology.GATEWAY_RUNS.name)]
     if principal == CONSOLE:
-        return [_name(topology.CONSOLE_RUNS.name), _name(topology.CONSOLE_HISTORY.name)]
+        return [_name(q.name) for q in (topology.CONSOLE_RUNS, topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS)]
     return []
 
 
@@ -125,7 +127,7 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
     if principal.kind == "agent":
         fixed = [_name(queue.name) for queue in (topology.SCRIPT_INVOKE, topology.OPERATOR_SCHEDULING,
                                                  topology.OPERATOR_USAGE, topology.CONSOLE_RUNS,
-                                                 topology.CONSOLE_HISTORY)]
+                                                 topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
         return [_ANY_INBOX, rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}"]

@@ -19,10 +19,11 @@ permissions that say who may write to which queue (see `permissions`).
 | `service.<name>.replies.<inst>`               | `InboxReply` to a service's requests       | one service     |
 | `console.runs`                                | `RunEvents`: what agents did, to record    | console         |
 | `console.history`                             | `HistoryRequest` (reply: `HistoryReply`)   | console         |
+| `console.approvals`                           | `ApprovalRequest` (reply: `ApprovalDecision`) | console      |
 | `rockbot.dead-letters`                        | what a work queue refused or gave up on    | people          |
 
 Work queues (`script.invoke`, the inboxes, `operator.scheduling`, `operator.scheduling.runs`,
-`operator.usage`, `gateway.runs`, `console.runs`, `console.history`) are
+`operator.usage`, `gateway.runs`, `console.runs`, `console.history`, `console.approvals`) are
 quorum queues, *provisioned*: declared and bound by the operator (inboxes when it reconciles the
 Agent, so messages to an agent that has not started yet are kept), never by their consumers, which
 only check that they exist. A message a consumer refuses, or one delivered more than
@@ -95,6 +96,8 @@ GATEWAY_RUNS = work_queue("gateway.runs")
 CONSOLE_RUNS = work_queue("console.runs")
 #: Where agents ask the console for a session's history (answered on the agent's replies queue).
 CONSOLE_HISTORY = work_queue("console.history")
+#: Where agents put tool calls that wait for a person's approval; the console holds each until decided or expired.
+CONSOLE_APPROVALS = work_queue("console.approvals")
 DEAD_LETTERS = Queue(
     name="rockbot.dead-letters",
     arguments={"x-queue-type": "quorum", "x-max-length": DEAD_LETTERS_KEPT, "x-overflow": "drop-head"},
@@ -102,7 +105,7 @@ DEAD_LETTERS = Queue(
 )
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
 FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS, CONSOLE_RUNS,
-                CONSOLE_HISTORY)
+                CONSOLE_HISTORY, CONSOLE_APPROVALS)
 
 
 def script_result_prefix(*, namespace: str, agent: str) -> str:

@@ -1,5 +1,5 @@
 """The console's rights in the chart: exactly what it uses (reviews of tokens and rights, reading the rockbot
-resources of its pages), no Secret; and the example ClusterRoles speak the console's verbs."""
+resources of its pages, Events on Agents), no Secret; and the example ClusterRoles speak the console's verbs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tests.chart.rbac import expand, grants_of, rule_set
 
 CONSOLE_SA = "rockbot-console"
 READ = expand("rockbot.dev", ["agents", "tools", "scheduledtasks", "triggers"], ["get", "list", "watch"])
+EVENTS = {("", "events", "create")}
 REVIEWS = {("authentication.k8s.io", "tokenreviews", "create"),
            ("authorization.k8s.io", "subjectaccessreviews", "create")}
 
@@ -19,14 +20,14 @@ Render = Callable[..., list[Manifest]]
 def test_the_console_may_review_and_read_and_nothing_else(render: Render) -> None:
     grants = grants_of(render({"operator": {"watchAllNamespaces": True}}), account=CONSOLE_SA)
     assert {g.namespace for g in grants} == {None}
-    assert set().union(*(g.rights for g in grants)) == REVIEWS | READ
+    assert set().union(*(g.rights for g in grants)) == REVIEWS | READ | EVENTS
 
 
 def test_watching_some_namespaces_reads_only_there(render: Render) -> None:
     grants = grants_of(render({"agentNamespaces": ["team-a"]}), account=CONSOLE_SA)
     cluster_wide = set().union(*(g.rights for g in grants if g.namespace is None))
     assert cluster_wide == REVIEWS
-    assert {g.namespace: g.rights for g in grants if g.namespace} == {"rockbot": READ, "team-a": READ}
+    assert {g.namespace: g.rights for g in grants if g.namespace} == {"rockbot": READ | EVENTS, "team-a": READ | EVENTS}
 
 
 def test_example_roles_grant_the_console_verbs(render: Render) -> None:
