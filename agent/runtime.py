@@ -189,6 +189,12 @@ class AgentRuntime:
         log.info("agent %s/%s ready with %d tools", self.config.namespace, self.config.name, len(self.registry))
         return self
 
+    @property
+    def notices(self) -> list[str]:
+        """What went wrong while installing tools (an MCP server that failed or is still starting), for whoever
+        started the agent; the log has the details."""
+        return self.kit.notices
+
     async def close(self) -> None:
         await self.recorder.close()
         for closer in reversed(self.kit.closers):

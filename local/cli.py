@@ -181,6 +181,9 @@ async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, p
 
     agent = local.agents[chosen]
     print(banner(chosen, agent), file=sys.stderr)
+    for name, runtime in local.agents.items():
+        for notice in runtime.notices:
+            print(f"[{name}: {notice}]", file=sys.stderr)
     for name, body in manifests.triggers.items():
         print(f"[trigger {name}: POST http://127.0.0.1:{local.webhook_port}/hooks/local/{name} runs "
               f"{body['spec']['agentRef']['name']}]", file=sys.stderr)

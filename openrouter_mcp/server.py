@@ -1,4 +1,5 @@
-"""The MCP server: six read-only tools over an OpenRouter account, answers as structured data.
+"""The MCP server: six read-only tools over an OpenRouter account (and `get_api_key_info`, the design's name for
+`get_key_usage`), answers as structured data.
 
 `list_api_keys` and `get_api_key` read OpenRouter's key-management API, which answers only a
 management key: the server holds it separately (`OPENROUTER_MANAGEMENT_KEY`) and uses it for these two
@@ -94,6 +95,11 @@ def build_server(*, client: OpenRouterClient, management: OpenRouterClient | Non
     @server.tool(annotations=READ_ONLY)
     async def get_key_usage() -> KeyInfo:
         """The API key's spending limit (null = unlimited), what is left of it, and its daily/weekly/monthly spend."""
+        return await _ask(client.key())
+
+    @server.tool(annotations=READ_ONLY)
+    async def get_api_key_info() -> KeyInfo:
+        """The same as get_key_usage (the design's name for it): the API key's limit, what is left, its spend."""
         return await _ask(client.key())
 
     @server.tool(annotations=READ_ONLY)

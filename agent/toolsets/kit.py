@@ -84,6 +84,8 @@ class ToolKit:
     sandbox: Any = None
     run_helper: Helpers | None = None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    #: What went wrong while installing tools, a sentence each for whoever started the agent (the log has more).
+    notices: list[str] = field(default_factory=list)
     instance: str = field(default_factory=lambda: secrets.token_hex(4))  # this process, for per-process queues
 
     @property

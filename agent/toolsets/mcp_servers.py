@@ -13,7 +13,11 @@ a stdio server otherwise gets the SDK's minimal environment, never the agent's.
 
 A server that is down at start does not stop the agent: its named tools are registered from the
 config and answer `Unavailable` (retryable) until a call finds the server back; a connection
-that breaks is reopened on the next call.
+that breaks is reopened on the next call. Nor does a slow one: the agent waits `STARTUP_WAIT_SECONDS`
+for its servers, and one still starting then goes on connecting beside it; its tools are offered once
+it is ready (or, if it fails, its named ones answer Unavailable). Both are said in `kit.notices`.
+A stdio server's stderr never reaches the terminal or the pod's output raw: each line is logged
+under the server's name, and the last of them are in the warning when the server fails.
 
 The management tools (the design's five, under these names):
 
@@ -44,7 +48,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shlex
+from collections import deque
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Annotated, Any
@@ -66,6 +72,10 @@ from rockbot.contracts.tool_names import ToolRank
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 15.0
+#: How long an agent's start waits for its MCP servers; slower ones keep connecting beside it.
+STARTUP_WAIT_SECONDS = 10.0
+#: Lines of a stdio server's stderr kept for the warning when it fails.
+STDERR_LINES_KEPT = 20
 
 GUIDE = Guide(
     name="mcp-tools",
@@ -107,13 +117,14 @@ class McpConnection:
             raise ValueError(f"{what} comes from env var {env}, which is empty (the operator wires it from a Secret)")
         return value
 
-    async def _enter_transport(self, stack: AsyncExitStack):
+    async def _enter_transport(self, stack: AsyncExitStack, *, stderr: StderrLog):
         server = self.server
         if server.transport == "stdio":
             env = {name: self._secret(ref.env, what=f"env {name}") for name, ref in server.env.items()}
             command, *args = server.command
             parameters = StdioServerParameters(command=command, args=args, env=env or None)
-            return await stack.enter_async_context(stdio_client(parameters))
+            with stderr.writer() as errlog:  # the child holds its own copy; ours closes once it is started
+                return await stack.enter_async_context(stdio_client(parameters, errlog=errlog))
         headers = {
             name: header.prefix + self._secret(header.env, what=f"header {name}")
             for name, header in server.headers.items()
@@ -154,9 +165,11 @@ class McpConnection:
             return self._session
 
     async def _hold(self, ready: asyncio.Future[ClientSession]) -> None:
+        stderr = StderrLog(server=self.name)
         try:
             async with AsyncExitStack() as stack:
-                streams = await self._enter_transport(stack)
+                stack.push_async_callback(stderr.close)
+                streams = await self._enter_transport(stack, stderr=stderr)
                 session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
                 await session.initialize()
                 ready.set_result(session)
@@ -166,6 +179,9 @@ class McpConnection:
                 if not ready.done():
                     ready.set_exception(ConnectionError("cancelled while connecting"))
                 raise
+            if stderr.last:
+                log.warning("MCP server %r (%s) failed; the last lines it wrote to stderr:\n%s", self.name,
+                            self.where, "\n".join(stderr.last))  # fmt: skip
             if not ready.done():  # the caller reports a failed connect
                 ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError(str(exc)))
             else:
@@ -231,14 +247,58 @@ class McpConnection:
         self._closing.set()
         holder, self._holder = self._holder, None
         if holder is not None:
-            try:
-                async with asyncio.timeout(5):
-                    await asyncio.shield(holder)
-            except (TimeoutError, Exception):
+            if self._session is None:  # still connecting: there is no session to end politely
                 holder.cancel()
-                with contextlib.suppress(BaseException):
-                    await holder
+            else:
+                try:
+                    async with asyncio.timeout(5):
+                        await asyncio.shield(holder)
+                except (TimeoutError, Exception):
+                    holder.cancel()
+            with contextlib.suppress(BaseException):
+                await holder
         self._session = None
+
+
+class StderrLog:
+    """A stdio server's stderr: a pipe whose lines are logged under the server's name as they come (the last few
+    kept for the warning when it fails), instead of the agent's own stderr, where they would land in the chat."""
+
+    def __init__(self, *, server: str) -> None:
+        self.server = server
+        self.last: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
+        self._reader: asyncio.Task[None] | None = None
+
+    @contextlib.contextmanager
+    def writer(self):
+        """The write end to give the child; the reading starts with it."""
+        read_end, write_end = os.pipe()
+        self._reader = asyncio.create_task(self._read(os.fdopen(read_end, "rb", buffering=0)),
+                                           name=f"mcp:{self.server} stderr")  # fmt: skip
+        with os.fdopen(write_end, "w", encoding="utf-8") as errlog:
+            yield errlog
+
+    async def close(self) -> None:
+        """Read what the child still wrote (it ends when the child and every copy of the write end are gone)."""
+        if self._reader is not None:
+            try:
+                async with asyncio.timeout(2):
+                    await asyncio.shield(self._reader)
+            except (TimeoutError, Exception):
+                self._reader.cancel()
+
+    async def _read(self, pipe) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        try:
+            while line := await reader.readline():
+                text = line.decode("utf-8", errors="replace").rstrip()
+                if text:
+                    self.last.append(text)
+                    log.info("MCP server %r stderr: %s", self.server, text)
+        finally:
+            transport.close()
 
 
 def reason(exc: BaseException) -> str:
@@ -282,7 +342,16 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
             else:
                 connection.declared.setdefault(backend.tool, set()).add(resolved.name)
 
+    starts = {
+        asyncio.create_task(_start_server(registry, connections[server], by_server[server], kit=kit),
+                            name=f"mcp:{server} start"): server
+        for server in by_server
+    }  # fmt: skip
+
     async def close_all() -> None:
+        for start in starts:
+            start.cancel()
+        await asyncio.gather(*starts, return_exceptions=True)
         await asyncio.gather(*(connection.close() for connection in connections.values()))
 
     kit.closers.append(close_all)
@@ -290,16 +359,32 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     for management in _management_tools(registry, connections, kit=kit):
         if management.name in offered:
             registry.register(management)
-    await asyncio.gather(*(_register_server(registry, connections[s], by_server[s]) for s in by_server))
+    if starts:
+        _, slow = await asyncio.wait(starts, timeout=STARTUP_WAIT_SECONDS)
+        for start in slow:
+            server = starts[start]
+            kit.notices.append(f"MCP server {server!r} is still starting: the agent starts without its tools, which "
+                               "are offered once it is ready")  # fmt: skip
+            log.warning("MCP server %r (%s) %s", server, connections[server].where, "is still starting: the agent "
+                        "starts without it and offers its tools once it is ready")  # fmt: skip
     kit.guides.add(GUIDE)
 
 
-async def _register_server(registry: ToolRegistry, connection: McpConnection, entries: list[ResolvedTool]) -> None:
-    source = f"mcp:{connection.name}"
+async def _start_server(
+    registry: ToolRegistry, connection: McpConnection, entries: list[ResolvedTool], *, kit: ToolKit
+) -> None:
+    """Connect, then register the server's tools (a server that is down: its named ones, from the config)."""
     try:
         await connection.session()
     except ToolFailure as failure:
         log.warning("%s; its tools answer Unavailable until it is back", failure)
+        kit.notices.append(f"MCP server {connection.name!r} failed to start, so its tools answer Unavailable until "
+                           "it is back (the log says why)")  # fmt: skip
+    _register_server(registry, connection, entries)
+
+
+def _register_server(registry: ToolRegistry, connection: McpConnection, entries: list[ResolvedTool]) -> None:
+    source = f"mcp:{connection.name}"
     for resolved in entries:
         backend = resolved.backend
         assert isinstance(backend, McpBackend)

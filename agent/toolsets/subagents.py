@@ -167,10 +167,12 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         wanted = tools if tools is not None else [t.name for t in registry.list()]
         allowed = [name for name in wanted if name not in SPAWN_TOOLS]
         unknown = [n for n in allowed if n not in registry]
-        if unknown:
-            raise ToolFailure(
-                f"unknown tools for the helper: {', '.join(unknown)}", code=ErrorCode.INVALID_ARGUMENTS
-            )
+        barred = [n for n in allowed if registry.is_blacklisted(n)] if tools is not None else []
+        if unknown or barred:
+            problems = [f"unknown tools for the helper: {', '.join(unknown)}"] if unknown else []
+            if barred:
+                problems.append(f"blacklisted for this agent, so not for its helpers either: {', '.join(barred)}")
+            raise ToolFailure("; ".join(problems), code=ErrorCode.INVALID_ARGUMENTS)
         helper = Helper(id=f"h{next(numbers)}", session_id=context.session_id, instruction=instruction)
         helpers.add(helper)
 
@@ -208,7 +210,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         mine = helpers.of_session(context.session_id)
         if not mine:
             return "You have started no helpers."
-        rows = [f"| {h.id} | {h.state} | {h.instruction[:60]} | {h.answer[:120]} |" for h in mine]
+        rows = [f"| {h.id} | {h.state} | {_cell(h.instruction, 60)} | {_cell(h.answer, 120)} |" for h in mine]
         return "\n".join(["| id | state | instruction | answer |", "|---|---|---|---|", *rows])
 
     @tool(name="cancel_subagent", description=catalogue_description("cancel_subagent"))
@@ -254,3 +256,8 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     for built in (spawn_subagent, list_subagents, cancel_subagent, whiteboard_write, whiteboard_read):
         registry.register(built)
     kit.guides.add(GUIDE)
+
+
+def _cell(text: str, limit: int) -> str:
+    """Text as one Markdown table cell: on one line, its pipes escaped, at most `limit` characters of it."""
+    return " ".join(text[:limit].split()).replace("|", "\\|")

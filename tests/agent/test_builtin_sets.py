@@ -223,3 +223,27 @@ def test_idle_whiteboards_are_evicted_least_recently_used_first_busy_ones_kept()
     busy.clear()
     boards.write(session_id="s4", key="k", value="v4")
     assert boards.sessions() == ["s1", "s4"] and boards.read(session_id="s3", key="k") is None
+
+
+async def test_a_blacklisted_tool_asked_for_a_helper_is_refused_like_an_unknown_one(scripted_llm):
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents", "memory"],
+                          tool_blacklist=["whiteboard_write"])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        refused = await agent.registry.invoke(
+            "spawn_subagent", {"instruction": "x", "tools": ["whiteboard_write"]}, context=ToolContext(session_id="s"))
+    assert refused.error.code == "InvalidArguments"
+    assert "whiteboard_write" in refused.error.message and "blacklisted" in refused.error.message
+    assert not scripted_llm.requests  # no helper started
+
+
+async def test_the_helper_table_keeps_its_shape_whatever_the_answer_holds(scripted_llm):
+    scripted_llm.play(Turn(text="a | b\nsecond line"))
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["subagents"])
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}) as agent:
+        context = ToolContext(session_id="s")
+        await agent.registry.invoke("spawn_subagent", {"instruction": "pipes | and\nlines", "wait_seconds": 10},
+                                    context=context)
+        listing = await agent.registry.invoke("list_subagents", {}, context=context)
+    header, rule, row = listing.content.split("\n")
+    assert row == r"| h1 | done | pipes \| and lines | a \| b second line |"
+    assert header.count("|") == rule.count("|") == 5

@@ -12,6 +12,7 @@ import pytest
 
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.agent.toolsets import mcp_servers
 from rockbot.contracts.agent_config import (
     FunctionDefinition,
     McpBackend,
@@ -342,3 +343,37 @@ async def test_a_missing_tool_on_a_whole_server_is_refused_without_naming_blackl
             "mcp_invoke_tool", {"server": "rocks", "tool": "addition", "arguments": {}}, context=CONTEXT)
     assert missing.error.code == "ToolNotFound" and "'addition'" in missing.error.message
     assert "add," not in missing.error.message and "hardness" in missing.error.message
+
+
+CRASH = ("import sys; sys.stderr.write('Traceback (most recent call last):\\nRuntimeError: rocks db gone\\n'); "
+         "sys.exit(3)")
+
+
+async def test_a_crashing_stdio_server_is_logged_and_named_not_printed_into_the_chat(scripted_llm, caplog, capfd):
+    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+        "hardness", {"server": "crashy", "transport": "stdio", "command": [sys.executable, "-c", CRASH],
+                     "tool": "hardness"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        assert agent.ready
+        outcome = await agent.registry.invoke("hardness", {"mineral": "talc"}, context=CONTEXT)
+        notices = list(agent.notices)
+    assert "rocks db gone" not in capfd.readouterr().err  # the server's stderr is not the terminal's
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "MCP server 'crashy'" in logged and "RuntimeError: rocks db gone" in logged
+    assert notices == ["MCP server 'crashy' failed to start, so its tools answer Unavailable until it is back "
+                       "(the log says why)"]
+    assert outcome.error.code == "Unavailable"
+
+
+async def test_a_stdio_server_that_never_initialises_does_not_hold_up_the_start(scripted_llm, monkeypatch):
+    monkeypatch.setattr(mcp_servers, "STARTUP_WAIT_SECONDS", 0.2)
+    config = agent_config(llm_url=scripted_llm.url, tools=[mcp_tool(
+        "hardness", {"server": "mute", "transport": "stdio",
+                     "command": [sys.executable, "-c", "import time; time.sleep(600)"], "tool": "hardness"})])
+    async with AgentRuntime.from_config(config, env={}) as agent:
+        assert agent.ready
+        notices = list(agent.notices)
+        starting = [tool["function"]["name"] for tool in agent.registry.openai_tools()]
+    assert notices == ["MCP server 'mute' is still starting: the agent starts without its tools, which are "
+                       "offered once it is ready"]
+    assert "hardness" not in starting

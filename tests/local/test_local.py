@@ -290,6 +290,8 @@ spec:
     assert result.returncode == 0, result.stderr
     log = state / "rockbot" / "local.log"
     assert f"[1 warning(s) while starting: see {log}]" in result.stderr.splitlines()
+    assert ("[solo: MCP server 'weather' failed to start, so its tools answer Unavailable until it is back (the "
+            "log says why)]") in result.stderr.splitlines()
     assert "WARNING" not in result.stderr and "unavailable" not in result.stderr
     assert "MCP server 'weather'" in log.read_text() and "ConnectError" in log.read_text()
     assert "TaskGroup" not in log.read_text()

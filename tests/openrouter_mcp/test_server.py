@@ -12,7 +12,8 @@ from rockbot.openrouter_mcp.client import OpenRouterClient, OpenRouterError
 from rockbot.openrouter_mcp.server import build_server
 from tests.openrouter_mcp.conftest import API_KEY, GENERATION, KEYS, MANAGEMENT_KEY, FakeOpenRouter, run_cli
 
-TOOLS = {"get_credits", "get_key_usage", "list_models", "get_generation", "list_api_keys", "get_api_key"}
+TOOLS = {"get_credits", "get_key_usage", "get_api_key_info", "list_models", "get_generation", "list_api_keys",
+         "get_api_key"}
 ARGUMENTS = {"get_generation": {"generation_id": GENERATION["id"]}, "get_api_key": {"key_hash": KEYS[0]["hash"]}}
 
 
@@ -34,9 +35,10 @@ async def test_credits_report_what_is_left(mcp_url: str, openrouter: FakeOpenRou
     assert ("GET", "/api/v1/credits", f"Bearer {API_KEY}") in openrouter.requests
 
 
-async def test_key_usage_reports_limit_and_spend(mcp_url: str) -> None:
+@pytest.mark.parametrize("name", ["get_key_usage", "get_api_key_info"])  # the design's name, an alias
+async def test_key_usage_reports_limit_and_spend(mcp_url: str, name: str) -> None:
     async with Client(mcp_url) as client:
-        result = await client.call_tool("get_key_usage", {})
+        result = await client.call_tool(name, {})
     usage = result.structured_content
     assert (usage["limit"], usage["limit_remaining"], usage["usage"]) == (20.0, 7.5, 12.5)
     assert (usage["usage_daily"], usage["usage_weekly"], usage["usage_monthly"]) == (0.5, 3.0, 12.5)
