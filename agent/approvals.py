@@ -24,7 +24,8 @@ from typing import Protocol
 from rockbot.agent.events import ApprovalDecided, ApprovalRequested, EventSink, emit
 from rockbot.agent.llm import ToolCall
 from rockbot.agent.metrics import AgentMetrics
-from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+from rockbot.agent.recording import current_run
+from rockbot.agent.registry import ToolContext, ToolRegistry
 from rockbot.bus import Bus
 from rockbot.bus.errors import BusError, RequestTimeout
 from rockbot.bus.identity import CONSOLE
@@ -32,8 +33,10 @@ from rockbot.bus.topology import CONSOLE_APPROVALS, Queue
 from rockbot.contracts.agent_config import AgentConfig, ApprovalPolicy
 from rockbot.contracts.approvals import MAX_ARGUMENTS_CHARS, ApprovalDecision, ApprovalRequest
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
+from rockbot.contracts.recording import ApprovalState
 
 log = logging.getLogger(__name__)
+_STATES: dict[str, ApprovalState] = {"approved": "Approved", "denied": "Denied", "timed_out": "TimedOut"}
 
 
 class Approver(Protocol):
@@ -82,7 +85,7 @@ def policies(config: AgentConfig) -> tuple[dict[str, ApprovalPolicy], dict[str, 
 
 
 class ApprovalGate:
-    """Asks for approval of the calls that need it; None means "run it", an outcome is the refusal to answer."""
+    """Asks for approval of the calls that need it; None means "run it", an error is why it may not run."""
 
     def __init__(
         self,
@@ -109,12 +112,12 @@ class ApprovalGate:
             return None  # the registry answers it with an error; nothing would run
         return self._by_name.get(name) or self._by_source.get(tool.source)
 
-    async def check(self, call: ToolCall, *, context: ToolContext, on_event: EventSink | None) -> ToolOutcome | None:
+    async def check(self, call: ToolCall, *, context: ToolContext, on_event: EventSink | None) -> ErrorInfo | None:
         policy = self.policy(call.name)
         if policy is None:
             return None
         if self.approver is None:
-            return self._refusal(call, ErrorCode.REJECTED, f"{call.name} needs a person's approval and this agent "
+            return ErrorInfo(code=ErrorCode.REJECTED, message=f"{call.name} needs a person's approval and this agent "
                                  "has no way to ask for it: run it with the console (or rockbot local's chat)")
         now = self._clock()
         arguments = call.arguments if len(call.arguments) <= MAX_ARGUMENTS_CHARS else (
@@ -127,6 +130,9 @@ class ApprovalGate:
         )  # fmt: skip
         await emit(on_event, ApprovalRequested(call_id=call.id, name=call.name, approval_id=request.approval_id,
                                                timeout_seconds=policy.timeout_seconds))
+        run = current_run()
+        if run is not None:
+            run.approval(call_id=call.id, name=call.name, approval_id=request.approval_id, state="WaitingForApproval")
         waiting = self._metrics.approvals_waiting.labels(agent=self._agent) if self._metrics else None
         if waiting is not None:
             waiting.inc()
@@ -136,7 +142,7 @@ class ApprovalGate:
             decision = None
         except BusError as exc:  # nobody could be asked: the call does not run (fail closed)
             log.warning("could not ask for approval of %s: %s", call.name, exc)
-            return self._refusal(call, ErrorCode.UNAVAILABLE, f"{call.name} needs a person's approval, which could "
+            return ErrorInfo(code=ErrorCode.UNAVAILABLE, message=f"{call.name} needs a person's approval, which could "
                                  f"not be asked for ({exc}); it did not run: try again later")
         finally:
             if waiting is not None:
@@ -146,7 +152,7 @@ class ApprovalGate:
             await self._decided(call, request, outcome="timed_out", runs=runs, on_event=on_event)
             if runs:
                 return None
-            return self._refusal(call, ErrorCode.TIMEOUT, f"nobody approved {call.name} within "
+            return ErrorInfo(code=ErrorCode.TIMEOUT, message=f"nobody approved {call.name} within "
                                  f"{policy.timeout_seconds:g} s, so it did not run (onTimeout: Deny)")
         outcome = "approved" if decision.approved else "denied"
         await self._decided(call, request, outcome=outcome, runs=decision.approved, on_event=on_event,
@@ -154,7 +160,7 @@ class ApprovalGate:
         if decision.approved:
             return None
         because = f": {decision.reason}" if decision.reason else " (no reason given)"
-        return self._refusal(call, ErrorCode.REJECTED, f"{decision.decided_by} denied this call of {call.name}, "
+        return ErrorInfo(code=ErrorCode.REJECTED, message=f"{decision.decided_by} denied this call of {call.name}, "
                              f"so it did not run{because}")
 
     async def _decided(self, call: ToolCall, request: ApprovalRequest, *, outcome: str, runs: bool,
@@ -163,10 +169,10 @@ class ApprovalGate:
                                                      "decided_by": decided_by})
         if self._metrics is not None:
             self._metrics.approvals.labels(agent=self._agent, tool=call.name, outcome=outcome).inc()
+        run = current_run()
+        if run is not None:
+            run.approval(call_id=call.id, name=call.name, approval_id=request.approval_id, state=_STATES[outcome],
+                         decided_by=decided_by, reason=reason, runs=runs)
         await emit(on_event, ApprovalDecided(call_id=call.id, name=call.name, approval_id=request.approval_id,
                                              outcome=outcome, runs=runs, decided_by=decided_by,  # type: ignore[arg-type]
                                              reason=reason))
-
-    @staticmethod
-    def _refusal(call: ToolCall, code: ErrorCode, message: str) -> ToolOutcome:
-        return ToolOutcome(tool_call_id=call.id, name=call.name, error=ErrorInfo(code=code, message=message))

@@ -170,7 +170,10 @@ class ToolLoop:
             context = ToolContext(session_id=session_id, tool_call_id=call.id, call_chain=call_chain)
             refused = None if self.approvals is None else await self.approvals.check(
                 call, context=context, on_event=on_event)
-            outcome = refused or await self.registry.invoke(call.name, call.arguments, context=context)
+            if refused is not None:
+                outcome = self.registry.refuse(call.name, call.arguments, context=context, error=refused)
+            else:
+                outcome = await self.registry.invoke(call.name, call.arguments, context=context)
             await emit(
                 on_event,
                 ToolFinished(

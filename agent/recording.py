@@ -38,6 +38,8 @@ from rockbot.bus.identity import CONSOLE
 from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies
 from rockbot.contracts.recording import (
     MAX_EVENTS_PER_MESSAGE,
+    ApprovalRecorded,
+    ApprovalState,
     HistoryReply,
     HistoryRequest,
     MessageRecorded,
@@ -105,6 +107,16 @@ class Run:
 
     def ended(self, *, outcome: RunOutcome, error: str = "") -> None:
         self.outcome, self.error = outcome, error
+
+    def approval(self, *, call_id: str, name: str, approval_id: str, state: ApprovalState, decided_by: str = "",
+                 reason: str = "", runs: bool = False) -> None:
+        """Record a call waiting for a person (`WaitingForApproval`), then how the wait ended."""
+        text, cut_off = self.recorder.text(reason)
+        self.recorder.add(ApprovalRecorded(
+            id=_id(), run_id=self.run_id, at=_now(), call_id=call_id[:256], name=name[:256],
+            approval_id=approval_id[:256], state=state, decided_by=decided_by[:256], reason=text, reason_cut=cut_off,
+            runs=runs,
+        ))  # fmt: skip
 
 
 _current: contextvars.ContextVar[Run | None] = contextvars.ContextVar("rockbot_run", default=None)

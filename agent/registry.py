@@ -271,6 +271,15 @@ class ToolRegistry:
             observer(outcome)
         return outcome
 
+    def refuse(self, name: str, arguments: str, *, context: ToolContext, error: ErrorInfo) -> ToolOutcome:
+        """Answer a call that may not run (a person denied it) as a failed call, seen by every observer."""
+        tool = self._tools.get(name)
+        outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=error, arguments=arguments,
+                              source=tool.label if tool is not None else "")
+        for observer in self._observers:
+            observer(outcome)
+        return outcome
+
     def _describe(self, span: Span, outcome: ToolOutcome, arguments: str | Mapping[str, Any]) -> None:
         """GenAI conventions for a tool call; arguments and result only with the content opt-in."""
         tool = self._tools.get(outcome.name)

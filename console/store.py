@@ -47,13 +47,14 @@ from rockbot.console.store_models import (
 )
 from rockbot.console.store_schema import run_events, runs
 from rockbot.contracts.recording import (
+    ApprovalRecorded,
     HistoryReply,
     MessageRecorded,
     ModelRequested,
     RunEnded,
     RunEvent,
     RunStarted,
-    ScriptRan,
+    TimelineEvent,
     ToolCalled,
 )
 
@@ -65,7 +66,8 @@ MIGRATION_LOCK = 0x726F636B626F74
 DEFAULT_RETENTION_DAYS = 30
 #: How many of a session's newest runs its history is read from.
 HISTORY_RUNS = 100
-_TEXT_FIELDS = {"message": ("content",), "tool_call": ("arguments", "result"), "script_run": ("stdout", "stderr")}
+_TEXT_FIELDS = {"message": ("content",), "tool_call": ("arguments", "result"), "script_run": ("stdout", "stderr"),
+                "approval": ("reason",)}
 
 
 class StoreUnavailable(Exception):
@@ -408,7 +410,7 @@ def _run_row(started: RunStarted) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _event_row(event: MessageRecorded | ModelRequested | ToolCalled | ScriptRan, *, record: str) -> dict[str, Any]:
+def _event_row(event: TimelineEvent, *, record: str) -> dict[str, Any]:
     body = event.model_dump(mode="json", exclude={"id", "run_id", "at", "kind"})
     if record != "Full":
         for field in _TEXT_FIELDS.get(event.kind, ()):
@@ -425,6 +427,8 @@ def _event_row(event: MessageRecorded | ModelRequested | ToolCalled | ScriptRan,
         row.update(name=event.model, status=event.status, duration_seconds=event.latency_seconds)
     elif isinstance(event, ToolCalled):
         row.update(name=event.name, status=event.error_code or "ok", duration_seconds=event.duration_seconds)
+    elif isinstance(event, ApprovalRecorded):
+        row.update(name=event.name, status=event.state)
     else:
         status = "" if event.exit_code is None else str(event.exit_code)
         row.update(name=event.backend, status=status, duration_seconds=event.duration_seconds)

@@ -110,6 +110,25 @@ class ScriptRan(_Event):
     pod: Label = ""
 
 
+ApprovalState = Literal["WaitingForApproval", "Approved", "Denied", "TimedOut"]
+
+
+class ApprovalRecorded(_Event):
+    """A tool call waiting for a person (`WaitingForApproval`), then how the wait ended, who decided and why."""
+
+    kind: Literal["approval"] = "approval"
+    call_id: Label
+    name: Label
+    approval_id: Label
+    state: ApprovalState
+    #: The console's validated user who decided; empty while waiting and after a timeout.
+    decided_by: Label = ""
+    reason: Text = ""
+    reason_cut: int = 0
+    #: Whether the call runs (approved, or timed out with onTimeout: Allow).
+    runs: bool = False
+
+
 class RunEnded(_Event):
     kind: Literal["run_ended"] = "run_ended"
     outcome: RunOutcome
@@ -120,9 +139,10 @@ class RunEnded(_Event):
 
 
 RunEvent = Annotated[
-    RunStarted | MessageRecorded | ModelRequested | ToolCalled | ScriptRan | RunEnded, Field(discriminator="kind")
+    RunStarted | MessageRecorded | ModelRequested | ToolCalled | ScriptRan | ApprovalRecorded | RunEnded,
+    Field(discriminator="kind"),
 ]
-TimelineEvent = MessageRecorded | ModelRequested | ToolCalled | ScriptRan
+TimelineEvent = MessageRecorded | ModelRequested | ToolCalled | ScriptRan | ApprovalRecorded
 
 
 class RunEvents(BaseModel):

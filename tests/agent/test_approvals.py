@@ -11,11 +11,19 @@ import pytest
 
 from rockbot.agent.defining import tool
 from rockbot.agent.events import ApprovalDecided, ApprovalRequested, ToolFinished
+from rockbot.agent.recording import bus_publisher
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import Principal
 from rockbot.contracts.approvals import ApprovalDecision, ApprovalRequest
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.agent.test_loop import tool_set
+from tests.agent.test_recording import (
+    _only_run,
+    console,  # noqa: F401 (a fixture)
+)
+from tests.buses import login
 from tests.fixtures.llm import ScriptedCall, Turn
+from tests.waiting import eventually
 
 RAN: list[str] = []
 
@@ -135,3 +143,25 @@ async def test_a_wait_cut_short_by_a_restart_never_runs_the_tool(scripted_llm):
     assert not any(isinstance(e, ToolFinished) for e in events)
     assert 'rockbot_tool_approvals_waiting{agent="helper-bot"} 0.0' in agent.metrics.exposition().decode()
     assert request.tool_call_id == "call_0_0"
+
+
+async def test_the_wait_and_the_decision_are_part_of_the_run(console, scripted_llm):  # noqa: F811
+    broker, store = console
+    play_one_call(scripted_llm)
+    person = Person()
+    bus = await login(broker, Principal.agent(namespace="team-a", name="helper-bot"))
+    config = agent_config(llm_url=scripted_llm.url, approvals={"delete_database": {"timeout_seconds": 30}})
+    agent = AgentRuntime.from_config(config, bus=bus, env={API_KEY_ENV: "k"}, tool_sets=[tool_set(delete_database)],
+                                     publish_runs=bus_publisher(bus), approver=person)
+    async with agent:
+        turn = asyncio.create_task(agent.chat("s1", "drop prod", caller="http"))
+        await person.decide(approved=False, reason="not on a Friday")
+        await asyncio.wait_for(turn, 10)
+    (run,) = await eventually(lambda: _only_run(store))
+    detail = await store.get_run(run.run_id)
+    approvals = [(e.name, e.status, e.data["decided_by"], e.data["reason"]) for e in detail.timeline
+                 if e.kind == "approval"]
+    assert approvals == [("delete_database", "WaitingForApproval", "", ""),
+                         ("delete_database", "Denied", "alice@example.com", "not on a Friday")]
+    (call,) = [e for e in detail.timeline if e.kind == "tool_call"]
+    assert call.status == "Rejected" and "not on a Friday" in call.data["result"]
