@@ -24,3 +24,12 @@ async def eventually(probe: Callable[[], Awaitable[T]], *, within: float = 15.0)
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.02)
+
+
+async def bounded(awaitable: Awaitable[T], *, within: float, what: str) -> T:
+    """Await `awaitable` for at most `within` seconds; past that, fail naming `what` was awaited."""
+    try:
+        async with asyncio.timeout(within):
+            return await awaitable
+    except TimeoutError:
+        raise AssertionError(f"waited {within:g} s for {what}, in vain") from None

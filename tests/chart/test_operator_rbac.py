@@ -8,6 +8,7 @@ logs in with the kubeconfig's token, the test's client sends none.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import secrets
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rockbot.bus import OPERATOR, AmqpBus
+from rockbot.bus import OPERATOR, AccessRefused, AmqpBus
 from rockbot.bus.admin import AGENT_TAG
 from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
 from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, SchedulingReply, SchedulingRequest
@@ -31,6 +32,7 @@ from rockbot.kube import (
     SERVICES,
     TOOLS,
     KubeClient,
+    NotFound,
     Resource,
 )
 from tests.chart.conftest import Manifest
@@ -98,6 +100,20 @@ async def provisioned(vhost: Vhost, user: str) -> None:
     assert user in await vhost.admin.users(tag=AGENT_TAG)
 
 
+async def logged_in(kube: KubeClient, agent: str, *, within: float = 30.0) -> AmqpBus:
+    """The agent's connection with the login in its bus Secret, once that login works: the Secret can
+    appear before the broker accepts its password."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await AmqpBus.connect(url=await bus_url(kube, agent))
+        except (AccessRefused, NotFound) as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                message = f"the login in {agent}'s bus Secret did not work within {within:g} s: {exc}"
+                raise AssertionError(message) from exc
+            await asyncio.sleep(0.2)
+
+
 def secret(name: str, **data: str) -> dict:
     encoded = {key: base64.b64encode(value.encode()).decode() for key, value in data.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
@@ -151,7 +167,7 @@ async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: l
     async with operator_running(settings):
         # The analyst's pods log in with the Secret the operator made for it, once its user exists.
         await eventually(lambda: provisioned(vhost, f"agent.{NS}.analyst"), within=30)
-        bus = await AmqpBus.connect(url=await bus_url(kube, "analyst"))
+        bus = await logged_in(kube, "analyst")
         inbox = await FakeAgent(bus=bus, namespace=NS, name="analyst").start()
         try:
             deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=NS, name="rockbot-analyst"))

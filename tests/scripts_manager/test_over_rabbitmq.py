@@ -22,7 +22,7 @@ from tests.buses import ALICE
 from tests.fixtures.rabbitmq import RabbitBroker, Vhost, provisioned
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_service import _make_gate
-from tests.waiting import eventually
+from tests.waiting import bounded, eventually
 
 
 async def test_script_round_trip_through_rabbitmq(vhost: Vhost, make_settings: MakeSettings) -> None:
@@ -59,7 +59,7 @@ async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
 
             await eventually(running, within=30)
             await asyncio.to_thread(private_rabbitmq.restart)
-            result = await call
+            result = await bounded(call, within=120, what="the script's answer through the broker's restart")
     finally:
         await manager.stop()
     assert isinstance(result, ScriptInvokeResponse), result
