@@ -27,6 +27,8 @@ WEBHOOK_HOST = "127.0.0.1"
 @dataclass
 class LocalRun:
     agents: dict[str, AgentRuntime]
+    #: The scripts-manager (its sandbox's isolation canary says whether scripts run cut off from the host).
+    scripts: ScriptsManager
     #: The port webhook Triggers are served on (None without any).
     webhook_port: int | None = None
 
@@ -80,4 +82,4 @@ async def running(
             await served.start(host=WEBHOOK_HOST, port=webhook_port)
             stack.push_async_callback(served.stop)
             port = served.port
-        yield LocalRun(agents=runtimes, webhook_port=port)
+        yield LocalRun(agents=runtimes, scripts=manager, webhook_port=port)

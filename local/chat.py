@@ -13,6 +13,7 @@ from rockbot.agent.llm import LlmError
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import LOCAL
 from rockbot.contracts.inbox import InboxReply
+from rockbot.scripts_manager.app import ScriptsManager
 
 SESSION = "local-terminal"
 #: Seconds without a word from the model before the chat says it is still waiting (and again after as many).
@@ -95,6 +96,13 @@ def banner(name: str, agent: AgentRuntime) -> str:
     """Which model the chat uses and the tools it is offered (blacklisted ones are registered, not offered)."""
     tools = ", ".join(tool["function"]["name"] for tool in agent.registry.openai_tools()) or "none"
     return f"[{name}: {agent.config.model.name} at {agent.config.model.base_url}; tools: {tools}]"
+
+
+async def isolation_line(scripts: ScriptsManager) -> str:
+    """What the sandbox's isolation canary found, as the scripts-manager's /readyz says it (EgressRestricted)."""
+    if scripts.canary is not None:
+        await scripts.canary.first_proof()
+    return f"[sandbox: {scripts.readiness.conditions()[0]}]"
 
 
 async def ask(agent: AgentRuntime, text: str, *, printer: Printer) -> bool:

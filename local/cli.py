@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         health_host="127.0.0.1",
         health_port=0,
         scripts_local_isolation="unsafe-none" if args.unsafe_no_sandbox else "auto",
+        # Asked for: scripts run although the sandbox's canary reaches the host (and it says so).
+        scripts_isolation_enforce=not args.unsafe_no_sandbox,
     )
     try:
         manifests = load(args.paths)
@@ -176,11 +178,12 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
 
 async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:
     """The chat (or the one --prompt) while every part runs."""
-    from rockbot.local.chat import ask, banner
+    from rockbot.local.chat import ask, banner, isolation_line
     from rockbot.local.terminal import Terminal
 
     agent = local.agents[chosen]
     print(banner(chosen, agent), file=sys.stderr)
+    print(await isolation_line(local.scripts), file=sys.stderr)
     for name, runtime in local.agents.items():
         for notice in runtime.notices:
             print(f"[{name}: {notice}]", file=sys.stderr)

@@ -24,6 +24,7 @@ from rockbot.kube.events import EventPoster
 from rockbot.kube.mirroring import mirror
 from rockbot.operator import builders
 from rockbot.operator.children import Child, Children
+from rockbot.operator.egress_canary import EgressCanaries
 from rockbot.operator.reconciler import AgentInputs, AgentReconciler
 from rockbot.operator.references import AgentRef, AgentsByName, used_by
 from rockbot.operator.secret_keys import SecretKeys
@@ -50,9 +51,13 @@ class Runtime:
         self.children = Children()
         self.children.on_news = self._add_owner_of
         self.secret_keys = SecretKeys(kube)
+        self.egress = EgressCanaries(
+            kube=kube, image=settings.agent_image, targets=settings.egress_canary_targets,
+            interval_seconds=settings.egress_canary_interval_seconds, on_proof=self._add_agents_of,
+        ) if settings.egress_canary else None  # fmt: skip
         self.reconciler = AgentReconciler(
             kube=kube, settings=settings, post_event=EventPoster(kube, component=builders.MANAGED_BY),
-            children=self.children, secret_keys=self.secret_keys,
+            children=self.children, secret_keys=self.secret_keys, egress=self.egress,
         )  # fmt: skip
         self.tool_statuses = ToolStatusWriter(kube)
         self.queue = WorkQueue(self._work, workers=WORKERS)
@@ -147,6 +152,8 @@ class Runtime:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.egress is not None:
+            await self.egress.stop()
         await self.queue.stop()
 
     async def _mirror(self, resource: Resource, namespace: str | None, listed: asyncio.Event) -> None:
@@ -209,6 +216,12 @@ class Runtime:
             fresh_after=max(self._news.get(key, 0.0), self._resync_mark),  # type: ignore[arg-type]
         )
         await self.reconciler.reconcile(inputs)
+
+    def _add_agents_of(self, namespace: str) -> None:
+        """An egress canary proved something in `namespace`: its Agents' EgressRestricted may change."""
+        if self.indices is not None:
+            for ref in list(self.indices["agent_refs"].get(namespace, [])):
+                self.queue.add(("agent", namespace, ref.name))
 
     def _add_owner(self, resource: Resource, namespace: str, name: str) -> None:
         child = self.children.get(resource, namespace, name)

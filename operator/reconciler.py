@@ -30,6 +30,7 @@ from rockbot.operator.conditions import (
     condition_status,
     merge_conditions,
 )
+from rockbot.operator.egress_canary import EgressCanaries
 from rockbot.operator.resolving import Resolution, resolve_agent
 from rockbot.operator.secret_keys import SecretFacts, SecretKeys
 from rockbot.operator.secret_refs import forbidden_references, secret_references
@@ -44,8 +45,8 @@ EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None]]
 logger = logging.getLogger(__name__)
 #: Longest condition and event message we write (events are cut at 1024 anyway).
 MAX_MESSAGE = 1000
-#: Ready=False reasons that are a step on the way (or what a person asked for), not news worth an Event.
-UNEVENTFUL = {"DeploymentProgressing", SCALED_TO_ZERO}
+#: Reasons of a condition not True that are a step on the way (or what a person asked for), not news worth an Event.
+UNEVENTFUL = {"DeploymentProgressing", SCALED_TO_ZERO, "CanaryPending"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +71,10 @@ class AgentReconciler:
         post_event: EventPoster,
         children: Children,
         secret_keys: SecretKeys,
+        egress: EgressCanaries | None = None,
     ) -> None:
         self._kube = kube
+        self._egress = egress
         self._settings = settings
         self._post_event = post_event
         self._children = children
@@ -84,6 +87,8 @@ class AgentReconciler:
         """The Agent is gone: forget what was kept for it, and its broker user and inbox."""
         self._statuses.forget(namespace, name)
         self._forget_credentials(namespace, name)
+        if self._egress is not None:
+            self._egress.forget(namespace, name)
         if self.bus is not None:
             await self.bus.forget(namespace=namespace, name=name)
 
@@ -248,9 +253,11 @@ class AgentReconciler:
         wanted_replicas = agent.spec.replicas
         ready_replicas = rollout.ready if rollout is not None else 0
         ready = readiness(wanted_replicas=wanted_replicas, rollout=rollout, blocking=blocking)
-        conditions = merge_conditions(
-            current.get("conditions") or [], [ready, tools_update], generation=generation, now=now
-        )
+        updates = [ready, tools_update]
+        if self._egress is not None:
+            updates.append(self._egress.condition(namespace=body["metadata"]["namespace"],
+                                                  name=body["metadata"]["name"], labels=builders.labels(agent)))
+        conditions = merge_conditions(current.get("conditions") or [], updates, generation=generation, now=now)
         status = {
             "observedGeneration": generation,
             "conditions": conditions,
@@ -262,9 +269,9 @@ class AgentReconciler:
         if all(current.get(key) == value for key, value in status.items()):
             return
         await self._patch_status(body, status)
-        for update in (ready, tools_update):
+        for update in updates:
             previous = condition_status(current.get("conditions") or [], update.type)
-            if previous == update.status or (update.status == "False" and update.reason in UNEVENTFUL):
+            if previous == update.status or (update.status != "True" and update.reason in UNEVENTFUL):
                 continue
             event_type = "Normal" if update.status == "True" else "Warning"
             await self._post_event(body, event_type, update.reason, update.message)

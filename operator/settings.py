@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot import __version__
+from rockbot.reachability import check_targets
+
+#: What agent pods must not reach by default (they may reach DNS, the bus and their model endpoint).
+AGENT_FORBIDDEN = {
+    "kubernetesApi": ["tcp://kubernetes.default.svc.cluster.local:443"],
+    "metadata": ["tcp://169.254.169.254:80"],
+    "outside": ["tcp://1.1.1.1:443"],
+}
 
 
 class OperatorSettings(BaseSettings):
@@ -56,8 +65,29 @@ class OperatorSettings(BaseSettings):
         default=False,
         description="Let agents put prompts, answers and tool arguments and results into their spans.",
     )
+    egress_canary: bool = Field(
+        default=False,
+        description="Run the egress canary of agent pods (egress_canary.py) and report EgressRestricted on Agents; "
+        "needs pods create/get/watch/delete and networkpolicies list in the Agent namespaces.",
+    )
+    egress_canary_targets: dict[str, list[str]] = Field(
+        default_factory=lambda: dict(AGENT_FORBIDDEN),
+        description="What agent pods must not reach, by probe (tcp://HOST:PORT, dns:NAME, dns://SERVER:PORT/NAME); "
+        "an empty list turns a probe off.",
+    )
+    egress_canary_interval_seconds: float = Field(default=600.0, gt=0, description="Seconds a canary's proof holds.")
     log_format: Literal["json", "text"] = Field(default="json", description="Log format.")
     resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
+
+    @field_validator("egress_canary_targets", mode="before")
+    @classmethod
+    def _json(cls, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value  # a flag's value
+
+    @field_validator("egress_canary_targets")
+    @classmethod
+    def _targets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        return check_targets(value)
 
     @field_validator("namespaces", mode="before")
     @classmethod

@@ -16,6 +16,8 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from rockbot.conditions import ConditionUpdate
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -29,6 +31,7 @@ class Readiness:
     def __init__(self) -> None:
         self._pending: dict[str, str] = {}
         self._checks: list[Callable[[], str | None]] = []
+        self._conditions: list[Callable[[], ConditionUpdate]] = []
 
     def waiting(self, dependency: str, why: str) -> None:
         self._pending[dependency] = why
@@ -39,6 +42,13 @@ class Readiness:
     def check(self, probe: Callable[[], str | None]) -> None:
         """Add a live check: it returns None when all is well, else why the process is not ready."""
         self._checks.append(probe)
+
+    def condition(self, report: Callable[[], ConditionUpdate]) -> None:
+        """Add a condition `/readyz` always shows (one line each, ready or not), such as EgressRestricted."""
+        self._conditions.append(report)
+
+    def conditions(self) -> list[str]:
+        return [f"{c.type}={c.status} ({c.reason}): {c.message}" for c in (report() for report in self._conditions)]
 
     def reasons(self) -> list[str]:
         found = [f"{dependency}: {why}" for dependency, why in self._pending.items()]
@@ -103,9 +113,10 @@ class HealthServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         reasons = self.readiness.reasons()
+        conditions = "".join(f"{line}\n" for line in self.readiness.conditions())
         if not reasons:
-            return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n")
+            return web.Response(text="ready\n" + conditions)
+        return web.Response(status=503, text="not ready: " + "; ".join(reasons) + "\n" + conditions)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         assert self._registry is not None

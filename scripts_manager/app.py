@@ -8,12 +8,16 @@ at any point, within seconds even when the broker is gone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 from rockbot.bus import AmqpBus, Bus, NoRoute
+from rockbot.conditions import ConditionUpdate
 from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
+from rockbot.reachability import CONDITION, IsolationMetrics
 from rockbot.scripts_manager.backends import ScriptBackend
+from rockbot.scripts_manager.canary import CANARY_SECONDS, LOCAL_FIX, IsolationCanary, host_listeners, resolved
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -27,15 +31,38 @@ def backend_name(settings: ScriptsManagerSettings) -> str:
     return "pods" if os.environ.get("KUBERNETES_SERVICE_HOST") else "local"
 
 
-async def create_backend(*, settings: ScriptsManagerSettings, metrics: ScriptMetrics) -> ScriptBackend:
+async def create_backend(
+    *, settings: ScriptsManagerSettings, metrics: ScriptMetrics
+) -> tuple[ScriptBackend, IsolationCanary]:
+    """The sandbox backend, and the isolation canary that runs on it (canary.py)."""
+    isolation = IsolationMetrics(registry=metrics.registry, scope="scripts")
+    common = {"enforce": settings.scripts_isolation_enforce, "metrics": isolation,
+              "interval_seconds": settings.scripts_isolation_interval_seconds}
+    backend: ScriptBackend
     if backend_name(settings) == "pods":
         from rockbot.kube.client import KubeClient
+        from rockbot.kube.events import EventPoster
         from rockbot.scripts_manager.backends.pods import PodBackend
 
-        return PodBackend(kube=await KubeClient.from_environment(), settings=settings, metrics=metrics)
+        kube = await KubeClient.from_environment()
+        backend = PodBackend(kube=kube, settings=settings, metrics=metrics)
+        post = EventPoster(kube, component="rockbot-scripts-manager")
+        namespace = {"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": settings.scripts_namespace, "namespace": settings.scripts_namespace}}
+
+        async def post_event(kind: str, reason: str, message: str) -> None:
+            await post(namespace, kind, reason, message)  # type: ignore[arg-type]
+
+        targets = settings.isolation_targets
+        return backend, IsolationCanary(
+            backend=backend, targets=lambda: resolved(targets), post_event=post_event,
+            first_proof_seconds=settings.scripts_pod_start_seconds + 2 * CANARY_SECONDS, **common,
+        )  # fmt: skip
     from rockbot.scripts_manager.backends.local import LocalBackend
 
-    return await LocalBackend.create(settings=settings)
+    backend = await LocalBackend.create(settings=settings)
+    return backend, IsolationCanary(backend=backend, targets=host_listeners, first_proof_seconds=2 * CANARY_SECONDS,
+                                    sandboxes="local scripts", fix=LOCAL_FIX, **common)
 
 
 class ScriptsManager:
@@ -48,9 +75,19 @@ class ScriptsManager:
         self._own_bus = bus is None
         self._backend: ScriptBackend | None = None
         self._service: ScriptService | None = None
+        self.canary: IsolationCanary | None = None
+        self._canary_task: asyncio.Task[None] | None = None
         self.readiness = Readiness()
         self.readiness.check(self._consuming)
+        self.readiness.check(lambda: self.canary.not_ready() if self.canary is not None else None)
+        self.readiness.condition(self._isolation)
         self.health = HealthServer(readiness=self.readiness, registry=self.metrics.registry)
+
+    def _isolation(self) -> ConditionUpdate:
+        if self.canary is None:
+            return ConditionUpdate(type=CONDITION, status="Unknown", reason="Starting",
+                                   message="the sandbox is starting")
+        return self.canary.condition()
 
     def _consuming(self) -> str | None:
         return None if self._service is not None and self._service.consuming else "not consuming script requests"
@@ -58,14 +95,16 @@ class ScriptsManager:
     async def start(self) -> None:
         settings = self.settings
         await self.health.start(host=settings.health_host, port=settings.health_port)
-        self._backend = await create_backend(settings=settings, metrics=self.metrics)
+        self._backend, self.canary = await create_backend(settings=settings, metrics=self.metrics)
         await self._backend.start()
+        self._canary_task = asyncio.create_task(self.canary.run(), name="isolation canary")
         if self._bus is None:
             if settings.amqp_url is None:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the scripts-manager needs the broker's URL")
             url = settings.amqp_url.get_secret_value()
             self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
-        self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics)
+        self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics,
+                                      isolation=self.canary)
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
         )
@@ -78,6 +117,9 @@ class ScriptsManager:
         if self._service is not None:
             await stop_within(drain + STOP_STEP_SECONDS, self._service.stop(drain_seconds=drain),
                               what="draining script requests")
+        if self._canary_task is not None:
+            self._canary_task.cancel()
+            await asyncio.gather(self._canary_task, return_exceptions=True)
         if self._backend is not None:
             await stop_within(STOP_STEP_SECONDS, self._backend.close(), what="closing the sandbox backend")
         if self._own_bus and self._bus is not None:

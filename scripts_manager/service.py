@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from typing import Protocol
 
 from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
@@ -52,12 +53,19 @@ log = logging.getLogger(__name__)
 Reply = ScriptInvokeResponse | ScriptInvokeError
 
 
+class Isolation(Protocol):
+    async def refusal(self) -> ErrorInfo | None:
+        """None when scripts may run; else why not (the isolation canary, canary.py)."""
+
+
 class ScriptService:
     def __init__(
-        self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics
+        self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
+        isolation: Isolation | None = None,
     ) -> None:
         self._bus = bus
         self._backend = backend
+        self._isolation = isolation
         self._settings = settings
         self._metrics = metrics
         self._once: RunOnce[Reply] = RunOnce()  # keyed by (sender, request id)
@@ -157,6 +165,8 @@ class ScriptService:
             job = policy.check(request=request, settings=self._settings)
         except policy.Refused as refused:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
+        if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:
+            return self._count(ScriptInvokeError(request_id=request.request_id, error=refusal))
         backend = self._metrics.backend
         started = time.monotonic()
         self._metrics.in_flight.labels(backend).inc()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot.kube.quantity import parse_quantity
+from rockbot.reachability import check_targets
 
 #: What script and input may add up to: the runner reads a job line of at most 16 MiB, and JSON may
 #: write a byte as six (`\u0001`).
@@ -30,6 +32,15 @@ def cpu_millicores(quantity: str) -> int:
     if value <= 0:
         raise ValueError(f"{quantity!r} is not a positive CPU quantity such as 250m, 0.5 or 2")
     return math.ceil(value * 1000)
+
+
+#: What script pods must not reach, as the chart sets it by default (`broker` comes from ROCKBOT_AMQP_URL).
+DEFAULT_TARGETS = {
+    "clusterDns": ["dns:kubernetes.default.svc.cluster.local"],
+    "kubernetesApi": ["tcp://kubernetes.default.svc.cluster.local:443"],
+    "metadata": ["tcp://169.254.169.254:80"],
+    "outside": ["tcp://1.1.1.1:443"],
+}
 
 
 class PoolClass(BaseModel):
@@ -118,6 +129,14 @@ class ScriptsManagerSettings(BaseSettings):
     # How long another manager's sweeper leaves an idle pod whose manager stopped renewing it.
     scripts_pool_lease_seconds: Annotated[float, Field(gt=0)] = 60.0
 
+    # Isolation canary (canary.py): what a script must not reach, by probe (an empty list turns a probe
+    # off; `broker` defaults to ROCKBOT_AMQP_URL's address), how often, and whether to refuse scripts
+    # while the last canary reached anything or could not run. Pods only: the local sandbox's canary
+    # tries listeners the manager opens on 127.0.0.1.
+    scripts_isolation_targets: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_TARGETS))
+    scripts_isolation_interval_seconds: Annotated[float, Field(gt=0)] = 600.0
+    scripts_isolation_enforce: bool = True
+
     # Local backend.
     scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"
     # Default: the first of this process's base interpreter and /usr/bin/python3 that starts in the sandbox.
@@ -130,6 +149,21 @@ class ScriptsManagerSettings(BaseSettings):
         Anything longer cannot be a valid request, so it is refused before it is parsed.
         """
         return 6 * (self.scripts_max_script_bytes + self.scripts_max_input_bytes) + 64 * 1024
+
+    @field_validator("scripts_isolation_targets")
+    @classmethod
+    def _targets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        return check_targets(value)
+
+    @property
+    def isolation_targets(self) -> dict[str, list[str]]:
+        """The canary's targets, with the broker's address unless `broker` is given."""
+        targets = dict(self.scripts_isolation_targets)
+        if "broker" not in targets and self.amqp_url is not None:
+            url = urllib.parse.urlsplit(self.amqp_url.get_secret_value())
+            if url.hostname:
+                targets["broker"] = [f"tcp://{url.hostname}:{url.port or (5671 if url.scheme == 'amqps' else 5672)}"]
+        return targets
 
     @field_validator("scripts_allowed_packages", mode="before")
     @classmethod

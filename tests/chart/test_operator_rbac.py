@@ -35,11 +35,15 @@ from rockbot.kube import (
     NotFound,
     Resource,
 )
+from rockbot.operator.settings import OperatorSettings
+from rockbot.scripts_manager.canary import host_listeners
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
 from tests.fixtures.kubeapi import client_for
 from tests.fixtures.rabbitmq import Vhost
 from tests.kubeapi import KubeApiEmulator
+from tests.kubeapi.controllers import in_background
+from tests.kubeapi.kubelet import FakeKubelet
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent_body, tool_body
 from tests.operator.test_bus_identities import bus_url, settings_for
@@ -153,8 +157,17 @@ def unlabelled_children(agent: str) -> list[tuple[Resource, dict[str, Any]]]:
     ]
 
 
-async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: list[str]) -> None:
-    """Every path of the operator that talks to the API, once."""
+async def exercise_the_operator(
+    *, kube: KubeClient, kube_api: KubeApiEmulator, vhost: Vhost, namespaces: list[str]
+) -> None:
+    """Every path of the operator that talks to the API, once (the egress canary on a node of its own too)."""
+    async with host_listeners() as targets, in_background(FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)):
+        settings = settings_for(vhost).model_copy(update={
+            "namespaces": namespaces, "egress_canary": True, "egress_canary_targets": {"outside": targets["host"]}})
+        await _exercise(kube=kube, vhost=vhost, settings=settings)
+
+
+async def _exercise(*, kube: KubeClient, vhost: Vhost, settings: OperatorSettings) -> None:
     await kube.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
     await kube.create(TOOLS, namespace=NS, body=tool_body("weather"))
     await kube.create(AGENTS, namespace=NS, body=agent_body(tools=["weather"], builtinTools=["scheduling"]))
@@ -163,7 +176,6 @@ async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: l
     for resource, body in unlabelled_children("adopted"):
         await kube.create(resource, namespace=NS, body=body)
     await kube.create(AGENTS, namespace=NS, body=agent_body("adopted"))
-    settings = settings_for(vhost).model_copy(update={"namespaces": namespaces})
     async with operator_running(settings):
         # The analyst's pods log in with the Secret the operator made for it, once its user exists.
         await eventually(lambda: provisioned(vhost, f"agent.{NS}.analyst"), within=30)
@@ -179,6 +191,7 @@ async def exercise_the_operator(*, kube: KubeClient, vhost: Vhost, namespaces: l
             async def ready() -> None:
                 agent = await kube.get(AGENTS, namespace=NS, name="analyst")
                 assert condition(agent, "Ready")["status"] == "True"
+                assert condition(agent, "EgressRestricted")["status"] == "True"
 
             await eventually(ready)
 
@@ -227,7 +240,7 @@ async def test_every_request_the_operator_makes_is_granted_by_the_chart(
     kube_api: KubeApiEmulator, kubeconfig: Any, vhost: Vhost, render: Render, watch_all: bool
 ) -> None:
     async with client_for(kube_api) as kube:
-        await exercise_the_operator(kube=kube, vhost=vhost, namespaces=[] if watch_all else [NS])
+        await exercise_the_operator(kube=kube, kube_api=kube_api, vhost=vhost, namespaces=[] if watch_all else [NS])
     used = operator_requests(kube_api)
     manifests = render({"operator": {"watchAllNamespaces": watch_all}}, namespace=NS)
     grants = grants_of(manifests, account=OPERATOR_SA, account_namespace=NS)

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from rockbot.bus.topology import MAX_MESSAGE_BYTES
+from rockbot.operator.settings import AGENT_FORBIDDEN, OperatorSettings
+from rockbot.scripts_manager.settings import DEFAULT_TARGETS, ScriptsManagerSettings
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import CHART, NAMESPACE, Helm, Manifest
 
@@ -188,7 +190,25 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
         "ROCKBOT_BROKER_AGENT_URL": f"amqp://rockbot-rabbitmq.{NAMESPACE}.svc:5672/",
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_LOG_FORMAT": "json",
+        "ROCKBOT_EGRESS_CANARY": "true",
+        "ROCKBOT_EGRESS_CANARY_INTERVAL_SECONDS": "600",
+        "ROCKBOT_EGRESS_CANARY_TARGETS": env["ROCKBOT_EGRESS_CANARY_TARGETS"],
     }
+    assert OperatorSettings(egress_canary_targets=env["ROCKBOT_EGRESS_CANARY_TARGETS"]).egress_canary_targets == \
+        AGENT_FORBIDDEN
+
+
+def test_the_egress_canary_is_opt_out_and_takes_its_pod_rights_with_it(render: Render) -> None:
+    def operator_rules(manifests: list[Manifest]) -> list[dict]:
+        return find(manifests, "Role", "rockbot-operator")["rules"]
+
+    on = render()
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "watch", "delete"]} in operator_rules(on)
+    assert {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list"]} in \
+        operator_rules(on)
+    off = render({"agents": {"egressCanary": {"enabled": False}}})
+    assert not [rule for rule in operator_rules(off) if {"pods", "networkpolicies"} & set(rule["resources"])]
+    assert not [name for name in env_of(find(off, "Deployment", "rockbot-operator")) if "CANARY" in name]
 
 
 def test_operator_watches_all_namespaces_only_when_asked(render: Render) -> None:
@@ -251,13 +271,27 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["scripts-manager", "--log-format", "json"]
     env = env_of(deployment)
+    # The chart's canary targets are the settings' defaults; `broker` comes from the AMQP URL.
+    assert json.loads(env.pop("ROCKBOT_SCRIPTS_ISOLATION_TARGETS")) == DEFAULT_TARGETS
     assert env == {
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_SCRIPTS_BACKEND": "pods",
         "ROCKBOT_SCRIPTS_CONCURRENCY": "4",
         "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
+        "ROCKBOT_SCRIPTS_ISOLATION_ENFORCE": "true",
+        "ROCKBOT_SCRIPTS_ISOLATION_INTERVAL_SECONDS": "600",
     }
+
+
+def test_isolation_canary_targets_each_configurable_and_off_when_empty(render: Render) -> None:
+    values = {"scripts": {"isolation": {"enforce": False, "targets": {
+        "outside": [], "broker": ["tcp://rabbit.example:5672"], "metadata": ["tcp://10.245.0.1:18080"]}}}}
+    env = env_of(find(render(values), "Deployment", "rockbot-scripts-manager"))
+    assert env["ROCKBOT_SCRIPTS_ISOLATION_ENFORCE"] == "false"
+    settings = ScriptsManagerSettings(scripts_isolation_targets=json.loads(env["ROCKBOT_SCRIPTS_ISOLATION_TARGETS"]))
+    assert settings.isolation_targets == {**DEFAULT_TARGETS, "outside": [], "broker": ["tcp://rabbit.example:5672"],
+                                          "metadata": ["tcp://10.245.0.1:18080"]}
 
 
 def test_openrouter_mcp_reads_its_key_from_a_secret_and_serves_agents_only(render: Render) -> None:

@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,13 +41,18 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 Behaviour = Callable[["FakeKubelet", Obj], Awaitable[None]]
 NODE = "emulated-node"
+#: The most of a container's termination message the kubelet keeps.
+_TERMINATION_MESSAGE_BYTES = 4096
 
 
 timestamp = now  # as the API server writes them
 
 
-def pod_sandbox() -> list[str]:
+def pod_sandbox(*, network: bool = False) -> list[str]:
     """How a container's process is confined: as a restricted pod under runc would be.
+
+    With `network`, it shares the host's network, as a pod does on a cluster that does not enforce
+    NetworkPolicy (the isolation canary's tests).
 
     Not `--die-with-parent` (under pytest it killed sandboxes at random moments) nor `--new-session`:
     the kubelet kills a container through bwrap's process group, which the sandbox's PID 1 stays in
@@ -56,7 +62,7 @@ def pod_sandbox() -> list[str]:
     if bwrap is None:
         raise RuntimeError("the fake kubelet runs containers under bubblewrap: apt-get install -y bubblewrap")
     return [bwrap, "--unshare-user", "--uid", "65534", "--gid", "65534", "--unshare-pid", "--as-pid-1",
-            "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            *([] if network else ["--unshare-net"]), "--unshare-ipc", "--unshare-uts",
             "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
 
 
@@ -92,8 +98,10 @@ class FakeKubelet:
         namespace: str,
         behaviour: Behaviour | None = None,
         relist_seconds: float | None = None,
+        network: bool = False,
     ) -> None:
         self.emulator = emulator
+        self.network = network
         self.kube = kube
         self.namespace = namespace
         self.behaviour = behaviour or run_command
@@ -124,9 +132,14 @@ class FakeKubelet:
         spec = pod.pod["spec"]["containers"][0]
         command = [_python() if part == "python3" else part for part in spec["command"]]
         held_open = asyncio.subprocess.PIPE if spec.get("stdin") else asyncio.subprocess.DEVNULL
+        # The container's /dev/termination-log, whose text becomes its terminated state's message (as the kubelet's).
+        message = tempfile.NamedTemporaryFile(prefix="rockbot-termination-", delete=False)  # noqa: SIM115
+        message.close()
+        os.chmod(message.name, 0o666)
+        *sandbox, end = pod_sandbox(network=self.network)
         process = await asyncio.create_subprocess_exec(
-            *pod_sandbox(), *command, stdin=held_open, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+            *sandbox, "--bind", message.name, "/dev/termination-log", end, *command, stdin=held_open,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
         pod.process = process
 
@@ -158,12 +171,14 @@ class FakeKubelet:
         await asyncio.gather(pump(process.stdout, 1), pump(process.stderr, 2))
         code = await process.wait()
         pod.streams.exited()
+        said = await asyncio.to_thread(_termination_message, message.name)
         if pod.reason == "DeadlineExceeded" or pod.name not in self.pods:
             return
         started = pod.state.get("running", {}).get("startedAt", timestamp())
         await self.report(pod, state={"terminated": {
             "exitCode": code, "reason": "Completed" if code == 0 else "Error",
-            "startedAt": started, "finishedAt": timestamp()}}, phase="Succeeded" if code == 0 else "Failed")
+            "startedAt": started, "finishedAt": timestamp(), **({"message": said} if said else {})}},
+            phase="Succeeded" if code == 0 else "Failed")
 
     def kill(self, pod: RunningPod) -> None:
         """The container's processes die (the node's doing: eviction, OOM of the whole container...)."""
@@ -307,6 +322,14 @@ class FakeKubelet:
                                       body={"status": status})
             except ApiError:
                 pod.dirty = True  # the next relist tries again
+
+
+def _termination_message(path: str) -> str:
+    """What the container wrote to /dev/termination-log (its first 4 KiB, as the kubelet keeps), file removed."""
+    with open(path, "rb") as written:
+        said = written.read(_TERMINATION_MESSAGE_BYTES).decode(errors="replace")
+    os.unlink(path)
+    return said
 
 
 async def run_command(kubelet: FakeKubelet, pod: RunningPod) -> None:

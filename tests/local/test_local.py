@@ -67,6 +67,9 @@ async def test_the_examples_answer_a_prompt_with_a_script_run_in_the_sandbox(scr
     assert result.returncode == 0, result.stderr
     assert result.stdout == "The sum is 42.\n"
     assert "[tools called: execute_python_script]" in result.stderr
+    # The sandbox's isolation canary tried a listener and a DNS responder on this host and reached neither.
+    assert "[sandbox: EgressRestricted=True (NothingReached): local scripts reached none of host (tcp://127.0.0.1:" \
+        in result.stderr
     tool_result = scripted_llm.requests[1].messages[-1]["content"]
     assert tool_result.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in tool_result
     first = scripted_llm.requests[0]

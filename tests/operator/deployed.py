@@ -4,7 +4,8 @@ The operator's container comes from `helm template` with the chart's default val
 environment (JSON logs) and uid. What a cluster would add is given by the test: a kubeconfig for the
 emulated API server in place of the service account (with its own token, so the operator's requests
 can be told apart), the test's broker (its logins and management API) in place of the chart's
-Secrets and in-cluster addresses, and a free port for the health server in place of 8080.
+Secrets and in-cluster addresses, and a free port for the health server in place of 8080. No node runs
+pods here, so the egress canary (tests/operator/test_egress_canary.py, with a node) is off unless asked for.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tests.pod_process import (
 
 #: The release namespace of `helm template` (the operator watches it by default).
 NAMESPACE = "rockbot"
+#: The chart's values these runs start from: no node runs the egress canary's pods here.
+CANARY_OFF = {"agents": {"egressCanary": {"enabled": False}}}
 #: The bearer token in the operator's kubeconfig: its requests carry it, the test's own carry none.
 OPERATOR_TOKEN = "operator-service-account"
 
@@ -67,7 +70,7 @@ def start_operator(
         "ROCKBOT_BROKER_AGENT_URL": f"amqp://127.0.0.1:{broker.port}/" if broker else "",
     }
     process = start(
-        chart_pod_spec(render(values or {}), "operator"),
+        chart_pod_spec(render({**CANARY_OFF, **(values or {})}), "operator"),
         values_from=secrets,
         extra_args=["--liveness", f"http://127.0.0.1:{port}/healthz"],
         extra_env={"KUBECONFIG": KUBECONFIG, **addresses, **(extra_env or {})},

@@ -36,6 +36,8 @@ def make_settings() -> Iterator[MakeSettings]:
             "scripts_backend": "local",
             "drain_seconds": 0.0,
             "scripts_package_cache": packages,
+            # The canary of pod tests tries only what a test gives it (listeners of its own), never a real address.
+            "scripts_isolation_targets": {},
         }
         values.update(overrides)
         return ScriptsManagerSettings(**values)  # type: ignore[arg-type]
@@ -58,11 +60,12 @@ async def kube(kube_api: KubeApiEmulator, kubeconfig: Path) -> AsyncIterator[Kub
 @contextlib.asynccontextmanager
 async def node(
     kube_api: KubeApiEmulator, kube: KubeClient, behaviour: Behaviour | None = None,
-    relist_seconds: float | None = None,
+    relist_seconds: float | None = None, network: bool = False,
 ) -> AsyncIterator[FakeKubelet]:
-    """A node running the scripts namespace's pods (see tests/kubeapi/kubelet.py)."""
+    """A node running the scripts namespace's pods (see tests/kubeapi/kubelet.py); with `network`, one that
+    does not enforce NetworkPolicy (its pods share the host's network)."""
     kubelet = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS, behaviour=behaviour,
-                          relist_seconds=relist_seconds)
+                          relist_seconds=relist_seconds, network=network)
     async with in_background(kubelet):
         yield kubelet
 

@@ -30,6 +30,9 @@ from tests.pod_process import (
 __all__ = ["helm", "late_rabbitmq", "pods", "render"]  # fixtures
 #: How long SIGTERM may take to stop a process: a pod is killed 30 s after it by default.
 STOP_WITHIN = 10.0
+#: No node runs pods here, so the isolation canary (tests/scripts_manager/test_canary.py) is off: every probe empty.
+CANARY_OFF = {"scripts": {"isolation": {"targets": {
+    probe: [] for probe in ("clusterDns", "kubernetesApi", "broker", "metadata", "outside")}}}}
 
 
 @pytest.fixture
@@ -44,7 +47,7 @@ def start_manager(render: Callable[..., list[dict[str, Any]]], kube_api, pods: l
                   amqp_url: str) -> tuple[PodProcess, Probes]:
     port = free_port()
     process = start(
-        chart_pod_spec(render({}), "scripts-manager"),
+        chart_pod_spec(render(CANARY_OFF), "scripts-manager"),
         values_from={"ROCKBOT_AMQP_URL": amqp_url},
         extra_env={"KUBECONFIG": KUBECONFIG, "ROCKBOT_HEALTH_PORT": str(port)},
         files={KUBECONFIG: kubeconfig_for(kube_api, token="scripts-manager")},

@@ -272,3 +272,10 @@ log.file = false
 {{- end -}}
 {{- join "," $classes -}}
 {{- end -}}
+
+{{/* Isolation canary targets as JSON for ROCKBOT_*_ISOLATION_TARGETS: a probe set to null is left out. */}}
+{{- define "rockbot.isolationTargets" -}}
+{{- $targets := dict -}}
+{{- range $probe, $uris := . }}{{ if kindIs "slice" $uris }}{{ $_ := set $targets $probe $uris }}{{ end }}{{ end -}}
+{{- toJson $targets -}}
+{{- end }}

@@ -1,0 +1,237 @@
+"""The isolation canary of agent pods: does a pod like an Agent's reach what its egress policy forbids?
+
+An Agent's pods may reach DNS, the bus and the model endpoint; the chart's NetworkPolicy says so, and
+a cluster that does not enforce policies ignores it. So the operator runs, per namespace and *policy
+shape* (the set of egress NetworkPolicies that select an Agent's pod labels, at their
+resourceVersions), one canary pod: the labels of one Agent of that shape, a restricted pod like an
+agent's, whose program (`rockbot.reach_probe`) tries ROCKBOT_EGRESS_CANARY_TARGETS and writes what it
+reached as its termination message (so the operator needs no right to read logs). Every Agent of that
+shape gets `EgressRestricted` True/False/Unknown from it, with the targets reached in the message.
+
+Cost: one pod per namespace and shape every ROCKBOT_EGRESS_CANARY_INTERVAL_SECONDS (600), run when a
+reconcile finds the result missing or stale, at most `CONCURRENT` at once; hundreds of Agents under
+the chart's one policy are one canary per namespace. A proof is cached and reused by a new Agent of
+a known shape. The pod never becomes Ready (a readiness gate nobody sets), so the Agent's Service
+never routes to it, and it lacks the pod-template-hash label, so no ReplicaSet adopts it. Its name
+is fixed per shape, so one an operator left behind is replaced, never piled up.
+
+Rights, in each Agent namespace (chart: `agents.egressCanary.enabled`, on by default): pods create,
+watch, delete; networkpolicies list. Nothing else: no get, no list of pods, no logs, no exec.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from rockbot.conditions import ConditionUpdate
+from rockbot.kube import NETWORKPOLICIES, PODS, ApiError, Gone, KubeClient, NotFound
+from rockbot.kube.security import restricted_container_context, restricted_pod_context
+from rockbot.reachability import CONDITION, PROBE, PROBE_TIMEOUT_SECONDS, Proof, Targets, findings, now, uris
+
+log = logging.getLogger(__name__)
+
+K8sObject = dict[str, Any]
+CANARY_LABEL = "rockbot.dev/canary"
+#: A readiness gate nobody sets: the canary pod is never Ready, so no Service sends it traffic.
+NEVER_READY = "rockbot.dev/never-ready"
+CONTAINER = "canary"
+#: Canary pods running at once, over every namespace.
+CONCURRENT = 2
+#: How long a canary pod may take from creation to its answer (scheduling, image, the probe).
+POD_SECONDS = 120.0
+PODS_REACHED = "agent pods"
+RETRY_SECONDS = 60.0
+Shape = tuple[tuple[str, str], ...]
+
+
+def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions) selects `labels`; an empty one selects all."""
+    selector = selector or {}
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        present = key in labels
+        if (operator == "In" and labels.get(key) not in values) or (operator == "NotIn" and labels.get(key) in values) \
+                or (operator == "Exists" and not present) or (operator == "DoesNotExist" and present):
+            return False
+    return True
+
+
+def shape_of(labels: Mapping[str, str], policies: list[K8sObject]) -> Shape:
+    """The egress policies that apply to a pod of `labels`, by name and resourceVersion."""
+    return tuple(sorted(
+        (policy["metadata"]["name"], policy["metadata"].get("resourceVersion", ""))
+        for policy in policies
+        if "Egress" in ((policy.get("spec") or {}).get("policyTypes") or ["Ingress"])
+        and selects((policy.get("spec") or {}).get("podSelector"), labels)
+    ))  # fmt: skip
+
+
+def canary_pod(*, namespace: str, shape: Shape, labels: Mapping[str, str], image: str, targets: Targets) -> K8sObject:
+    """A restricted pod with an agent's labels, running the probe once and saying what it reached."""
+    digest = hashlib.sha256(json.dumps([namespace, shape]).encode()).hexdigest()[:10]
+    resources = {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "16Mi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"rockbot-egress-canary-{digest}", "namespace": namespace,
+                     "labels": {**labels, CANARY_LABEL: "egress"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": int(POD_SECONDS),
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "readinessGates": [{"conditionType": NEVER_READY}],
+            "securityContext": restricted_pod_context(uid=65532),
+            "containers": [{
+                "name": CONTAINER,
+                "image": image,
+                "command": ["python3", "-I", "-c", PROBE, json.dumps(uris(targets)), str(PROBE_TIMEOUT_SECONDS)],
+                "resources": {"requests": resources, "limits": resources},
+                "securityContext": restricted_container_context(),
+                "terminationMessagePolicy": "File",
+            }],
+        },
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Known:
+    shape: Shape
+    proof: Proof
+
+
+class EgressCanaries:
+    """Proofs of agent pods' egress by namespace and shape; asks `on_proof(namespace)` to look again."""
+
+    def __init__(
+        self, *, kube: KubeClient, image: str, targets: Targets, interval_seconds: float,
+        on_proof: Callable[[str], None],
+    ) -> None:  # fmt: skip
+        self._kube = kube
+        self._image = image
+        self._targets = targets
+        self._interval = interval_seconds
+        self._on_proof = on_proof
+        self._policies: dict[str, tuple[float, list[K8sObject]]] = {}
+        self._proofs: dict[tuple[str, Shape], Proof] = {}
+        self._known: dict[tuple[str, str], _Known] = {}  # (namespace, agent) -> its shape's proof
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(CONCURRENT)
+
+    def condition(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> ConditionUpdate:
+        """The Agent's EgressRestricted as last proven; a missing or stale proof starts a canary for its namespace."""
+        known = self._known.get((namespace, name))
+        fresh = known is not None and self._fresh(known.proof) and self._policies_fresh(namespace)
+        if not fresh and namespace not in self._running:
+            self._running[namespace] = asyncio.create_task(self._prove(namespace, name, dict(labels)),
+                                                           name=f"egress canary in {namespace}")
+        if known is None:
+            return ConditionUpdate(type=CONDITION, status="Unknown", reason="CanaryPending",
+                                   message="the egress canary of this Agent's pods has not finished yet")
+        return known.proof.condition(pods=PODS_REACHED, stamped=False)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self._known.pop((namespace, name), None)
+
+    async def stop(self) -> None:
+        for task in self._running.values():
+            task.cancel()
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    def _fresh(self, proof: Proof) -> bool:
+        """A proof holds for the interval; a canary that could not run is tried again within a minute."""
+        holds = self._interval if proof.error is None else min(self._interval, RETRY_SECONDS)
+        return (now() - proof.at).total_seconds() < holds
+
+    def _policies_fresh(self, namespace: str) -> bool:
+        listed = self._policies.get(namespace)
+        return listed is not None and asyncio.get_running_loop().time() - listed[0] < self._interval
+
+    async def _prove(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+        """This Agent's shape, proven (again if stale), then every Agent of the namespace looked at again."""
+        try:
+            policies = await self._list_policies(namespace)
+            shape = shape_of(labels, policies)
+            proof = self._proofs.get((namespace, shape))
+            if proof is None or not self._fresh(proof):
+                async with self._slots:
+                    proof = await self._run(namespace=namespace, shape=shape, labels=labels)
+                self._proofs[(namespace, shape)] = proof
+                log.log(logging.INFO if proof.isolated else logging.WARNING, "egress canary in %s: %s", namespace,
+                        proof.condition(pods=PODS_REACHED).message)
+            self._known[(namespace, name)] = _Known(shape=shape, proof=proof)
+            for (ns, agent), known in list(self._known.items()):  # the others of this shape share the proof
+                if ns == namespace and known.shape == shape:
+                    self._known[(ns, agent)] = _Known(shape=shape, proof=proof)
+        except (ApiError, OSError, aiohttp.ClientError) as exc:
+            self._known[(namespace, name)] = _Known(shape=(), proof=Proof(at=now(), error=str(exc)))
+        finally:
+            self._running.pop(namespace, None)
+        self._on_proof(namespace)
+
+    async def _list_policies(self, namespace: str) -> list[K8sObject]:
+        if not self._policies_fresh(namespace):
+            listed = await self._kube.list(NETWORKPOLICIES, namespace=namespace)
+            self._policies[namespace] = (asyncio.get_running_loop().time(), listed.items)
+        return self._policies[namespace][1]
+
+    async def _run(self, *, namespace: str, shape: Shape, labels: dict[str, str]) -> Proof:
+        pod = canary_pod(namespace=namespace, shape=shape, labels=labels, image=self._image, targets=self._targets)
+        name = pod["metadata"]["name"]
+        await self._delete(namespace, name)  # one a stopped operator left behind
+        try:
+            created = await self._kube.create(PODS, namespace=namespace, body=pod)
+            terminated = await self._terminated(namespace, name, created["metadata"]["resourceVersion"])
+            if terminated is None:
+                return Proof(at=now(), error=f"the canary pod {name} did not finish within {POD_SECONDS:g} s")
+            try:
+                return Proof(at=now(), findings=findings(terminated.get("message") or "", targets=self._targets))
+            except ValueError as exc:
+                return Proof(at=now(), error=f"{exc} (pod {name}, exit code {terminated.get('exitCode')})")
+        finally:
+            await asyncio.shield(self._delete(namespace, name))
+
+    async def _terminated(self, namespace: str, name: str, version: str | None) -> K8sObject | None:
+        """The canary container's terminated state, followed by a watch (None: not within POD_SECONDS)."""
+        try:
+            async with asyncio.timeout(POD_SECONDS):
+                while True:
+                    try:
+                        async for event in self._kube.watch(PODS, namespace=namespace,
+                                                            field_selector=f"metadata.name={name}",
+                                                            resource_version=version, timeout_seconds=60):
+                            version = event.object["metadata"]["resourceVersion"]
+                            if (state := _terminated(event.object)) is not None:
+                                return state
+                            if event.type == "DELETED":
+                                return None
+                    except Gone:  # watch again from the pod as it is now (its first event)
+                        version = None
+        except TimeoutError:
+            return None
+
+    async def _delete(self, namespace: str, name: str) -> None:
+        try:
+            await self._kube.delete(PODS, namespace=namespace, name=name, grace_period_seconds=0)
+        except NotFound:
+            pass
+        except (ApiError, OSError) as exc:
+            log.warning("could not delete the egress canary pod %s/%s: %s", namespace, name, exc)
+
+
+def _terminated(pod: K8sObject) -> K8sObject | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER and (state := (status.get("state") or {}).get("terminated")):
+            return state
+    return None

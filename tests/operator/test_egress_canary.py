@@ -1,0 +1,118 @@
+"""The egress canary of agent pods: one pod per namespace and policy shape, EgressRestricted on every Agent.
+
+Every target is a listener this test starts on 127.0.0.1, never a real address. The fake node runs the
+canary pod's command for real, with no network (a cluster that enforces the agents' policy) or on the
+host's network (one that stores NetworkPolicies but does not enforce them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from rockbot.kube import AGENTS, EVENTS, NETWORKPOLICIES, PODS, KubeClient
+from rockbot.operator import builders
+from rockbot.operator.egress_canary import CANARY_LABEL, NEVER_READY, canary_pod, selects, shape_of
+from rockbot.operator.settings import AGENT_FORBIDDEN, OperatorSettings
+from rockbot.scripts_manager.canary import host_listeners
+from tests.kubeapi import KubeApiEmulator
+from tests.kubeapi.controllers import in_background
+from tests.kubeapi.kubelet import FakeKubelet
+from tests.operator.harness import condition, operator_running
+from tests.operator.samples import agent, agent_body
+from tests.operator.test_operator_e2e import create_basics
+from tests.pod_security import restricted_violations
+from tests.waiting import eventually
+
+NS = "default"
+ENFORCE = "this cluster does not enforce NetworkPolicy"
+
+
+def policy(name: str, selector: dict, types: list[str], version: str = "1") -> dict:
+    return {"metadata": {"name": name, "resourceVersion": version},
+            "spec": {"podSelector": selector, "policyTypes": types}}
+
+
+def test_a_shape_is_the_egress_policies_that_select_the_pod() -> None:
+    labels = builders.labels(agent("analyst"))
+    chart = policy("rockbot-agent-egress", {"matchLabels": {"app.kubernetes.io/name": "rockbot-agent"}}, ["Egress"])
+    only_bob = policy("bob", {"matchLabels": {"app.kubernetes.io/instance": "bob"}}, ["Egress"])
+    ingress = policy("ingress-only", {}, ["Ingress"])
+    not_bob = policy("not-bob", {"matchExpressions": [
+        {"key": "app.kubernetes.io/instance", "operator": "NotIn", "values": ["bob"]},
+        {"key": "app.kubernetes.io/component", "operator": "Exists"}]}, ["Ingress", "Egress"])
+    policies = [chart, only_bob, ingress, not_bob]
+    assert shape_of(labels, policies) == (("not-bob", "1"), ("rockbot-agent-egress", "1"))
+    assert shape_of(builders.labels(agent("bob")), policies) == (("bob", "1"), ("rockbot-agent-egress", "1"))
+    assert shape_of(builders.labels(agent("carol")), policies) == shape_of(labels, policies)  # one canary for both
+    assert not selects({"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}, {"x": "1"})
+    assert selects({}, labels)
+
+
+def test_the_canary_pod_is_restricted_like_an_agents_and_never_serves_its_service() -> None:
+    labels = builders.labels(agent("analyst"))
+    pod = canary_pod(namespace=NS, shape=(("p", "1"),), labels=labels, image="img", targets=AGENT_FORBIDDEN)
+    assert restricted_violations(pod) == []
+    assert pod["metadata"]["labels"] == {**labels, CANARY_LABEL: "egress"}
+    assert "pod-template-hash" not in pod["metadata"]["labels"]  # no ReplicaSet adopts it
+    assert pod["spec"]["readinessGates"] == [{"conditionType": NEVER_READY}]  # never Ready: never an endpoint
+    assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["activeDeadlineSeconds"] <= 120
+    again = canary_pod(namespace=NS, shape=(("p", "1"),), labels=labels, image="img", targets=AGENT_FORBIDDEN)
+    assert again["metadata"]["name"] == pod["metadata"]["name"]  # one name per shape: a leftover is replaced
+
+
+@contextlib.asynccontextmanager
+async def node(kube_api: KubeApiEmulator, kube: KubeClient, *, network: bool) -> AsyncIterator[FakeKubelet]:
+    kubelet = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS, network=network)
+    async with in_background(kubelet):
+        yield kubelet
+
+
+async def egress_of(kube: KubeClient, name: str, status: str) -> dict:
+    async def settled() -> dict:
+        found = condition(await kube.get(AGENTS, namespace=NS, name=name), "EgressRestricted")
+        assert found["status"] == status, found
+        return found
+
+    return await eventually(settled, within=60)
+
+
+async def test_agents_on_a_network_that_ignores_policies_show_egress_not_restricted_naming_the_target(
+    kube_client: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    await create_basics(kube_client)
+    await kube_client.create(NETWORKPOLICIES, namespace=NS, body={
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "rockbot-agent-egress"},
+        "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "rockbot-agent"}},
+                 "policyTypes": ["Egress"]}})  # fmt: skip
+    for name in ("analyst", "writer"):
+        await kube_client.create(AGENTS, namespace=NS, body=agent_body(name))
+    async with host_listeners() as targets, node(kube_api, kube_client, network=True) as kubelet:
+        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
+                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        async with operator_running(settings):
+            analyst = await egress_of(kube_client, "analyst", "False")
+            writer = await egress_of(kube_client, "writer", "False")
+    tcp, dns = targets["host"]
+    assert analyst["reason"] == "TargetsReached"
+    assert analyst["message"].startswith(f"agent pods reached outside ({tcp}), outside ({dns}) in its last run: ")
+    assert ENFORCE in analyst["message"] and writer["message"] == analyst["message"]
+    assert len(kubelet.seen) == 1, "one canary for both Agents: one namespace, one policy shape"
+    assert not (await kube_client.list(PODS, namespace=NS, label_selector=CANARY_LABEL)).items  # cleaned up
+    warnings = [e for e in (await kube_client.list(EVENTS, namespace=NS)).items if e["reason"] == "TargetsReached"]
+    assert {e["involvedObject"]["name"] for e in warnings} == {"analyst", "writer"}
+
+
+async def test_agents_whose_canary_reaches_nothing_show_egress_restricted(
+    kube_client: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    await create_basics(kube_client)
+    await kube_client.create(AGENTS, namespace=NS, body=agent_body("analyst"))
+    async with host_listeners() as targets, node(kube_api, kube_client, network=False):
+        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
+                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        async with operator_running(settings):
+            found = await egress_of(kube_client, "analyst", "True")
+    assert found["reason"] == "NothingReached"
+    assert found["message"] == f"agent pods reached none of outside ({targets['host'][0]}), outside " \
+        f"({targets['host'][1]}) in its last run"
