@@ -129,13 +129,21 @@ class EgressCanaries:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
 
-    def condition(self, *, namespace: str, name: str, labels: Mapping[str, str]) -> ConditionUpdate:
-        """The Agent's EgressRestricted as last proven; a missing or stale proof starts a canary for its namespace."""
+    def condition(
+        self, *, namespace: str, name: str, labels: Mapping[str, str], shown: Mapping[str, Any] | None = None
+    ) -> ConditionUpdate:
+        """The Agent's EgressRestricted as last proven; a missing or stale proof starts a canary for its namespace.
+
+        Until this operator has a proof, the condition the Agent `shown` keeps (a restart rewrites nothing).
+        """
         known = self._known.get((namespace, name))
         fresh = known is not None and self._fresh(known.proof) and self._policies_fresh(namespace)
         if not fresh and namespace not in self._running:
             self._running[namespace] = asyncio.create_task(self._prove(namespace, name, dict(labels)),
                                                            name=f"egress canary in {namespace}")
+        if known is None and shown is not None:
+            return ConditionUpdate(type=CONDITION, status=shown["status"], reason=shown["reason"],
+                                   message=shown.get("message", ""))
         if known is None:
             return ConditionUpdate(type=CONDITION, status="Unknown", reason="CanaryPending",
                                    message="the egress canary of this Agent's pods has not finished yet")

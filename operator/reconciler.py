@@ -35,6 +35,7 @@ from rockbot.operator.resolving import Resolution, resolve_agent
 from rockbot.operator.secret_keys import SecretFacts, SecretKeys
 from rockbot.operator.secret_refs import forbidden_references, secret_references
 from rockbot.operator.settings import OperatorSettings
+from rockbot.reachability import CONDITION
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
 from rockbot.telemetry import tracer
@@ -255,8 +256,11 @@ class AgentReconciler:
         ready = readiness(wanted_replicas=wanted_replicas, rollout=rollout, blocking=blocking)
         updates = [ready, tools_update]
         if self._egress is not None:
-            updates.append(self._egress.condition(namespace=body["metadata"]["namespace"],
-                                                  name=body["metadata"]["name"], labels=builders.labels(agent)))
+            shown = next((c for c in current.get("conditions") or [] if c.get("type") == CONDITION), None)
+            updates.append(self._egress.condition(
+                namespace=body["metadata"]["namespace"], name=body["metadata"]["name"], labels=builders.labels(agent),
+                shown=shown,
+            ))  # fmt: skip
         conditions = merge_conditions(current.get("conditions") or [], updates, generation=generation, now=now)
         status = {
             "observedGeneration": generation,

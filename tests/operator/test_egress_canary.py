@@ -7,6 +7,7 @@ host's network (one that stores NetworkPolicies but does not enforce them).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -108,11 +109,30 @@ async def test_agents_whose_canary_reaches_nothing_show_egress_restricted(
 ) -> None:
     await create_basics(kube_client)
     await kube_client.create(AGENTS, namespace=NS, body=agent_body("analyst"))
-    async with host_listeners() as targets, node(kube_api, kube_client, network=False):
+    async with host_listeners() as targets, node(kube_api, kube_client, network=False) as kubelet:
         settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
                                     egress_canary=True, egress_canary_targets={"outside": targets["host"]})
         async with operator_running(settings):
             found = await egress_of(kube_client, "analyst", "True")
+        mark = len(kube_api.requests)
+        async with operator_running(settings):  # a restart: a new proof, the same finding, so nothing to write
+
+            async def proven_again() -> None:
+                assert len(kubelet.seen) == 2, "the restarted operator's canary has not run yet"
+                assert not (await kube_client.list(PODS, namespace=NS, label_selector=CANARY_LABEL)).items
+
+            await eventually(proven_again, within=60)
+            await eventually(lambda: _idle(kube_api, since=mark))
+    status_writes = [r for r in kube_api.requests[mark:] if r.url.path.endswith("/agents/analyst/status")]
+    assert status_writes == [], "a restart rewrote EgressRestricted"
+    assert condition(await kube_client.get(AGENTS, namespace=NS, name="analyst"), "EgressRestricted") == found
     assert found["reason"] == "NothingReached"
     assert found["message"] == f"agent pods reached none of outside ({targets['host'][0]}), outside " \
         f"({targets['host'][1]}) in its last run"
+
+
+async def _idle(kube_api: KubeApiEmulator, *, since: int) -> None:
+    """The operator's reconciles after the canary's proof are done: its last request was a while ago."""
+    count = len(kube_api.requests)
+    await asyncio.sleep(0.5)
+    assert len(kube_api.requests) == count, "the operator is still working"
