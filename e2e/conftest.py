@@ -201,8 +201,25 @@ def restarts(pods: list[Json]) -> dict[str, int]:
 
 
 @pytest.fixture(scope="session")
-def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer) -> Iterator[Release]:
-    """charts/rockbot installed with default values but the image and where the model lives."""
+def forbidden_target() -> Iterator[str]:
+    """A TCP listener on the bridge host standing for the metadata and outside addresses of the isolation
+    canaries (README "Isolation canary"): no check ever tries a real one. The kernel answers its handshakes."""
+    for port in _free_ports():
+        with socket.socket() as listener:
+            try:
+                listener.bind((BRIDGE_HOST, port))
+            except OSError:
+                continue
+            listener.listen(64)
+            yield f"tcp://{BRIDGE_HOST}:{port}"
+            return
+    raise RuntimeError(f"no free port in {HOST_PORTS} on {BRIDGE_HOST}")
+
+
+@pytest.fixture(scope="session")
+def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer, forbidden_target: str) -> Iterator[Release]:
+    """charts/rockbot installed with default values but the image, where the model lives and the canaries'
+    metadata and outside targets (`forbidden_target`)."""
     repository, tag = IMAGE.rsplit(":", 1)
     _remove_earlier(kubectl, helm)
     volume = _broker_volume(kubectl)
@@ -213,6 +230,8 @@ def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer) -> Iterator
         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set-json", f'agents.egress.llmCIDRs=["{BRIDGE_HOST}/32"]',
         "--set-json", f"agents.egress.llmPorts=[{model_server.llm.port}]",
+        *[arg for canary in ("scripts.isolation", "agents.egressCanary") for probe in ("metadata", "outside")
+          for arg in ("--set-json", f'{canary}.targets.{probe}=["{forbidden_target}"]')],
         "--wait", "--timeout", "5m", kubeconfig=kubectl.kubeconfig,
     )  # fmt: skip
     try:
