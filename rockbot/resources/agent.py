@@ -333,6 +333,9 @@ class Agent(Resource):
     short_names: ClassVar[list[str]] = ["ag"]
     printer_columns: ClassVar[list[PrinterColumn]] = [
         PrinterColumn(name="Ready", type="string", json_path='.status.conditions[?(@.type=="Ready")].status'),
+        # Whether the egress canary found the Agent's pods held to their policy (empty with the canary off).
+        PrinterColumn(name="Egress", type="string",
+                      json_path='.status.conditions[?(@.type=="EgressRestricted")].status'),
         PrinterColumn(name="Model", type="string", json_path=".spec.model.name"),
         # A count: kubectl prints only the first value a column's path finds; the names are in status.tools.
         PrinterColumn(name="Tools", type="integer", json_path=".status.toolCount"),

@@ -52,9 +52,11 @@ def _columns(file: str) -> dict[str, dict]:
     return {column["name"]: column for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
 
 
-def test_agents_print_ready_model_the_number_of_tools_and_age():
+def test_agents_print_ready_egress_model_the_number_of_tools_and_age():
     columns = _columns("agents.rockbot.dev.yaml")
-    assert list(columns) == ["Ready", "Model", "Tools", "Age"]
+    assert list(columns) == ["Ready", "Egress", "Model", "Tools", "Age"]
+    assert columns["Egress"]["jsonPath"] == '.status.conditions[?(@.type=="EgressRestricted")].status'
+
     # kubectl prints the first value a path finds, so a list of names showed only the first tool
     assert columns["Tools"] | {"description": None} == {
         "name": "Tools",
