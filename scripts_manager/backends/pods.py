@@ -5,7 +5,8 @@ class, attach to its runner, write the job, read the answer from the attach stre
 pool, another class, or no idle pod): create a pod for the job, watch it until its container runs,
 then the same. Either way the answer is the runner's result line, taken from the stream as soon as
 it is printed (pod_jobs.py), not from the kubelet's report that the container ended, which comes on
-its status relist; the pod is deleted on every path, shielded from cancellation.
+its status relist; the pod is deleted on every path, in a task of its own that the answer does not
+wait for (and that a cancelled request cannot stop; `close` waits for them all).
 
 A claimed pod that fails before its runner said the script started (it died, was evicted, or the
 attach was refused) is deleted and the job goes to another pod or the cold path: the script has not
@@ -84,6 +85,8 @@ _CANNOT_START = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Create
 CANNOT_START = "ScriptPodFailedToStart"
 _WATCH_SECONDS = 60
 _WATCH_RETRY_SECONDS = 1.0
+#: How often a job tries to attach to a pod that may have just started running.
+_ATTACH_RETRY_SECONDS = 0.1
 
 
 class _NeverStarted(Exception):
@@ -100,6 +103,7 @@ class PodBackend:
         self._namespace = settings.scripts_namespace
         self._post_event = EventPoster(kube, component="rockbot-scripts-manager")
         self._tasks: list[asyncio.Task[None]] = []
+        self._deleting: set[asyncio.Task[None]] = set()  # used pods' deletes, which no answer waits for
         pooled = any(pool.size > 0 for pool in settings.scripts_pool)
         self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=secrets.token_hex(4)) if pooled \
             else None
@@ -116,6 +120,8 @@ class PodBackend:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._deleting:
+            await asyncio.wait(self._deleting)
         if self.pool is not None:
             await self.pool.release()
         await self._kube.close()
@@ -126,7 +132,8 @@ class PodBackend:
             async with contextlib.aclosing(self.pool.claims(job)) as claims:
                 while (name := await _claimed(claims)) is not None:
                     try:
-                        return await self._run_on(name=name, job=job, path="warm", since=started)
+                        return await self._run_on(name=name, job=job, path="warm", since=started,
+                                                  started=self._warm_started(name))
                     except _NeverStarted as exc:
                         log.info("warm pod %s failed before the script started (%s); trying another", name, exc)
                         pool = self.pool.class_of(job)
@@ -141,10 +148,8 @@ class PodBackend:
             with tracer.start_as_current_span("start-up", attributes={"rockbot.script.path": "cold",
                                                                       "k8s.pod.name": name}):
                 created = await self._create(pod)
-                running = await self._started(created)
-            if _finished(running):  # it ended before the job could reach it: say why
-                return await self._answer_from_end(job=job, pod=running, output=None)
-            return await self._run_on(name=name, job=job, path="cold", since=since)
+            return await self._run_on(name=name, job=job, path="cold", since=since,
+                                      started=asyncio.create_task(self._started(created)))
         except ApiError as exc:
             if _transient(exc):
                 raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
@@ -153,7 +158,7 @@ class PodBackend:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
         finally:
             if created is not None:
-                await asyncio.shield(self._delete(name))
+                self._delete_soon(name)
 
     async def _started(self, pod: K8sObject) -> K8sObject:
         """The pod once its container runs (or it ended); one that cannot start is a Warning Event on it."""
@@ -174,17 +179,56 @@ class PodBackend:
         except OSError as exc:
             raise SandboxUnavailable(f"the Kubernetes API is unreachable: {exc}") from exc
 
-    async def _run_on(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
-        """Run the job on a running pod that is ours, and delete the pod after (a warm one here, a cold one by
-        the caller)."""
+    async def _run_on(
+        self, *, name: str, job: ScriptJob, path: str, since: float, started: asyncio.Task[K8sObject | None]
+    ) -> ScriptInvokeResponse:
+        """Run the job on a pod of ours that runs or is starting (`started` ends once it runs or ended), and
+        delete the pod after (a warm one here, a cold one by the caller).
+
+        The kubelet accepts an attach as soon as the container runs, up to a second before its status says
+        so (its 1 s relist), so the attach is tried at once and again every _ATTACH_RETRY_SECONDS until
+        `started` ends; a refused attach has written nothing, so the job is never given twice.
+        """
         try:
             with tracer.start_as_current_span("run", attributes={"rockbot.script.path": path, "k8s.pod.name": name}):
+                while not started.done():
+                    try:
+                        return await self._run_job(name=name, job=job, path=path, since=since, early=True)
+                    except _NeverStarted:
+                        await asyncio.wait([started], timeout=_ATTACH_RETRY_SECONDS)
+                pod = started.result()
+                if pod is None or _finished(pod) or pod["metadata"].get("deletionTimestamp"):
+                    if path == "warm":
+                        raise _NeverStarted("it ended, or went, before its runner started")
+                    assert pod is not None  # a cold pod's watch raises when the pod goes
+                    return await self._answer_from_end(job=job, pod=pod, output=None)  # it ended first: say why
                 return await self._run_job(name=name, job=job, path=path, since=since)
         finally:
+            if not started.done():
+                started.cancel()
+            with contextlib.suppress(asyncio.CancelledError, SandboxFailure, SandboxUnavailable, ApiError, OSError):
+                await started
             if path == "warm":
-                await asyncio.shield(self._delete(name))
+                self._delete_soon(name)
 
-    async def _run_job(self, *, name: str, job: ScriptJob, path: str, since: float) -> ScriptInvokeResponse:
+    def _warm_started(self, name: str) -> asyncio.Task[K8sObject | None]:
+        """The claimed warm pod once it runs or ended, as the pool's watch shows it (bounded like a cold start)."""
+        assert self.pool is not None
+
+        async def started() -> K8sObject | None:
+            try:
+                async with asyncio.timeout(self._settings.scripts_pod_start_seconds):
+                    return await self.pool.started(name)
+            except TimeoutError:
+                return None
+
+        return asyncio.create_task(started())
+
+    async def _run_job(
+        self, *, name: str, job: ScriptJob, path: str, since: float, early: bool = False
+    ) -> ScriptInvokeResponse:
+        """One attach and job. `early`: the pod may not run yet, so any refusal before the runner started the
+        script is `_NeverStarted` (the rig's kubelet answers 500 for a container not running yet)."""
         warm = path == "warm"
 
         def started() -> None:
@@ -204,14 +248,14 @@ class PodBackend:
             except OutputTooLarge as exc:
                 raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
             except ApiError as exc:
-                if warm and not _transient(exc):
+                if early or (warm and not _transient(exc)):
                     raise _NeverStarted(f"attach refused: {exc}") from exc
                 raise
             output = attempt.output
             if output.result is not None:
                 answer = _response(job=job, result=output.result)
             else:
-                if warm and not output.started and not await self._log_says_started(name, nonce):
+                if (warm or early) and not output.started and not await self._log_says_started(name, nonce):
                     raise _NeverStarted(f"the attach session ended: {(attempt.status or {}).get('message')}")
                 final = await self._follow(name=name, resource_version=None, until=_finished,
                                            limit=job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS)
@@ -316,6 +360,12 @@ class PodBackend:
             request_id=job.request_id, stdout="", stderr="", timed_out=deadline, oom_killed=oom,
             exit_code=None if deadline else terminated.get("exitCode"), duration_seconds=_ran_for(terminated),
         )  # fmt: skip
+
+    def _delete_soon(self, name: str) -> None:
+        """Delete a used pod without holding the answer for it (the close waits for every delete)."""
+        task = asyncio.create_task(self._delete(name), name=f"delete script pod {name}")
+        self._deleting.add(task)
+        task.add_done_callback(self._deleting.discard)
 
     async def _delete(self, name: str) -> None:
         with tracer.start_as_current_span("cleanup", attributes={"k8s.pod.name": name}):

@@ -6,7 +6,9 @@ lease on its idle pods (their deadline annotation) while it lives, so another ma
 reaps the pool of a manager that died. Any manager may claim any idle pod of the right class (its
 own first): the claim is one conditional write (the resourceVersion it saw) that marks the pod
 `claimed` and lowers its activeDeadlineSeconds to its age plus the job's bound, so of two managers
-claiming one pod, one gets 409 and tries another. A claimed pod is never idle again.
+claiming one pod, one gets 409 and tries another. A claimed pod is never idle again. Running pods are
+claimed first; when none is, a pod still starting is (scheduled, not ended): its job waits for the
+rest of its start, not for a whole new pod's.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ class WarmPool:
             yield claimed
 
     async def _claim_one(self, pool: PoolClass, job: ScriptJob, tried: set[str]) -> str | None:
+        # A pod still starting is taken too (its runner is attached to as soon as it runs, see pods.py): it is
+        # nearer to running than a new pod would be. Running pods first, then this manager's own.
         candidates = [pod for pod in self._idle(pool)
-                      if _ready(pod) and pod["metadata"]["name"] not in tried | self._claiming]
+                      if _scheduled(pod) and not _ended(pod) and pod["metadata"]["name"] not in tried | self._claiming]
         random.shuffle(candidates)  # two managers rarely reach for the same pod first
-        candidates.sort(key=lambda pod: pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner)
+        candidates.sort(key=lambda pod: (not _ready(pod), pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner))
         for pod in candidates[:CLAIM_ATTEMPTS]:
             name = pod["metadata"]["name"]
             tried.add(name)
@@ -102,6 +106,15 @@ class WarmPool:
         if not candidates:
             self._metrics.pool_misses.labels(pool.label, "empty").inc()
         return None
+
+    async def started(self, name: str) -> K8sObject | None:
+        """A claimed pod once the pool's watch shows its container running or ended; None once it is gone."""
+        while True:
+            seen = self.cache.version
+            pod = self.cache.pods.get(name)
+            if pod is None or _ready(pod) or _ended(pod) or pod["metadata"].get("deletionTimestamp"):
+                return pod
+            await self.cache.changed(since=seen, within=_RETRY_SECONDS)
 
     def _idle(self, pool: PoolClass, *, owner: str | None = None) -> list[K8sObject]:
         return [
@@ -189,6 +202,11 @@ def _ready(pod: K8sObject) -> bool:
     if status.get("phase") != "Running":
         return False
     return any((s.get("state") or {}).get("running") for s in status.get("containerStatuses") or [])
+
+
+def _scheduled(pod: K8sObject) -> bool:
+    """On a node: it will start there (an unscheduled one may wait for room indefinitely)."""
+    return bool((pod.get("spec") or {}).get("nodeName"))
 
 
 def _ended(pod: K8sObject) -> bool:
