@@ -187,9 +187,11 @@ class Release:
 
 
 def pods_ready(pods: list[Json]) -> bool:
+    """Every pod Ready, but the operator's egress canary pods: never Ready by design (no Service may use one)."""
     return bool(pods) and all(
         any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions", []))
         for pod in pods if not pod["metadata"].get("deletionTimestamp")
+        and "rockbot.dev/canary" not in (pod["metadata"].get("labels") or {})
     )
 
 
