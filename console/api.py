@@ -15,6 +15,7 @@ A run the user may not read answers 404, like one that does not exist, so ids ca
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
@@ -56,8 +57,8 @@ def _bad_request(text: str) -> web.HTTPBadRequest:
     return web.HTTPBadRequest(text=text)
 
 
-def _time(request: web.Request, name: str) -> datetime.datetime | None:
-    value = request.query.get(name)
+def _time(query: Mapping[str, str], name: str) -> datetime.datetime | None:
+    value = query.get(name)
     if not value:
         return None
     try:
@@ -65,6 +66,19 @@ def _time(request: web.Request, name: str) -> datetime.datetime | None:
     except ValueError as exc:
         raise _bad_request(f"{name}={value!r} is not a time: use ISO 8601, e.g. 2026-11-25T17:00:00Z") from exc
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
+
+
+def run_filter(query: Mapping[str, str]) -> RunFilter:
+    """The filter a query string asks for (namespace, agent, source, outcome, session, since, until); 400 if invalid."""
+    try:
+        return RunFilter(
+            namespace=query.get("namespace") or None, agent=query.get("agent") or None,
+            source=query.get("source") or None, outcome=query.get("outcome") or None,  # type: ignore[arg-type]
+            session_id=query.get("session") or None, since=_time(query, "since"), until=_time(query, "until"),
+        )  # fmt: skip
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise _bad_request(f"invalid filter: {problems}") from exc
 
 
 async def list_runs(request: web.Request) -> web.Response:
@@ -75,16 +89,9 @@ async def list_runs(request: web.Request) -> web.Response:
     if not await _may_read(request, namespace):
         raise web.HTTPForbidden(text=f"{request[IDENTITY].username} may not get agents in namespace {namespace} "
                                 "(ask for a Role granting it)")  # fmt: skip
+    filters = run_filter(query)
     try:
-        filters = RunFilter(
-            namespace=namespace, agent=query.get("agent") or None, source=query.get("source") or None,
-            outcome=query.get("outcome") or None, session_id=query.get("session") or None,
-            since=_time(request, "since"), until=_time(request, "until"),
-        )  # fmt: skip
         limit = int(query.get("limit", "50"))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise _bad_request(f"invalid filter: {problems}") from exc
     except ValueError as exc:
         raise _bad_request(f"limit={query.get('limit')!r} is not a number: use 1 to {MAX_PAGE}") from exc
     try:

@@ -7,27 +7,24 @@ script or style, nothing from another origin).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any
 
-import jinja2
 from aiohttp import web
 
 from rockbot.console.approvals import ApprovalDesk, UnknownApproval
-from rockbot.console.auth_sessions import COOKIE_NAME, CSRF_FIELD, IDLE_SECONDS, Sessions
-from rockbot.console.authentication import Identity, Unauthenticated
-from rockbot.console.authorization import APPROVE, VIEW, Action, Authorizer
+from rockbot.console.auth_sessions import COOKIE_NAME, IDLE_SECONDS
+from rockbot.console.authentication import Unauthenticated
+from rockbot.console.authorization import APPROVE, VIEW, Authorizer
+from rockbot.console.store import Store
 from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
 from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
+from rockbot.console.web.pages import HERE, TEMPLATES, Pages, templates
+from rockbot.console.web.runs import RunPages
 from rockbot.kube import KubeClient
 
 log = logging.getLogger(__name__)
 
-HERE = Path(__file__).parent
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -41,34 +38,27 @@ _SECURITY_HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-TEMPLATES = web.AppKey("templates", jinja2.Environment)
-
-
-def templates() -> jinja2.Environment:
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    environment.filters["pretty_json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
-    versions = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:12] for path in (HERE / "static").iterdir()}
-    environment.globals["static"] = lambda name: f"/static/{name}?v={versions[name]}"
-    return environment
 
 
 def build_app(
     *, gate: Gate, authorizer: Authorizer, kube: KubeClient, desk: ApprovalDesk | None = None,
-    secure_cookie: bool = True,
+    store: Store | None = None, secure_cookie: bool = True,
 ) -> web.Application:
-    """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`."""
+    """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`,
+    the Runs pages the run `store`."""
     app = web.Application(middlewares=[_security_headers, gate.middleware()], client_max_size=64 * 1024)
     app[TEMPLATES] = templates()
     app[TEMPLATES].globals["approvals_on"] = desk is not None
+    app[TEMPLATES].globals["runs_on"] = store is not None
     views = _Views(gate=gate, authorizer=authorizer, kube=kube, secure_cookie=secure_cookie)
     if desk is not None:
         approvals = _Approvals(views=views, desk=desk)
         app.router.add_get("/approvals", approvals.list)
         app.router.add_post("/approvals/{approval_id}", approvals.decide)
+    if store is not None:
+        runs = RunPages(pages=views, store=store, kube=kube)
+        app.router.add_get("/runs", runs.list)
+        app.router.add_get("/runs/{run_id}", runs.run)
     app.router.add_get("/", views.home)
     app.router.add_get("/login", views.login_form)
     app.router.add_post("/login", views.login)
@@ -94,35 +84,12 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
     return response
 
 
-class _Views:
+class _Views(Pages):
     def __init__(self, *, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool) -> None:
+        super().__init__(sessions=gate.sessions, authorizer=authorizer)
         self._gate = gate
-        self.authorizer = authorizer
         self._kube = kube
         self._secure_cookie = secure_cookie
-
-    @property
-    def _sessions(self) -> Sessions:
-        return self._gate.sessions
-
-    def render(self, request: web.Request, template: str, *, status: int = 200, **context: Any) -> web.Response:
-        principal = request.get(CSRF_PRINCIPAL)
-        identity: Identity | None = request.get(IDENTITY)
-        page = request.app[TEMPLATES].get_template(template).render(
-            user=identity.username if identity else None,
-            csrf=self._sessions.csrf_token(principal=principal) if principal else "",
-            csrf_field=CSRF_FIELD,
-            can_log_out=principal is not None and not principal.startswith(("proxy:", "local")),
-            **context,
-        )
-        return web.Response(text=page, status=status, content_type="text/html")
-
-    async def require(self, request: web.Request, *, namespace: str, action: Action) -> None:
-        """403 unless the user may do `action` in `namespace` (the same answer whether or not the object exists)."""
-        if not await self.authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=action):
-            raise web.HTTPForbidden(
-                text=f"{request[IDENTITY].username} may not {action.describe()} in namespace {namespace} "
-                f"(ask for a Role granting it)")
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -141,7 +108,7 @@ class _Views:
             identity = await self._gate.tokens.identity(token)
         except Unauthenticated as exc:
             return self.render(request, "login.html", status=401, error=str(exc))
-        session = self._sessions.start(token=token, identity=identity)
+        session = self.sessions.start(token=token, identity=identity)
         log.info("console login", extra={"user": identity.username})
         response = web.HTTPSeeOther(location="/agents")
         response.set_cookie(COOKIE_NAME, session.id, httponly=True, secure=self._secure_cookie, samesite="Strict",
@@ -151,7 +118,7 @@ class _Views:
     async def logout(self, request: web.Request) -> web.Response:
         principal = request.get(CSRF_PRINCIPAL)
         if principal:
-            self._sessions.end(principal)
+            self.sessions.end(principal)
         response = web.HTTPSeeOther(location="/login")
         response.del_cookie(COOKIE_NAME, path="/")
         raise response

@@ -44,13 +44,13 @@ async def screenshot(page: Page, name: str) -> None:
     await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-async def log_in(page: Page, console: Console, token: str) -> None:
-    await page.goto(f"{console.url}/agents")
-    assert page.url == f"{console.url}/login"
+async def log_in(page: Page, url: str, token: str) -> None:
+    await page.goto(f"{url}/agents")
+    assert page.url == f"{url}/login"
     await screenshot(page, "login")
     await page.fill("#token", token)
     await page.click("button[type=submit]")
-    await page.wait_for_url(f"{console.url}/agents", timeout=10_000)
+    await page.wait_for_url(f"{url}/agents", timeout=10_000)
 
 
 async def test_a_user_logs_in_and_sees_only_their_namespace(
@@ -65,7 +65,7 @@ async def test_a_user_logs_in_and_sees_only_their_namespace(
     page = await context.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: dialogs.append(dialog.message))
-    await log_in(page, console, token)
+    await log_in(page, console.url, token)
     rows = await page.locator("table.agents tbody tr").all_inner_texts()
     assert len(rows) == 1 and "helper" in rows[0] and mine in rows[0]
     assert other not in await page.content()
@@ -104,7 +104,7 @@ async def test_a_cross_site_form_cannot_log_the_user_out(
     page = await context.new_page()
     page.on("response", lambda response: posted.append(response.status) if response.url.endswith("/logout") else None)
     try:
-        await log_in(page, console, token)
+        await log_in(page, console.url, token)
         await page.goto(f"http://localhost:{runner.addresses[0][1]}/")
         await page.wait_for_load_state("networkidle", timeout=10_000)
         assert posted and posted[0] in (401, 403), posted  # refused (and, SameSite=Strict, sent without the cookie)

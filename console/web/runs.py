@@ -1,0 +1,66 @@
+"""The Runs pages: a namespace's runs with filters, a page at a time, and one run with its whole timeline.
+
+Both read the run store the JSON API reads, with the same rule: a namespace's runs need `get agents` there,
+and a run the user may not read answers 404, like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from rockbot.console.api import run_filter
+from rockbot.console.authorization import VIEW
+from rockbot.console.store import Store, StoreUnavailable
+from rockbot.console.store_models import BadCursor, RunDetail
+from rockbot.console.web.agents import visible_namespaces
+from rockbot.console.web.gate import IDENTITY
+from rockbot.console.web.pages import Pages
+from rockbot.contracts.recording import RunOutcome, RunSource
+from rockbot.kube import AGENTS, KubeClient
+
+SOURCES: tuple[str, ...] = RunSource.__args__
+OUTCOMES: tuple[str, ...] = RunOutcome.__args__
+PAGE = 50
+
+
+class RunPages:
+    def __init__(self, *, pages: Pages, store: Store, kube: KubeClient) -> None:
+        self._pages = pages
+        self._store = store
+        self._kube = kube
+
+    async def list(self, request: web.Request) -> web.Response:
+        pages = self._pages
+        everything = {str(a["metadata"].get("namespace", "")) for a in (await self._kube.list(AGENTS)).items}
+        query = dict(request.query)
+        namespaces = await visible_namespaces(namespaces=everything | ({query["namespace"]} if query.get("namespace")
+                                                                       else set()),
+                                              identity=request[IDENTITY], authorizer=pages.authorizer)
+        if not query.get("namespace") and namespaces:
+            query["namespace"] = namespaces[0]
+        runs, next_cursor = [], None
+        if query.get("namespace"):
+            await pages.require(request, namespace=query["namespace"], action=VIEW)
+            try:
+                page = await self._store.list_runs(filters=run_filter(query), limit=PAGE,
+                                                   cursor=query.get("cursor") or None)
+            except BadCursor as exc:
+                raise web.HTTPBadRequest(text=str(exc)) from exc
+            except StoreUnavailable as exc:
+                raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+            runs, next_cursor = page.runs, page.next_cursor
+        next_query = {**{k: v for k, v in query.items() if v and k != "cursor"}, "cursor": next_cursor or ""}
+        return pages.render(request, "runs.html", runs=runs, namespaces=namespaces, query=query,
+                            sources=SOURCES, outcomes=OUTCOMES, next_query=next_query if next_cursor else None)
+
+    async def run(self, request: web.Request) -> web.Response:
+        run_id = request.match_info["run_id"]
+        try:
+            run: RunDetail | None = await self._store.get_run(run_id)
+        except StoreUnavailable as exc:
+            raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        authorizer = self._pages.authorizer
+        if run is None or not await authorizer.allowed(identity=request[IDENTITY], namespace=run.namespace,
+                                                       action=VIEW):
+            raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
+        return self._pages.render(request, "run.html", run=run)
