@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
 from tests.chart.rbac import GATEWAY_SA, OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of, rule_set
-from tests.pod_security import pod_specs, restricted_violations
+from tests.fixtures.kube_real import POD_SECURITY_RESTRICTED
 
 Render = Callable[..., list[Manifest]]
 
@@ -132,7 +132,9 @@ def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render, na
 
 
 @pytest.mark.parametrize("name", COMBINATIONS)
-def test_every_pod_complies_with_pod_security_restricted(render: Render, name: str) -> None:
+def test_every_pod_complies_with_pod_security_restricted(
+    render: Render, name: str, restricted_violations: Callable[[Manifest], list[str]]
+) -> None:
     specs = [spec for manifest in render(COMBINATIONS[name]) for spec in pod_specs(manifest)]
     assert specs
     for spec in specs:
@@ -161,35 +163,22 @@ def test_only_pods_that_use_the_kubernetes_api_get_a_token(render: Render, name:
             assert spec["automountServiceAccountToken"] is uses_api, manifest["metadata"]["name"]
 
 
-def test_restricted_check_names_each_broken_rule() -> None:
-    """The Pod Security check itself: a pod breaking every rule gets one finding per rule."""
-    spec = {
-        "hostNetwork": True,
-        "securityContext": {"runAsUser": 0, "sysctls": [{"name": "kernel.msgmax", "value": "1"}]},
-        "volumes": [{"name": "host", "hostPath": {"path": "/"}}, {"name": "nfs", "nfs": {"server": "x", "path": "/"}}],
-        "containers": [{
-            "name": "bad",
-            "ports": [{"containerPort": 80, "hostPort": 80}],
-            "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]},
-                                "seccompProfile": {"type": "Unconfined"}, "procMount": "Unmasked",
-                                "seLinuxOptions": {"type": "spc_t"}},
-        }],
-    }
-    found = {violation.split(":")[0] for violation in restricted_violations(spec)}
-    assert found == {
-        "hostNamespaces", "hostPathVolumes", "sysctls", "privileged", "capabilities_baseline", "hostPorts",
-        "procMount", "seccompProfile_baseline", "seLinuxOptions", "restrictedVolumes", "runAsUser",
-        "allowPrivilegeEscalation", "runAsNonRoot", "seccompProfile_restricted", "capabilities_restricted",
-    }
+def test_the_scripts_namespace_enforces_restricted_as_the_suite_checks_it(render: Render) -> None:
+    (namespace,) = [m for m in render() if m["kind"] == "Namespace" and m["metadata"]["name"] == "rockbot-scripts"]
+    assert POD_SECURITY_RESTRICTED.items() <= namespace["metadata"]["labels"].items()
 
 
-def test_restricted_check_accepts_pod_level_defaults() -> None:
-    spec = {
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{
-            "name": "ok",
-            "securityContext": {"allowPrivilegeEscalation": False,
-                                "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}},
-        }],
-    }
-    assert restricted_violations(spec) == []
+def pod_specs(manifest: Manifest) -> Iterator[dict]:
+    """The pod specs inside a workload manifest (none for other kinds)."""
+    kind, spec = manifest.get("kind"), manifest.get("spec") or {}
+    if kind == "Pod":
+        yield spec
+    elif kind == "StatefulSet":  # its controller adds a volume for each claim template to the pods
+        claims = [{"name": claim["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}}
+                  for claim in spec.get("volumeClaimTemplates") or []]
+        template = spec["template"]["spec"]
+        yield {**template, "volumes": [*(template.get("volumes") or []), *claims]}
+    elif kind in ("Deployment", "DaemonSet", "ReplicaSet", "Job"):
+        yield spec["template"]["spec"]
+    elif kind == "CronJob":
+        yield spec["jobTemplate"]["spec"]["template"]["spec"]

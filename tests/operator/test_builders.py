@@ -12,7 +12,6 @@ from rockbot.operator.resolving import resolve_agent
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources.common import SecretKeyRef
 from tests.operator.samples import ALL_SECRETS, agent
-from tests.pod_security import restricted_violations
 
 SETTINGS = OperatorSettings(agent_image="registry.example/rockbot:1.0")
 
@@ -92,8 +91,8 @@ def test_pod_has_no_token_and_a_restricted_security_context():
     ],
     ids=["defaults", "everything-a-user-sets"],
 )
-def test_the_agent_pod_is_admitted_by_pod_security_restricted(spec):
-    """The same checker as the chart's and the script pods': agents run in namespaces enforcing `restricted`."""
+def test_the_agent_pod_is_admitted_by_pod_security_restricted(spec, restricted_violations):
+    """The real admission, as for the chart's and the script pods': agents run in namespaces enforcing `restricted`."""
     _, _, _, deployment = build(agent(**spec))
     assert restricted_violations(deployment["spec"]["template"]) == []
 

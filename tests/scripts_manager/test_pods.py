@@ -29,7 +29,6 @@ from rockbot.scripts_manager.backends.pods import PodBackend
 from tests.buses import manager_and_agent
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod, timestamp
-from tests.pod_security import restricted_violations
 from tests.scripts_manager.conftest import NS, MakeSettings, node, pod_backend
 from tests.waiting import eventually
 
@@ -73,7 +72,9 @@ async def nothing_left(kube: KubeClient) -> None:
     await eventually(empty)
 
 
-def test_script_pod_passes_pod_security_restricted_and_carries_no_job(make_settings: MakeSettings) -> None:
+def test_script_pod_passes_pod_security_restricted_and_carries_no_job(
+    make_settings: MakeSettings, restricted_violations
+) -> None:
     settings = make_settings(scripts_runtime_class="gvisor", scripts_image="python:3.12-slim")
     pod = job_pod(job=job("print('the-script-itself')", timeout=42, input_data="the-input-itself"), settings=settings,
                   now=datetime.now(UTC))
@@ -92,7 +93,7 @@ def test_script_pod_passes_pod_security_restricted_and_carries_no_job(make_setti
     assert "the-script-itself" not in str(pod) and "the-input-itself" not in str(pod)  # over stdin, never to etcd
 
 
-def test_restricted_check_catches_what_the_standard_forbids(make_settings: MakeSettings) -> None:
+def test_restricted_admission_refuses_a_script_pod_loosened(make_settings: MakeSettings, restricted_violations) -> None:
     pod = job_pod(job=job("print(1)"), settings=make_settings(), now=datetime.now(UTC))
     loose = copy.deepcopy(pod)
     container = loose["spec"]["containers"][0]
@@ -103,13 +104,13 @@ def test_restricted_check_catches_what_the_standard_forbids(make_settings: MakeS
     del loose["spec"]["securityContext"]["seccompProfile"]
     del container["securityContext"]["seccompProfile"]
     problems = " | ".join(restricted_violations(loose))
-    for fragment in ("hostNetwork", "hostPath", "allowPrivilegeEscalation", "drop must include ALL",
+    for fragment in ("hostNetwork", "hostPath", "allowPrivilegeEscalation", 'capabilities.drop=["ALL"]',
                      "seccompProfile", "NET_RAW"):
         assert fragment in problems
 
 
 async def test_script_runs_in_a_pod_with_streams_apart_and_the_answer_comes_from_the_attach_stream(
-    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator, restricted_violations
 ) -> None:
     async with node(kube_api, kube) as kubelet:
         result = await backend.run(job(

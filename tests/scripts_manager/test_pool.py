@@ -29,7 +29,6 @@ from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod
-from tests.pod_security import restricted_violations
 from tests.scripts_manager.conftest import NS, MakeSettings, node, pod_backend
 from tests.waiting import eventually
 
@@ -75,7 +74,7 @@ async def one_warm(kube: KubeClient, make_settings: MakeSettings) -> AsyncIterat
         yield backend
 
 
-def test_a_warm_pod_is_as_locked_down_as_any_script_pod(make_settings: MakeSettings) -> None:
+def test_a_warm_pod_is_as_locked_down_as_any_script_pod(make_settings: MakeSettings, restricted_violations) -> None:
     settings = pooled(make_settings, 1)
     pod = pool_pod(pool=settings.scripts_pool[0], owner="m1", settings=settings, now=datetime.now(UTC))
     assert restricted_violations(pod) == []
