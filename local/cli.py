@@ -178,6 +178,7 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
 
 async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:
     """The chat (or the one --prompt) while every part runs."""
+    from rockbot.local.approving import TerminalApprover
     from rockbot.local.chat import ask, banner, isolation_line
     from rockbot.local.terminal import Terminal
 
@@ -192,10 +193,13 @@ async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, p
               f"{body['spec']['agentRef']['name']}]", file=sys.stderr)
     if log_file is not None and log_file.warnings:
         print(f"[{log_file.warnings} warning(s) while starting: see {log_file.path}]", file=sys.stderr)
+    terminal = Terminal()
+    approver = TerminalApprover(terminal=terminal)  # a call that needs approval asks here: approve? [y/N]
+    for runtime in local.agents.values():
+        runtime.approvals.approver = approver
     if args.prompt is not None:
         return 0 if await ask(agent, args.prompt, printer=printer) else 1
     print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)
-    terminal = Terminal()
     while True:
         line = await terminal.line("you> ")
         if line is None or not line.strip():
