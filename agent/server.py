@@ -35,6 +35,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rockbot.agent import a2a_server
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmAuthError, LlmError, Usage
@@ -90,6 +91,7 @@ def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    a2a_server.mount(app, runtime=runtime)
     return app
 
 
@@ -98,7 +100,7 @@ def _bearer_auth(token: str | None):
 
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if request.path.startswith("/v1/"):
+        if request.path.startswith("/v1/") or request.path == a2a_server.A2A_PATH:
             given = request.headers.get("Authorization", "").encode()
             if expected is None:
                 return _error(401, "this agent's chat endpoint has no token configured (set http_token on the Agent)",

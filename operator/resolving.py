@@ -208,6 +208,7 @@ def resolve_agent(
             max_result_chars=spec.model.max_result_chars,
             request_timeout_seconds=spec.model.request_timeout_seconds,
         ),
+        description=spec.description or "",
         system_prompt=spec.system_prompt,
         tools=offered,
         builtin_tools=probe.builtin_tools,

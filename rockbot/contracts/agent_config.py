@@ -179,6 +179,8 @@ class AgentConfig(Contract):
     name: str
     namespace: str
     model: ModelConfig
+    #: What the Agent does, for those who call it (its A2A card).
+    description: str = ""
     system_prompt: str = ""
     tools: list[ResolvedTool] = Field(default_factory=list)
     builtin_tools: list[BuiltinToolSet] = Field(default_factory=list)
