@@ -202,10 +202,9 @@ def restarts(pods: list[Json]) -> dict[str, int]:
             if status.get("restartCount")}
 
 
-@pytest.fixture(scope="session")
-def forbidden_target() -> Iterator[str]:
-    """A TCP listener on the bridge host standing for the metadata and outside addresses of the isolation
-    canaries (README "Isolation canary"): no check ever tries a real one. The kernel answers its handshakes."""
+@contextlib.contextmanager
+def bridge_listener() -> Iterator[str]:
+    """A TCP listener on the bridge host (`tcp://HOST:PORT`); the kernel answers its handshakes."""
     for port in _free_ports():
         with socket.socket() as listener:
             try:
@@ -219,33 +218,50 @@ def forbidden_target() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer, forbidden_target: str) -> Iterator[Release]:
+def forbidden_target() -> Iterator[str]:
+    """A listener on the bridge host standing for the metadata and outside addresses of the isolation
+    canaries (README "Isolation canary"): no check ever tries a real one."""
+    with bridge_listener() as target:
+        yield target
+
+
+@contextlib.contextmanager
+def installed(*, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_target: str) -> Iterator[Release]:
     """charts/rockbot installed with default values but the image, where the model lives and the canaries'
-    metadata and outside targets (`forbidden_target`)."""
+    metadata and outside targets; then removed with what it kept (unless ROCKBOT_E2E_KEEP=1). Benchmarks on
+    the real node use it too."""
     repository, tag = IMAGE.rsplit(":", 1)
     _remove_earlier(kubectl, helm)
     volume = _broker_volume(kubectl)
-    installed = Release(name=RELEASE, namespace=NAMESPACE, scripts_namespace=SCRIPTS_NAMESPACE, kubectl=kubectl,
-                        helm=helm, model_url=model_server.llm.url)
-    helm.run(
-        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set-json", f'agents.egress.llmCIDRs=["{BRIDGE_HOST}/32"]',
-        "--set-json", f"agents.egress.llmPorts=[{model_server.llm.port}]",
-        *[arg for canary in ("scripts.isolation", "agents.egressCanary") for probe in ("metadata", "outside")
-          for arg in ("--set-json", f'{canary}.targets.{probe}=["{forbidden_target}"]')],
-        "--wait", "--timeout", "5m", kubeconfig=kubectl.kubeconfig,
-    )  # fmt: skip
+    release = Release(name=RELEASE, namespace=NAMESPACE, scripts_namespace=SCRIPTS_NAMESPACE, kubectl=kubectl,
+                      helm=helm, model_url=model.url)
     try:
-        until("every pod of the release Ready", lambda: pods_ready(installed.pods()), within=180)
-        yield installed
+        helm.run(
+            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+            "--set-json", f'agents.egress.llmCIDRs=["{BRIDGE_HOST}/32"]',
+            "--set-json", f"agents.egress.llmPorts=[{model.port}]",
+            *[arg for canary in ("scripts.isolation", "agents.egressCanary") for probe in ("metadata", "outside")
+              for arg in ("--set-json", f'{canary}.targets.{probe}=["{forbidden_target}"]')],
+            "--wait", "--timeout", "5m", kubeconfig=kubectl.kubeconfig,
+        )  # fmt: skip
+        until("every pod of the release Ready", lambda: pods_ready(release.pods()), within=180)
+        yield release
     finally:
         if os.environ.get("ROCKBOT_E2E_KEEP") != "1":
-            installed.uninstall()
+            with contextlib.suppress(HelmError):
+                release.uninstall()
             kubectl.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s",
                         check=False, timeout=150)
             kubectl.run("delete", "persistentvolume", volume.name, "--ignore-not-found", "--timeout=60s", check=False)
             shutil.rmtree(volume, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer, forbidden_target: str) -> Iterator[Release]:
+    """The chart, installed once per run (see `installed`)."""
+    with installed(kubectl=kubectl, helm=helm, model=model_server.llm, forbidden_target=forbidden_target) as release:
+        yield release
 
 
 def _remove_earlier(kubectl: Kubectl, helm: Helm) -> None:
@@ -370,10 +386,14 @@ def wait_for_agent(kubectl: Kubectl, *, name: str, namespace: str, within: float
         kubectl.json("get", "pods", "-n", namespace, "-l", selector)["items"]), within=within)
 
 
-@pytest.fixture(scope="session")
-def agent(release: Release) -> Agent:
-    """One Agent shared by the checks (an agent pod takes seconds to start): tools `scripts`."""
-    name = "e2e-assistant"
+def start_agent(release: Release, *, name: str) -> Agent:
+    """An Agent of the release with tools `scripts` whose model is the scripted one, once its pods are Ready."""
     release.kubectl.apply(agent_manifest(name=name, model_url=release.model_url), namespace=release.namespace)
     wait_for_agent(release.kubectl, name=name, namespace=release.namespace)
     return Agent(name=name, namespace=release.namespace, kubectl=release.kubectl)
+
+
+@pytest.fixture(scope="session")
+def agent(release: Release) -> Agent:
+    """One Agent shared by the checks (an agent pod takes seconds to start)."""
+    return start_agent(release, name="e2e-assistant")
