@@ -149,18 +149,31 @@ class AgentReconciler:
         if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
             await self._write_status(body, agent, resolution, blocking=blocking, rollout=None, now=now)
             return
-        try:
-            checksum = await self._token_checksum(agent, fresh_after=inputs.fresh_after)
-            await ensure(self._kube, self._children, SERVICEACCOUNTS, builders.build_service_account(agent))
-            await ensure(self._kube, self._children, CONFIGMAPS, builders.build_config_map(agent, config_text))
-            await ensure(self._kube, self._children, SERVICES, builders.build_service(agent, self._settings))
+        # What the pods use (their identity, config, Service and token) at once, then the pods: a request's
+        # wait is not multiplied by the children, and a pod never runs with a stranger's object of those.
+        outcomes = await asyncio.gather(
+            self._token_checksum(agent, fresh_after=inputs.fresh_after),
+            ensure(self._kube, self._children, SERVICEACCOUNTS, builders.build_service_account(agent)),
+            ensure(self._kube, self._children, CONFIGMAPS, builders.build_config_map(agent, config_text)),
+            ensure(self._kube, self._children, SERVICES, builders.build_service(agent, self._settings)),
+            return_exceptions=True,
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        blocking += [str(failure) for failure in failures if isinstance(failure, ForeignOwner)]
+        for failure in failures:
+            if not isinstance(failure, ForeignOwner):
+                raise failure
+        if not failures:
+            checksum = outcomes[0]
+            assert isinstance(checksum, str)
             wanted = builders.build_deployment(
                 agent, resolution, self._settings, config_text, token_checksum=checksum,
                 bus_checksum=bus_secret.checksum or "" if bus_secret is not None else "",
             )  # fmt: skip
-            rollout = (await ensure(self._kube, self._children, DEPLOYMENTS, wanted)).rollout
-        except ForeignOwner as error:
-            blocking.append(str(error))
+            try:
+                rollout = (await ensure(self._kube, self._children, DEPLOYMENTS, wanted)).rollout
+            except ForeignOwner as error:
+                blocking.append(str(error))
         if self.bus is not None and bus_login is not None:  # after the pods: they wait for their login
             await self._ensure_bus(agent, resolution, login=bus_login)
         await self._write_status(body, agent, resolution, blocking=blocking, rollout=rollout, now=now)
