@@ -26,7 +26,7 @@ from rockbot.operator import builders
 from rockbot.operator.children import Child, Children
 from rockbot.operator.egress_canary import EgressCanaries
 from rockbot.operator.reconciler import AgentInputs, AgentReconciler
-from rockbot.operator.references import AgentRef, AgentsByName, used_by
+from rockbot.operator.references import AgentRef, AgentsByName, tools_calling, used_by
 from rockbot.operator.secret_keys import SecretKeys
 from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.tool_status import ToolStatusWriter
@@ -101,8 +101,9 @@ class Runtime:
         for tool in tools:  # their usedBy
             if ref.uses(tool):
                 self.queue.add(("tool", namespace, tool["metadata"]["name"]))
+        via = tools_calling(name, tools)
         for other in indices["agent_refs"].get(namespace, []):  # Agents offering this one as a tool
-            if other.name != name and other.calls(name, tools):
+            if other.name != name and other.calls(name, via):
                 self.queue.add(("agent", namespace, other.name))
 
     def tool_changed(self, event: str | None, body: kopf.Body, indices: kopf.Indices) -> None:

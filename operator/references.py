@@ -47,12 +47,15 @@ class AgentRef:
             return True
         return self.selector is not None and selector_matches(self.selector, metadata.get("labels") or {})
 
-    def calls(self, agent: str, tools: Iterable[K8sObject]) -> bool:
-        """Whether the Agent offers `agent` as a tool: as a sub-agent, or through an `agent`-backed Tool it uses."""
-        if agent in self.sub_agents:
-            return True
-        return any(((tool.get("spec") or {}).get("agent") or {}).get("name") == agent and self.uses(tool)
-                   for tool in tools)  # fmt: skip
+    def calls(self, agent: str, via: Iterable[K8sObject]) -> bool:
+        """Whether the Agent offers `agent` as a tool: as a sub-agent, or through one of the Tools `via` (those
+        backed by `agent`, see `tools_calling`) that it uses."""
+        return agent in self.sub_agents or any(self.uses(tool) for tool in via)
+
+
+def tools_calling(agent: str, tools: Iterable[K8sObject]) -> list[K8sObject]:
+    """The Tools backed by `agent`: worked out once per change, not once per Agent of the namespace."""
+    return [tool for tool in tools if ((tool.get("spec") or {}).get("agent") or {}).get("name") == agent]
 
 
 def used_by(tool: K8sObject, agents: Iterable[AgentRef]) -> list[str]:
@@ -61,10 +64,21 @@ def used_by(tool: K8sObject, agents: Iterable[AgentRef]) -> list[str]:
 
 
 class AgentsByName(Mapping[str, K8sObject]):
-    """The namespace's Agents as `resolve_agent` reads them: by name, with their description."""
+    """The namespace's Agents as `resolve_agent` reads them: by name, with their description.
+
+    Indexed on first use only: most Agents call no other, and a reconcile of each must not cost a pass
+    over every Agent of the namespace.
+    """
 
     def __init__(self, refs: Iterable[AgentRef]) -> None:
-        self._refs = {ref.name: ref for ref in refs}
+        self._given = refs
+        self._by_name: dict[str, AgentRef] | None = None
+
+    @property
+    def _refs(self) -> dict[str, AgentRef]:
+        if self._by_name is None:
+            self._by_name = {ref.name: ref for ref in self._given}
+        return self._by_name
 
     def __getitem__(self, name: str) -> K8sObject:
         ref = self._refs[name]
