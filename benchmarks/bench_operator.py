@@ -1,17 +1,26 @@
-"""Operator benchmark: N Agents (3 Tools each) converging, measured the way a real cluster would measure it.
+"""Operator benchmark: N Agents (3 Tools each) converging, measured the way a real cluster measures it.
 
 The operator runs as its own process, as its pod runs it (tests/pod_process.py: the chart's
-settings with JSON logs, uid 65532, read-only root), against the Kubernetes API emulator over HTTP
-with a per-request latency and a deployment controller reporting pods ready on the kubelet's 1 s
-cadence; a private RabbitMQ runs its scheduling unless --no-broker. Printed:
-- converge: from the first Agent created until every Agent has its five children and a Ready=True
-  status for its generation (and every Tool lists its users); the operator's CPU (its rusage) and
-  API requests per Agent (its requests carry its own token) until it is quiet again;
+settings with JSON logs, uid 65532, read-only root); a private RabbitMQ runs its scheduling and
+the agents' bus identities unless --no-broker. Its API server is either
+- real (`--real K8SREAL`): the control plane of ../shared/k8s in that folder (start one of your own
+  with `up.sh` on other ports, see its README; no node needed). The operator acts as the chart's
+  ServiceAccount with the chart's RBAC, in a namespace of its own; its requests are counted from the
+  API server's audit log. With no node, pods stay Pending: a stand-in kubelet marks each new pod
+  Running and Ready on a 1 s cadence (the kubelet's relist) and the real controller-manager carries
+  that to the ReplicaSets and Deployments;
+- or the emulator (tests/kubeapi) over HTTP with a per-request latency and its deployment controller.
+Printed:
+- converge: from the first Agent created until every Agent is Ready=True for its generation and every
+  Tool lists its users (children counted at the end); the operator's CPU (its rusage) and API
+  requests per Agent until it is quiet again;
 - a no-op resync (ROCKBOT_RESYNC_SECONDS is shortened for this) and a restart: writes made (goal 0),
   how long SIGTERM took, how long the new process took to compare every Agent;
-- memory: the operator's RSS once settled, and its peak.
+- memory: the operator's RSS once settled, and its peak;
+- with --refused N (real only): N more Agents whose Services a ResourceQuota refuses, the operator's
+  requests per minute while it retries them.
 
-    .venv/bin/python -m benchmarks.bench_operator --agents 500
+    .venv/bin/python -m benchmarks.bench_operator --agents 500 --real /var/tmp/opreal-k8s
 """
 
 from __future__ import annotations
@@ -20,37 +29,79 @@ import argparse
 import asyncio
 import base64
 import collections
+import contextlib
+import datetime
+import json
+import os
+import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import kmock
 import yaml
 
 from rockbot.bus import OPERATOR, SCRIPTS_MANAGER
-from rockbot.kube import AGENTS, NAMESPACES, SECRETS, TOOLS, KubeClient
+from rockbot.kube import AGENTS, NAMESPACES, PODS, SECRETS, TOOLS, KubeClient, Resource
+from rockbot.kube.mirroring import mirror
 from tests.chart.conftest import CHART, Helm, _fetch_helm
+from tests.fixtures.kube_real import KubeCluster, apply_crds
 from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
 from tests.fixtures.rabbitmq import RabbitBroker, provision_on
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.controllers import DeploymentController, in_background
-from tests.operator.deployed import NAMESPACE, DeployedOperator, converged, lagging, operator_requests, start_operator
+from tests.operator.deployed import (
+    CHILD_KINDS,
+    DeployedOperator,
+    converged,
+    lagging,
+    lagging_status,
+    operator_requests,
+    start_operator,
+)
+from tests.pod_process import PodProcess, chart_pod_spec
 
-NS = NAMESPACE
 #: How long without a request from the operator counts as "it has nothing left to do".
 QUIET_SECONDS = 2.0
+WRITE_VERBS = ("create", "update", "patch", "delete")
+QUOTAS = Resource(group="", version="v1", plural="resourcequotas", kind="ResourceQuota", namespaced=True)
+_EMULATOR_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-def render_chart() -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Request:
+    verb: str  # as the audit log names it: get, list, watch, create, update, patch, delete
+    what: str  # the resource, with its subresource: "deployments", "agents/status"
+
+    @property
+    def write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+
+class Api(Protocol):
+    """What the phases need of an API server: a client, the operator's requests, and whether all converged."""
+
+    client: KubeClient
+    namespace: str
+
+    def launch(self, env: dict[str, str] | None = None) -> DeployedOperator: ...
+    def mark(self) -> int: ...
+    def operator_requests(self, since: int) -> list[Request]: ...
+    def others_writes(self, since: int) -> list[Request]: ...
+    async def lagging(self, names: list[str]) -> str: ...
+
+
+def render_chart(namespace: str) -> list[dict[str, Any]]:
     helm = Helm(binary=_fetch_helm(), home=Path(tempfile.mkdtemp(prefix="bench-helm-")))
-    out = helm.run("template", "rockbot", str(CHART), "--namespace", NS)
+    out = helm.run("template", "rockbot", str(CHART), "--namespace", namespace)
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def _secret(name: str, key: str, value: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NS},
+def _secret(namespace: str, name: str, key: str, value: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
             "data": {key: base64.b64encode(value.encode()).decode()}}
 
 
@@ -59,10 +110,6 @@ def _agent(index: int, tools: int) -> dict[str, Any]:
             "spec": {"model": {"baseUrl": "https://llm.example/v1", "name": "m",
                                "apiKeySecretRef": {"name": "llm", "key": "apiKey"}},
                      "tools": [f"tool-{t}" for t in range(tools)], "builtinTools": ["scripts", "scheduling"]}}
-
-
-def writes(requests: list[Any]) -> list[Any]:
-    return [r for r in requests if str(r.method.value).upper() in ("POST", "PUT", "PATCH", "DELETE")]
 
 
 async def until(probe: Callable[[], bool | Awaitable[bool]], *, within: float, what: str) -> float:
@@ -75,119 +122,322 @@ async def until(probe: Callable[[], bool | Awaitable[bool]], *, within: float, w
             return time.perf_counter() - started
         if time.perf_counter() - started > within:
             raise TimeoutError(f"not {what} within {within} s")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.25)
 
 
-async def quiet(emulator: KubeApiEmulator) -> None:
+async def quiet(api: Api) -> None:
     """Until the operator has made no request for QUIET_SECONDS."""
     while True:
-        before = len(operator_requests(emulator, 0))
+        before = len(api.operator_requests(0))
         await asyncio.sleep(QUIET_SECONDS)
-        if len(operator_requests(emulator, 0)) == before:
+        if len(api.operator_requests(0)) == before:
             return
 
 
-def compared_every_agent(operator: DeployedOperator, emulator: KubeApiEmulator, *, since: int, count: int) -> bool:
-    """Evidence the operator compared every Agent: its log says so, or (older operators) it read every Deployment."""
-    if "reconciled every Agent" in operator.process.output():
-        return True
-    read = {r.url.path.rsplit("/", 1)[-1] for r in operator_requests(emulator, since)
-            if r.method == "GET" and "watch" not in r.params and "/deployments/" in r.url.path}
-    return all(f"rockbot-agent-{index}" in read for index in range(count))
-
-
-def summary(requests: list[Any]) -> str:
-    kinds = collections.Counter(f"{r.method.value} {r.url.path.split('/namespaces/')[-1].split('/')[1]}"
-                                + ("/status" if r.url.path.endswith("/status") else "")
-                                for r in requests if "/namespaces/" in r.url.path)
+def summary(requests: list[Request]) -> str:
+    kinds = collections.Counter(f"{r.verb} {r.what}" for r in requests)
     return ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
 
 
+def writes(requests: list[Request]) -> list[Request]:
+    return [r for r in requests if r.write]
+
+
+# ---- the emulator
+
+
+class Emulated:
+    def __init__(self, emulator: KubeApiEmulator, client: KubeClient, launch: Callable[..., DeployedOperator],
+                 namespace: str) -> None:
+        self.emulator, self.client, self.launch, self.namespace = emulator, client, launch, namespace
+
+    def mark(self) -> int:
+        return len(self.emulator.requests)
+
+    def operator_requests(self, since: int) -> list[Request]:
+        return [self._request(r) for r in operator_requests(self.emulator, since)]
+
+    def others_writes(self, since: int) -> list[Request]:
+        mine = {id(r) for r in operator_requests(self.emulator, since)}
+        return [w for w in (self._request(r) for r in self.emulator.requests[since:]
+                            if id(r) not in mine) if w.write]  # fmt: skip
+
+    async def lagging(self, names: list[str]) -> str:
+        return "" if converged(self.emulator, names, namespace=self.namespace) else lagging(
+            self.emulator, names, namespace=self.namespace)
+
+    @staticmethod
+    def _request(request: Any) -> Request:
+        path = request.url.path
+        method = str(request.method.value).upper()
+        what = path.split("/namespaces/")[-1].split("/")[1] if "/namespaces/" in path else path.rsplit("/", 1)[-1]
+        if path.endswith("/status"):
+            what += "/status"
+        verb = _EMULATOR_VERBS.get(method) or ("watch" if "watch" in request.params else "get")
+        return Request(verb, what)
+
+
+@contextlib.asynccontextmanager
+async def emulated(args: argparse.Namespace, broker: RabbitBroker | None, started: list[PodProcess],
+                   env: dict[str, str]) -> AsyncIterator[Api]:
+    namespace = "rockbot"
+    manifests = await asyncio.to_thread(render_chart, namespace)
+    emulator = KubeApiEmulator(latency=args.latency_ms / 1000)
+    async with emulator, kmock.Server(emulator), client_for(emulator) as client:
+        for path in sorted(CRDS_DIR.glob("*.yaml")):
+            await apply_crd(client, yaml.safe_load(path.read_text()))
+        await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace",
+                                              "metadata": {"name": namespace}})
+
+        def launch(more: dict[str, str] | None = None) -> DeployedOperator:
+            return start_operator(lambda _: manifests, emulator, started, broker=broker,
+                                  extra_env={**env, **(more or {})})
+
+        try:
+            async with in_background(DeploymentController(client=client, kubelet_period=1.0)):
+                yield Emulated(emulator, client, launch, namespace)
+        finally:
+            emulator.end_watches()
+
+
+# ---- a real API server
+
+
+class AuditLog:
+    """The API server's audit log, read as it grows: the requests of one user, and the writes of the others."""
+
+    def __init__(self, path: Path, *, user: str, namespace: str) -> None:
+        self._path, self._user, self._namespace = path, user, namespace
+        self._offset = path.stat().st_size if path.exists() else 0
+        self.mine: list[Request] = []
+        self.others: list[tuple[int, Request]] = []  # (len(mine) then, request)
+        self.started: list[tuple[float, Request]] = []  # when each of mine was received (epoch seconds)
+
+    def read(self) -> None:
+        if not self._path.exists():
+            return
+        if self._path.stat().st_size < self._offset:
+            self._offset = 0  # rotated (at 200 MB): what the old file had after our offset is lost
+        with self._path.open("rb") as log:
+            log.seek(self._offset)
+            data = log.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for line in data[:end].splitlines():
+            if b'"ResponseComplete"' not in line or self._namespace.encode() not in line:
+                continue
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if ref.get("namespace") != self._namespace and event["user"]["username"] != self._user:
+                continue
+            what = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            request = Request(event["verb"], what)
+            if event["user"]["username"] == self._user:
+                self.mine.append(request)
+                when = event["requestReceivedTimestamp"].replace("Z", "+00:00")
+                self.started.append((_epoch(when), request))
+            elif request.write:
+                self.others.append((len(self.mine), request))
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.datetime.fromisoformat(timestamp).timestamp()
+
+
+class Real:
+    def __init__(self, cluster: KubeCluster, client: KubeClient, audit: AuditLog,
+                 launch: Callable[..., DeployedOperator], namespace: str) -> None:
+        self.cluster, self.client, self.audit, self.launch, self.namespace = cluster, client, audit, launch, namespace
+        self.agents: dict[str, dict[str, Any]] = {}
+        self.tools: dict[str, dict[str, Any]] = {}
+
+    def mark(self) -> int:
+        self.audit.read()
+        return len(self.audit.mine)
+
+    def operator_requests(self, since: int) -> list[Request]:
+        self.audit.read()
+        return self.audit.mine[since:]
+
+    def others_writes(self, since: int) -> list[Request]:
+        self.audit.read()
+        return [request for mark, request in self.audit.others if mark >= since]
+
+    async def lagging(self, names: list[str]) -> str:
+        return lagging_status(self.agents, list(self.tools.values()), names)
+
+    async def children_missing(self, names: list[str]) -> str:
+        for group, plural, suffix in CHILD_KINDS:
+            resource = Resource(group=group, version="v1", plural=plural, kind=plural, namespaced=True)
+            found: set[str] = set()
+            async for page in self.client.list_pages(resource, namespace=self.namespace, limit=500):
+                found |= {item["metadata"]["name"] for item in page.items}
+            missing = [name for name in names if f"rockbot-{name}{suffix}" not in found]
+            if missing:
+                return f"{len(missing)} Agents without their {plural} (e.g. {missing[0]})"
+        return ""
+
+
+async def kubelet_stand_in(client: KubeClient, namespace: str, *, period: float = 1.0) -> None:
+    """Mark every new pod Running and Ready, a relist period at a time, as a node would once it ran."""
+    pending: set[str] = set()
+    done: set[str] = set()
+
+    def seen(pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (pod.get("status") or {}).get("conditions") or [])
+        if not ready and name not in done and not pod["metadata"].get("deletionTimestamp"):
+            pending.add(name)
+
+    async def mark_ready(name: str, now: str, turns: asyncio.Semaphore) -> None:
+        conditions = [{"type": kind, "status": "True", "lastTransitionTime": now}
+                      for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+        async with turns:
+            with contextlib.suppress(Exception):  # gone meanwhile: nothing to mark
+                await client.patch(PODS, namespace=namespace, name=name, subresource="status",
+                                   body={"status": {"phase": "Running", "conditions": conditions}})
+                done.add(name)
+
+    watching = asyncio.create_task(mirror(kube=client, resource=PODS, namespace=namespace, on_upsert=seen,
+                                          on_delete=lambda _ns, name: pending.discard(name)))
+    turns = asyncio.Semaphore(16)
+    try:
+        while True:
+            await asyncio.sleep(period)
+            batch, now = sorted(pending), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            pending.difference_update(batch)
+            await asyncio.gather(*(mark_ready(name, now, turns) for name in batch))
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+
+
+@contextlib.asynccontextmanager
+async def real(args: argparse.Namespace, broker: RabbitBroker | None, started: list[PodProcess],
+               env: dict[str, str]) -> AsyncIterator[Api]:
+    folder = Path(args.real)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-real-"))
+    cluster = KubeCluster(kubeconfig=folder / "kubeconfig", scratch=scratch, log=folder / "logs" /
+                          "kube-apiserver.log", private=True)  # fmt: skip
+    assert cluster.problem() is None, cluster.problem()
+    await asyncio.to_thread(apply_crds, cluster)
+    namespace = f"opbench-{secrets.token_hex(3)}"
+    manifests = await asyncio.to_thread(render_chart, namespace)
+    order = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac = sorted((doc for doc in manifests if doc["kind"] in order), key=lambda doc: order.index(doc["kind"]))
+    cluster.create_namespace(name=namespace)
+    await asyncio.to_thread(cluster.kubectl, "apply", "-f", "-", input=yaml.safe_dump_all(rbac))
+    account = chart_pod_spec(manifests, "operator")["serviceAccountName"]
+    token = cluster.token(namespace=namespace, service_account=account, seconds=4 * 3600)
+    kubeconfig = cluster.kubeconfig_for(token=token, path=scratch / "operator.kubeconfig").read_text()
+    audit = AuditLog(folder / "logs" / "audit.log", user=f"system:serviceaccount:{namespace}:{account}",
+                     namespace=namespace)
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)  # the benchmark's own client acts as admin
+    with contextlib.ExitStack() as undo:
+        undo.callback(cluster.delete_namespace, namespace)
+        async with await KubeClient.from_environment() as client:
+            def launch(more: dict[str, str] | None = None) -> DeployedOperator:
+                return start_operator(lambda _: manifests, None, started, broker=broker,
+                                      extra_env={**env, **(more or {})}, kubeconfig=kubeconfig)
+
+            api = Real(cluster, client, audit, launch, namespace)
+            tasks = [asyncio.create_task(kubelet_stand_in(client, namespace))]
+            for resource, held in ((AGENTS, api.agents), (TOOLS, api.tools)):
+                tasks.append(asyncio.create_task(mirror(
+                    kube=client, resource=resource, namespace=namespace,
+                    on_upsert=lambda body, held=held: held.__setitem__(body["metadata"]["name"], body),
+                    on_delete=lambda _ns, name, held=held: held.pop(name, None))))  # fmt: skip
+            try:
+                yield api
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ---- the phases
+
+
 async def main(args: argparse.Namespace) -> None:
-    manifests = await asyncio.to_thread(render_chart)
     broker = None if args.no_broker else RabbitBroker(root=Path(tempfile.mkdtemp(prefix="bench-rabbit-")))
     if broker is not None:
         await asyncio.to_thread(broker.start)
-    emulator = KubeApiEmulator(latency=args.latency_ms / 1000)
-    started: list[Any] = []
+    started: list[PodProcess] = []
+    env = {"ROCKBOT_RESYNC_SECONDS": str(args.resync_seconds)}
     try:
-        async with emulator, kmock.Server(emulator), client_for(emulator) as client:
-            await prepare(client, tools=args.tools)
-            env = {"ROCKBOT_RESYNC_SECONDS": str(args.resync_seconds)}
-            if broker is not None:
-                await provision_on(broker, OPERATOR, SCRIPTS_MANAGER)  # what the chart's Secrets give them
-
-            def launch() -> DeployedOperator:
-                return start_operator(lambda _: manifests, emulator, started, broker=broker, extra_env=env)
-
+        if broker is not None:
+            await provision_on(broker, OPERATOR, SCRIPTS_MANAGER)  # what the chart's Secrets give them
+        backend = real if args.real else emulated
+        async with backend(args, broker, started, env) as api:
             try:
-                async with in_background(DeploymentController(client=client, kubelet_period=1.0)):
-                    await run_phases(args, emulator, client, launch)
+                await prepare(api.client, api.namespace, tools=args.tools)
+                await run_phases(args, api)
             finally:
                 for process in started:
                     process.cleanup()
-                emulator.end_watches()
     finally:
         if broker is not None:
             await asyncio.to_thread(broker.stop)
 
 
-async def prepare(client: KubeClient, *, tools: int) -> None:
-    for path in sorted(CRDS_DIR.glob("*.yaml")):
-        await apply_crd(client, yaml.safe_load(path.read_text()))
-    await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    await client.create(SECRETS, namespace=NS, body=_secret("llm", "apiKey", "sk-bench"))
+async def prepare(client: KubeClient, namespace: str, *, tools: int) -> None:
+    await client.create(SECRETS, namespace=namespace, body=_secret(namespace, "llm", "apiKey", "sk-bench"))
     for index in range(tools):
-        await client.create(TOOLS, namespace=NS, body={
+        await client.create(TOOLS, namespace=namespace, body={
             "apiVersion": "rockbot.dev/v1alpha1", "kind": "Tool", "metadata": {"name": f"tool-{index}"},
             "spec": {"description": f"Tool {index}", "script": {"source": "print(1)"}}})
 
 
-async def run_phases(args: argparse.Namespace, emulator: KubeApiEmulator, client: KubeClient,
-                     launch: Callable[[], DeployedOperator]) -> None:
+async def create_agents(api: Api, indices: range, tools: int) -> None:
+    pending = [api.client.create(AGENTS, namespace=api.namespace, body=_agent(index, tools)) for index in indices]
+    for batch in range(0, len(pending), 25):
+        await asyncio.gather(*pending[batch:batch + 25])
+
+
+async def run_phases(args: argparse.Namespace, api: Api) -> None:
     count, tools = args.agents, args.tools
-    operator = launch()
+    operator = api.launch()
     await until(operator.probes.live, within=60, what="live")
-    await quiet(emulator)
+    await quiet(api)
     idle_rss, _ = operator.process.memory()
 
-    mark, cpu_before, began = len(emulator.requests), operator.process.cpu_seconds(), time.perf_counter()
-    pending = [client.create(AGENTS, namespace=NS, body=_agent(index, tools)) for index in range(count)]
-    for batch in range(0, count, 25):
-        await asyncio.gather(*pending[batch:batch + 25])
+    mark, cpu_before, began = api.mark(), operator.process.cpu_seconds(), time.perf_counter()
+    await create_agents(api, range(count), tools)
     names = [f"agent-{index}" for index in range(count)]
     try:
-        await until(lambda: converged(emulator, names), within=args.within, what="converged")
+        await until(lambda: _converged(api, names), within=args.within, what="converged")
     except TimeoutError:
-        print(lagging(emulator, names), "\n--- the operator's last lines:\n", operator.process.output()[-3000:])
+        print(await api.lagging(names), "\n--- the operator's last lines:\n", operator.process.output()[-3000:])
         raise
     converge_seconds = time.perf_counter() - began
-    await quiet(emulator)
+    await quiet(api)
     cpu = operator.process.cpu_seconds() - cpu_before
-    made = operator_requests(emulator, mark)
+    made = api.operator_requests(mark)
     rss, peak = operator.process.memory()
     timeouts = operator.process.output().count("no answer within")
-    print(f"agents: {count}, tools per agent: {tools}, API latency {args.latency_ms:g} ms, "
-          f"broker: {'no' if args.no_broker else 'yes'}")
-    print(f"converge: {converge_seconds:.1f} s from the first create to every child and Ready status")
+    where = f"real API server ({args.real})" if args.real else f"emulator, API latency {args.latency_ms:g} ms"
+    print(f"agents: {count}, tools per agent: {tools}, {where}, broker: {'no' if args.no_broker else 'yes'}")
+    print(f"converge: {converge_seconds:.1f} s from the first create to every Agent Ready and every Tool's usedBy")
+    if isinstance(api, Real):
+        print(f"  children: {await api.children_missing(names) or 'all five of every Agent there'}")
     print(f"operator CPU until quiet: {cpu:.1f} s = {1000 * cpu / count:.1f} ms per Agent")
     print(f"operator API requests: {len(made)} = {len(made) / count:.1f} per Agent ({len(writes(made))} writes)")
     print(f"  {summary(made)}")
-    others = [r for r in writes(emulator.requests[mark:]) if r not in made]
-    print(f"others' writes meanwhile (test client, deployment controller): {summary(others)}")
+    print(f"others' writes meanwhile (test client, controllers, kubelet): {summary(api.others_writes(mark))}")
     warnings = sum(1 for record in operator.process.records() if record.get("level") in ("WARNING", "ERROR"))
     print(f"client-side timeouts in the operator's log: {timeouts}; warnings and errors logged: {warnings}")
     print(f"memory: RSS {rss / 2**20:.0f} MiB settled ({idle_rss / 2**20:.0f} MiB before the Agents), "
           f"peak {peak / 2**20:.0f} MiB")
 
     if args.resync_seconds < 3600:
-        mark = len(emulator.requests)
-        text = operator.process.output()
-        passes = text.count("resync: compared")
+        mark = api.mark()
+        passes = operator.process.output().count("resync: compared")
         waited = await until(lambda: operator.process.output().count("resync: compared") > passes,
                              within=args.resync_seconds * 3 + 60, what="a resync pass")
-        await quiet(emulator)
-        resync = writes(operator_requests(emulator, mark))
+        await quiet(api)
+        resync = writes(api.operator_requests(mark))
         print(f"no-op resync (ROCKBOT_RESYNC_SECONDS={args.resync_seconds:g}, pass seen after {waited:.1f} s): "
               f"{len(resync)} writes {summary(resync)}")
 
@@ -195,27 +445,68 @@ async def run_phases(args: argparse.Namespace, emulator: KubeApiEmulator, client
     stopping = time.perf_counter()
     code = await operator.process.exited(within=60)
     stop_seconds = time.perf_counter() - stopping
-    mark, restarted = len(emulator.requests), time.perf_counter()
-    operator = launch()
-    compared = await until(lambda: compared_every_agent(operator, emulator, since=mark, count=count),
-                           within=args.within, what="every Agent compared after the restart")
-    await quiet(emulator)
-    restart = operator_requests(emulator, mark)
+    mark, restarted = api.mark(), time.perf_counter()
+    operator = api.launch()
+    compared = await until(lambda: "reconciled every Agent" in operator.process.output(), within=args.within,
+                           what="every Agent compared after the restart")
+    await quiet(api)
+    restart = api.operator_requests(mark)
     rss, peak = operator.process.memory()
     print(f"SIGTERM: exited {code} after {stop_seconds:.1f} s")
     print(f"restart: every Agent compared within {compared:.1f} s of the start "
           f"({time.perf_counter() - restarted:.1f} s until quiet); {len(restart)} requests, "
           f"{len(writes(restart))} writes {summary(writes(restart))}")
     print(f"memory after the restart: RSS {rss / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB")
+    if args.refused and isinstance(api, Real):
+        operator.process.terminate()
+        await operator.process.exited(within=60)
+        operator = api.launch({"ROCKBOT_RESYNC_SECONDS": "300"})  # the chart's: resyncs are not retries
+        await until(lambda: "reconciled every Agent" in operator.process.output(), within=args.within,
+                    what="every Agent compared after the restart")
+        await quiet(api)
+        await refused_phase(args, api, operator)
+
+
+async def _converged(api: Api, names: list[str]) -> bool:
+    return not await api.lagging(names)
+
+
+async def refused_phase(args: argparse.Namespace, api: Real, operator: DeployedOperator) -> None:
+    """More Agents whose Services the API server refuses (a quota of the Services there are): requests per minute,
+    with the chart's resync period (300 s)."""
+    await api.client.create(QUOTAS, namespace=api.namespace, body={
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-more-services"},
+        "spec": {"hard": {"services": str(args.agents)}}})
+
+    async def counted() -> bool:
+        quota = await api.client.get(QUOTAS, namespace=api.namespace, name="no-more-services")
+        return "services" in ((quota.get("status") or {}).get("used") or {})
+
+    await until(counted, within=120, what="the quota counted")
+    mark, began = api.mark(), time.time()
+    await create_agents(api, range(args.agents, args.agents + args.refused), args.tools)
+    await asyncio.sleep(args.refused_minutes * 60)
+    api.audit.read()
+    started = [when for when, _ in api.audit.started[mark:]]
+    made = api.operator_requests(mark)
+    minutes = [sum(1 for when in started if began + 60 * m <= when < began + 60 * (m + 1))
+               for m in range(int(args.refused_minutes))]
+    failures = operator.process.output().count("retrying in")
+    print(f"refused: {args.refused} more Agents whose Service a quota refuses, watched {args.refused_minutes:g} min: "
+          f"{len(made)} requests, per minute {minutes}; {failures} failed reconciles logged")
+    print(f"  {summary(made)}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=500)
     parser.add_argument("--tools", type=int, default=3)
-    parser.add_argument("--latency-ms", type=float, default=3.0, help="per API request (default: 3)")
+    parser.add_argument("--real", metavar="K8SREAL", help="a control plane's folder (../shared/k8s up.sh)")
+    parser.add_argument("--latency-ms", type=float, default=3.0, help="emulator: per API request (default: 3)")
     parser.add_argument("--resync-seconds", type=float, default=30.0,
                         help="the operator's resync period for the no-op resync (3600: skip it)")
     parser.add_argument("--within", type=float, default=600.0, help="give up waiting after this many seconds")
     parser.add_argument("--no-broker", action="store_true", help="run without RabbitMQ (scheduling off)")
+    parser.add_argument("--refused", type=int, default=0, help="real: this many more Agents whose Service is refused")
+    parser.add_argument("--refused-minutes", type=float, default=3.0, help="how long to watch them")
     asyncio.run(main(parser.parse_args()))

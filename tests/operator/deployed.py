@@ -49,14 +49,22 @@ class DeployedOperator:
 
 def start_operator(
     render: Callable[..., list[dict[str, Any]]],
-    emulator: KubeApiEmulator,
+    emulator: KubeApiEmulator | None,
     pods: list[PodProcess],
     *,
     broker: RabbitBroker | None,
     values: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
+    kubeconfig: str | None = None,
 ) -> DeployedOperator:
-    """The operator, with `broker` as its broker (None: no broker, so no scheduling and no bus for agents)."""
+    """The operator, with `broker` as its broker (None: no broker, so no scheduling and no bus for agents).
+
+    It reaches the emulator with `OPERATOR_TOKEN`, or any API server with the text of `kubeconfig` (a real
+    one's, acting as the chart's ServiceAccount).
+    """
+    if kubeconfig is None:
+        assert emulator is not None, "give the emulator or a kubeconfig"
+        kubeconfig = kubeconfig_for(emulator, token=OPERATOR_TOKEN)
     port = free_port()
     secrets = {
         "ROCKBOT_AMQP_URL": login_of(broker, OPERATOR) if broker else "",
@@ -74,7 +82,7 @@ def start_operator(
         values_from=secrets,
         extra_args=["--liveness", f"http://127.0.0.1:{port}/healthz"],
         extra_env={"KUBECONFIG": KUBECONFIG, **addresses, **(extra_env or {})},
-        files={KUBECONFIG: kubeconfig_for(emulator, token=OPERATOR_TOKEN)},
+        files={KUBECONFIG: kubeconfig},
     )
     pods.append(process)
     return DeployedOperator(process, port=port)
@@ -104,6 +112,11 @@ def lagging(emulator: KubeApiEmulator, agents: list[str], *, namespace: str = NA
         if missing:
             return f"{len(missing)} Agents without their {plural} (e.g. {missing[0]})"
     found = {obj["metadata"]["name"]: obj for obj in store.items(("rockbot.dev", "agents"), namespace)}
+    return lagging_status(found, list(store.items(("rockbot.dev", "tools"), namespace)), agents)
+
+
+def lagging_status(found: dict[str, dict[str, Any]], tools: list[dict[str, Any]], agents: list[str]) -> str:
+    """Of `lagging`, what the Agents' and Tools' status say (given as a watch or a store shows them)."""
     if set(found) != set(agents):
         return f"Agents {sorted(set(found) ^ set(agents))[:5]} (un)expected"
     for agent in found.values():
@@ -111,7 +124,7 @@ def lagging(emulator: KubeApiEmulator, agents: list[str], *, namespace: str = NA
         ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready" and c["status"] == "True"]
         if not ready or status.get("observedGeneration") != agent["metadata"]["generation"]:
             return f"Agent {agent['metadata']['name']} not Ready for its generation: {status.get('conditions')}"
-    for tool in store.items(("rockbot.dev", "tools"), namespace):
+    for tool in tools:
         users = sorted(name for name, agent in found.items() if tool["metadata"]["name"] in agent["spec"]["tools"])
         if (tool.get("status") or {}).get("usedBy") != users:
             return f"Tool {tool['metadata']['name']}'s usedBy is not the {len(users)} Agents that use it"
