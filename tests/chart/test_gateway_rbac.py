@@ -1,7 +1,7 @@
 """The gateway's RBAC from evidence: run the real gateway against the API emulator through every path that
 touches the API (loading and following Triggers and Agents, conditions, a webhook run recorded and completed,
-Events watched and turned into a run) and check that the chart's rules allow every request it made, and
-grant nothing it did not use.
+Events watched and turned into a run) and check, on the real API server as the chart's gateway ServiceAccount
+with its own token, that the chart's RBAC allows every request it made, and grants nothing it did not use.
 
 The gateway logs in with the kubeconfig's token; the test's own client sends none.
 """
@@ -15,8 +15,9 @@ import pytest
 
 from rockbot.kube import KubeClient
 from tests.chart.conftest import Manifest
-from tests.chart.rbac import GATEWAY_SA, Right, allowed, grants_of
+from tests.chart.rbac import GATEWAY_SA, Right, grants_of, refused_by_the_api_server
 from tests.chart.test_operator_rbac import operator_requests
+from tests.fixtures.kube_real import KubeCluster
 from tests.fixtures.llm import Turn
 from tests.gateway.conftest import NS, Cluster, StartGateway, cluster, send, start_gateway, triage  # noqa: F401
 from tests.kubeapi import KubeApiEmulator
@@ -28,7 +29,7 @@ Render = Callable[..., list[Manifest]]
 
 async def test_every_request_the_gateway_makes_is_granted_by_the_chart(
     kube_client: KubeClient, kube_api: KubeApiEmulator, cluster: Cluster, triage, scripted_llm,  # noqa: F811
-    start_gateway: StartGateway, render: Render,  # noqa: F811
+    start_gateway: StartGateway, render: Render, kube_cluster: KubeCluster, kube_namespace: str,  # noqa: F811
 ) -> None:
     scripted_llm.play(Turn(text="Triaged."), Turn(text="Explained."))
     await cluster.agent()
@@ -42,10 +43,15 @@ async def test_every_request_the_gateway_makes_is_granted_by_the_chart(
     await cluster.history(["Succeeded"])
     await cluster.history(["Succeeded"], name="crashes")
     used = operator_requests(kube_api)  # the requests that carried a token: the gateway's
-    grants = grants_of(render({"agentNamespaces": [NS]}), account=GATEWAY_SA)
-    refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
-                     if not allowed(grants, right=u.right, namespace=u.namespace))
+    # The real API server judges, the gateway's ServiceAccount asking with its own token (the test's
+    # namespace stands for the emulated agent namespace, and holds the release too).
+    refused = refused_by_the_api_server(
+        kube_cluster, render({"agentNamespaces": [kube_namespace]}, namespace=kube_namespace), account=GATEWAY_SA,
+        namespace=kube_namespace, rights={(u.right, kube_namespace if u.namespace == NS else u.namespace)
+                                          for u in used},
+    )
     assert refused == [], "the gateway needs rights the chart does not grant"
+    grants = grants_of(render({"agentNamespaces": [NS]}), account=GATEWAY_SA)
     granted: set[Right] = set().union(*(grant.rights for grant in grants))
     assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the gateway never used"
     assert {u.namespace for u in used} == {NS}

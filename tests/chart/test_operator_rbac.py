@@ -1,6 +1,7 @@
 """The operator's RBAC from evidence: run the real operator against the API emulator, through every path
 that touches the API (reconcile, repair, Tool fan-out, status, events, the scheduler, the agents'
-scheduling requests), and check that every request it made is allowed by the chart's rendered rules.
+scheduling requests), and check on the real API server, acting as the chart's operator ServiceAccount
+with its own token, that every request it made is allowed by the chart's RBAC.
 
 The operator's requests are told apart from the test's own by identity, as RBAC does: the operator
 logs in with the kubeconfig's token, the test's client sends none.
@@ -38,7 +39,8 @@ from rockbot.kube import (
 from rockbot.operator.settings import OperatorSettings
 from rockbot.scripts_manager.canary import host_listeners
 from tests.chart.conftest import Manifest
-from tests.chart.rbac import OPERATOR_SA, Right, allowed, grants_of
+from tests.chart.rbac import OPERATOR_SA, Right, grants_of, refused_by_the_api_server
+from tests.fixtures.kube_real import KubeCluster
 from tests.fixtures.kubeapi import client_for
 from tests.fixtures.rabbitmq import Vhost
 from tests.kubeapi import KubeApiEmulator
@@ -237,15 +239,33 @@ async def _exercise(*, kube: KubeClient, vhost: Vhost, settings: OperatorSetting
 
 @pytest.mark.parametrize("watch_all", [False, True], ids=["release-namespaces", "all-namespaces"])
 async def test_every_request_the_operator_makes_is_granted_by_the_chart(
-    kube_api: KubeApiEmulator, kubeconfig: Any, vhost: Vhost, render: Render, watch_all: bool
+    kube_api: KubeApiEmulator, kubeconfig: Any, vhost: Vhost, render: Render, watch_all: bool,
+    kube_cluster: KubeCluster, kube_namespace: str,
 ) -> None:
     async with client_for(kube_api) as kube:
         await exercise_the_operator(kube=kube, kube_api=kube_api, vhost=vhost, namespaces=[] if watch_all else [NS])
     used = operator_requests(kube_api)
-    manifests = render({"operator": {"watchAllNamespaces": watch_all}}, namespace=NS)
-    grants = grants_of(manifests, account=OPERATOR_SA, account_namespace=NS)
-    refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
-                     if not allowed(grants, right=u.right, namespace=u.namespace))
+    # The real API server judges: the chart's RBAC applied, the operator's ServiceAccount asks with its token
+    # for each right it used (in the test's namespace, standing for the emulated release namespace).
+    values = {"operator": {"watchAllNamespaces": watch_all}}
+    refused = refused_by_the_api_server(
+        kube_cluster, render(values, namespace=kube_namespace), account=OPERATOR_SA, namespace=kube_namespace,
+        rights={(u.right, kube_namespace if u.namespace == NS else u.namespace) for u in used},
+    )
     assert refused == [], "the operator needs rights the chart does not grant"
+    grants = grants_of(render(values, namespace=NS), account=OPERATOR_SA, account_namespace=NS)
     granted = set().union(*(grant.rights for grant in grants))
     assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the operator never used"
+
+
+def test_the_api_server_refuses_the_operator_what_the_chart_does_not_grant(
+    render: Render, kube_cluster: KubeCluster, kube_namespace: str
+) -> None:
+    granted = (("rockbot.dev", "agents", "watch"), kube_namespace)
+    not_granted = [(("", "secrets", "deletecollection"), kube_namespace), (("", "nodes", "get"), None),
+                   (("rockbot.dev", "agents", "watch"), "kube-system")]
+    refused = refused_by_the_api_server(
+        kube_cluster, render(namespace=kube_namespace), account=OPERATOR_SA, namespace=kube_namespace,
+        rights={granted, *not_granted}, within=5.0,
+    )
+    assert refused == sorted(f"{right} in {where or 'the cluster'}" for right, where in not_granted)
