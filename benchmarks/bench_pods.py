@@ -1,19 +1,20 @@
-"""Script pods, warm and cold: the pod backend against the API emulator and a node that runs the pods.
+"""Script pods on the real node: the pod backend against the rig of ../shared/k8s (API server + kubelet).
 
-The node (tests/kubeapi/kubelet.py) runs each pod's real runner as a restricted pod runs (bubblewrap,
-uid 65534, PID 1 of its own namespace, no network) and reports container states on a relist period
-like the kubelet's PLEG (--relist, 1 s; 0 reports at once). Each figure is request to answer as the
-backend sees it (claim or create, attach, job, answer), for `print(1)`:
+The real pod backend (claim or create, attach, job, answer) runs in this process with the rig's
+admin kubeconfig, in a namespace of its own named `*-scripts` (the rig gives such pods no network,
+as the chart's scripts namespace) with Pod Security `restricted` enforced. Each figure is request to
+answer for `print(1)`, as the scripts-manager sees it (the bus round trip to an agent adds ~2 ms, see
+bench_scripts.py):
 
-- warm: a pool of --concurrency idle pods, every request finding one ready (the pool is let refill
-  between rounds: what a pool sized for the load gives);
-- cold: no pool, a pod made per request; its container is reported running on the next relist tick,
-  and the answer comes from the attach stream without waiting for the report of its end.
+- warm, sequential: one request at a time, the pool let refill between requests;
+- warm, back to back: one request at a time, the next as soon as the last answered;
+- warm, N at once: rounds of N requests, the next round as soon as the last answered;
+- cold, sequential and N at once: no pool, a pod made per request.
 
-Sequentially (--runs runs) and --concurrency at once (--runs requests in rounds). What it cannot
-show: a real node's container start, image cache, CPU quota and API server latency.
+It also counts how many warm requests found no idle pod and went cold (misses). Needs the rig up
+(`$K8SREAL/up.sh && $K8SREAL/node-up.sh`, or scripts/e2e-real) and the script image on the node.
 
-    python -m benchmarks.bench_pods [--runs 20] [--concurrency 4] [--relist 1.0]
+    python -m benchmarks.bench_pods [--runs 20] [--concurrency 4] [--pool 6] [--cpu 250m] [--memory 128Mi]
 """
 
 from __future__ import annotations
@@ -21,53 +22,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import random
+import os
+import secrets
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import kmock
-from kubernetes_asyncio import client as k8s_client
-
 from benchmarks.bench_scripts import percentile
-from rockbot.kube import NAMESPACES, KubeClient
+from rockbot.kube import NAMESPACES, KubeClient, NotFound
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
-from tests.kubeapi import KubeApiEmulator
-from tests.kubeapi.controllers import in_background
-from tests.kubeapi.kubelet import FakeKubelet
 
-NS = "rockbot-scripts"
-
-
-def client(emulator: KubeApiEmulator) -> KubeClient:
-    return KubeClient(api_client=k8s_client.ApiClient(k8s_client.Configuration(host=str(emulator.url).rstrip("/"))))
-
-
-@contextlib.asynccontextmanager
-async def cluster(relist: float) -> AsyncIterator[KubeApiEmulator]:
-    emulator = KubeApiEmulator()
-    async with emulator, kmock.Server(emulator), client(emulator) as kube:
-        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        async with in_background(FakeKubelet(emulator=emulator, kube=kube, namespace=NS,
-                                               relist_seconds=relist or None)):
-            try:
-                yield emulator
-            finally:
-                emulator.end_watches()
+K8SREAL = Path(os.environ.get("K8SREAL", "/var/tmp/k8s"))
 
 
 async def measure(
-    emulator: KubeApiEmulator, *, pool: int, runs: int, concurrency: int, relist: float
-) -> list[float]:
-    settings = ScriptsManagerSettings(scripts_backend="pods", scripts_namespace=NS,
-                                      scripts_pool=f"500m/256Mi={pool}" if pool else "",
-                                      scripts_package_cache=Path(tempfile.mkdtemp()))
-    backend = PodBackend(kube=client(emulator), settings=settings, metrics=ScriptMetrics(backend="pods"))
+    *, namespace: str, pool: int, runs: int, concurrency: int, wait_for_pool: bool, cpu: str, memory: str
+) -> tuple[list[float], float]:
+    """Request-to-answer seconds of `runs` requests, and how many warm requests missed the pool."""
+    settings = ScriptsManagerSettings(
+        scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
+        scripts_pool=f"{cpu}/{memory}={pool}" if pool else "", scripts_package_cache=Path(tempfile.mkdtemp()),
+    )  # fmt: skip
+    backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
+                         metrics=ScriptMetrics(backend="pods"))
     await backend.start()
     samples: list[float] = []
 
@@ -79,52 +60,70 @@ async def measure(
         assert result.stdout == "1\n", result
 
     try:
-        for first in range(0, runs, concurrency):
-            if pool:
-                await pool_ready(backend, concurrency)
-            # Requests come at any moment of the node's relist, not just after a tick (as back-to-back
-            # runs would, each answer following the tick that reported its pod running).
-            await asyncio.sleep(random.uniform(0, relist))
-            await asyncio.gather(*(one(first + i) for i in range(min(concurrency, runs - first))))
         if pool:
-            claims = backend.metrics.registry.get_sample_value(
-                "rockbot_scripts_pool_claims_total", {"limits_class": backend.pool.classes[0].label})
-            assert claims == runs, f"only {claims} of {runs} requests found a warm pod"
+            await idle(backend, pool)
+        for first in range(0, runs, concurrency):
+            if pool and wait_for_pool:
+                await idle(backend, pool)
+            await asyncio.gather(*(one(first + i) for i in range(min(concurrency, runs - first))))
+        misses = 0.0
+        if pool:
+            label = backend.pool.classes[0].label
+            misses = sum(backend.metrics.registry.get_sample_value(
+                "rockbot_scripts_pool_misses_total", {"limits_class": label, "reason": reason}) or 0
+                for reason in ("empty", "raced", "failed"))  # fmt: skip
     finally:
         await backend.close()
-    return samples
+    return samples, misses
 
 
-async def pool_ready(backend: PodBackend, wanted: int) -> None:
-    """Until `wanted` idle pods are running (the watch shows them so): a pool sized for the load."""
+async def idle(backend: PodBackend, wanted: int) -> None:
+    """Until `wanted` idle pods are running (as the pool's own watch shows them)."""
     assert backend.pool is not None
     label = backend.pool.classes[0].label
-    while True:
-        seen = backend.pool.cache.version
-        if (backend.metrics.registry.get_sample_value("rockbot_scripts_pool_idle_pods", {"limits_class": label})
-                or 0) >= wanted:
-            return
-        await backend.pool.cache.changed(since=seen, within=1.0)
+    async with asyncio.timeout(120):
+        while (backend.metrics.registry.get_sample_value("rockbot_scripts_pool_idle_pods", {"limits_class": label})
+               or 0) < wanted:
+            seen = backend.pool.cache.version
+            await backend.pool.cache.changed(since=seen, within=1.0)
 
 
-def report(label: str, samples: list[float]) -> None:
+def report(label: str, samples: list[float], misses: float) -> None:
     p50, p95 = statistics.median(samples) * 1000, percentile(samples, 0.95) * 1000
-    print(f"  {label:20} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   ({len(samples)} runs)")
+    missed = f", {misses:g} went cold" if misses else ""
+    print(f"  {label:24} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   ({len(samples)} runs{missed})", flush=True)
 
 
-async def main(*, runs: int, concurrency: int, relist: float) -> None:
-    async with cluster(relist) as emulator:
-        print(f"script pods over the API emulator, node relist {relist:g} s, script print(1):")
-        cases = (("warm, sequential", 1, 1), (f"warm, {concurrency} at once", concurrency, concurrency),
-                 ("cold, sequential", 0, 1), (f"cold, {concurrency} at once", 0, concurrency))
-        for label, pool, at_once in cases:
-            report(label, await measure(emulator, pool=pool, runs=runs, concurrency=at_once, relist=relist))
+async def main(*, runs: int, concurrency: int, pool: int, cpu: str, memory: str) -> None:
+    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
+    namespace = f"bench-{secrets.token_hex(3)}-scripts"
+    async with await KubeClient.from_environment() as kube:
+        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        try:
+            print(f"script pods on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
+                  f"pool {pool}, script print(1):", flush=True)
+            cases = (
+                ("warm, sequential", pool, 1, True), ("warm, back to back", pool, 1, False),
+                (f"warm, {concurrency} at once", pool, concurrency, False),
+                ("cold, sequential", 0, 1, False), (f"cold, {concurrency} at once", 0, concurrency, False),
+            )  # fmt: skip
+            for label, size, at_once, wait in cases:
+                samples, misses = await measure(namespace=namespace, pool=size, runs=runs, concurrency=at_once,
+                                                wait_for_pool=wait, cpu=cpu, memory=memory)
+                report(label, samples, misses)
+        finally:
+            with contextlib.suppress(NotFound):
+                await kube.delete(NAMESPACES, name=namespace)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--relist", type=float, default=1.0, help="the node's status relist period (0: at once)")
+    parser.add_argument("--pool", type=int, default=6, help="idle pods of the class kept warm")
+    parser.add_argument("--cpu", default="250m", help="the script pods' CPU (requests = limits)")
+    parser.add_argument("--memory", default="128Mi")
     arguments = parser.parse_args()
-    asyncio.run(main(runs=arguments.runs, concurrency=arguments.concurrency, relist=arguments.relist))
+    asyncio.run(main(runs=arguments.runs, concurrency=arguments.concurrency, pool=arguments.pool,
+                     cpu=arguments.cpu, memory=arguments.memory))
