@@ -1,5 +1,5 @@
-"""The real API server for the console's tests (the shared rig of ../shared/k8s), with fresh namespaces,
-ServiceAccounts and Roles made per test, and the project's CRDs applied once.
+"""The real API server for the console's tests (tests/fixtures/kube_real.py: the shared rig, or a private
+control plane), with fresh namespaces, ServiceAccounts and Roles made per test.
 
 The console is asked about RBAC the way a cluster answers it, so these tests need a real API server
 (TokenReview and SubjectAccessReview are the real authenticator and authorizer's).
@@ -7,9 +7,6 @@ The console is asked about RBAC the way a cluster answers it, so these tests nee
 
 from __future__ import annotations
 
-import os
-import subprocess
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,57 +20,23 @@ from rockbot.console.authorization import AccessReviewer
 from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.kube import SERVICEACCOUNTS, KubeClient
+from tests.fixtures.kube_real import KubeCluster, fresh_namespace
 
-K8SREAL = Path(os.environ.get("K8SREAL", "/var/tmp/k8s"))
-KUBECONFIG = K8SREAL / "kubeconfig"
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def kubectl(*args: str, stdin: str | None = None) -> str:
-    done = subprocess.run([str(K8SREAL / "bin" / "kubectl"), "--kubeconfig", str(KUBECONFIG), *args], input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout
+class Rbac:
+    """Roles and bindings made as the cluster's admin, for what a test's users may do."""
 
+    def __init__(self, cluster: KubeCluster) -> None:
+        self.cluster = cluster
 
-@pytest.fixture(scope="session")
-def real_cluster() -> Path:
-    """The shared rig's kubeconfig, with the CRDs of the console's pages applied (server-side: re-applying is a
-    no-op). Not the Tool CRD: the real API server refuses it today (the estimated cost of its script rule)."""
-    if not KUBECONFIG.exists():
-        pytest.fail(f"no real API server: {KUBECONFIG} is missing; start one with $K8SREAL/up.sh "
-                    "(see ../shared/k8s/README.md)")
-    kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=rockbot-console-tests",
-            *(arg for kind in ("agents", "scheduledtasks", "triggers")
-              for arg in ("-f", str(REPOSITORY / "crds" / f"{kind}.rockbot.dev.yaml"))))
-    kubectl("wait", "--for=condition=Established", "--timeout=30s", "crd/agents.rockbot.dev")
-    return KUBECONFIG
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        return self.cluster.kubectl(*args, input=stdin).stdout
 
-
-@pytest.fixture
-async def kube_admin(real_cluster: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[KubeClient]:
-    """A client with the rig's admin rights: makes what a test needs, and serves as the console's own client."""
-    monkeypatch.setenv("KUBECONFIG", str(real_cluster))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    async with await KubeClient.from_environment() as client:
-        yield client
-
-
-@pytest.fixture
-def namespaces(real_cluster: Path) -> Iterator[list[str]]:
-    """Two fresh namespaces named console-<random>-a and -b, deleted after the test."""
-    stem = f"console-{uuid.uuid4().hex[:8]}"
-    made = [f"{stem}-a", f"{stem}-b"]
-    for name in made:
-        kubectl("create", "namespace", name)
-    yield made
-    kubectl("delete", "namespace", *made, "--wait=false")
-
-
-def grant(*, namespace: str, user: str, rules: str, name: str) -> None:
-    """A Role of `rules` (YAML list) in `namespace`, bound to `user` (a full username)."""
-    kubectl("apply", "-f", "-", stdin=f"""
+    def grant(self, *, namespace: str, user: str, rules: str, name: str) -> None:
+        """A Role of `rules` (YAML list) in `namespace`, bound to `user` (a full username)."""
+        self.kubectl("apply", "-f", "-", stdin=f"""
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {{name: {name}, namespace: {namespace}}}
@@ -85,6 +48,24 @@ metadata: {{name: {name}, namespace: {namespace}}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}}}
 subjects: [{{kind: User, apiGroup: rbac.authorization.k8s.io, name: "{user}"}}]
 """)
+
+
+@pytest.fixture
+def rbac(kube_cluster: KubeCluster) -> Rbac:
+    return Rbac(kube_cluster)
+
+
+@pytest.fixture
+async def kube_admin(real_kube_client: KubeClient) -> KubeClient:
+    """A client with the cluster admin's rights: makes what a test needs, and serves as the console's own client."""
+    return real_kube_client
+
+
+@pytest.fixture
+def namespaces(kube_cluster: KubeCluster, kube_namespace: str, request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """Two fresh namespaces: the test's own, and another it may not see."""
+    with fresh_namespace(kube_cluster, purpose=f"{request.node.name}-other") as other:
+        yield [kube_namespace, other]
 
 
 async def service_account_token(kube: KubeClient, *, namespace: str, name: str) -> str:

@@ -31,7 +31,7 @@ from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.agent.test_approvals import RAN, delete_database
 from tests.agent.test_loop import tool_set
 from tests.buses import login
-from tests.console.conftest import agent_body, grant, service_account_token
+from tests.console.conftest import Rbac, agent_body, service_account_token
 from tests.fixtures.llm import ScriptedCall, Turn
 from tests.waiting import eventually
 
@@ -82,10 +82,11 @@ async def setup(kube_admin: KubeClient, namespaces: list[str], scripted_llm) -> 
             await console_bus.close()
 
 
-async def person(kube_admin: KubeClient, setup: Setup, *, name: str, rules: str) -> dict[str, str]:
+async def person(kube_admin: KubeClient, setup: Setup, *, rbac: Rbac, name: str, rules: str) -> dict[str, str]:
     """Headers of a logged-in browser of ServiceAccount `name` granted `rules`, with its CSRF token."""
     token = await service_account_token(kube_admin, namespace=setup.namespace, name=name)
-    grant(namespace=setup.namespace, user=f"system:serviceaccount:{setup.namespace}:{name}", rules=rules, name=name)
+    rbac.grant(namespace=setup.namespace, user=f"system:serviceaccount:{setup.namespace}:{name}", rules=rules,
+               name=name)
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{setup.url}/login", data={"token": token}, allow_redirects=False) as answer:
             cookie = answer.cookies[COOKIE_NAME].value
@@ -113,7 +114,7 @@ async def waiting_call(setup: Setup) -> ApprovalRequest:
 
 
 async def test_a_denial_needs_the_right_and_reaches_the_model_with_who_and_why(
-    setup: Setup, kube_admin: KubeClient, scripted_llm
+    rbac: Rbac, setup: Setup, kube_admin: KubeClient, scripted_llm
 ) -> None:
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="delete_database", arguments={"name": "prod"})]),
                       Turn(text="I could not."))
@@ -121,7 +122,7 @@ async def test_a_denial_needs_the_right_and_reaches_the_model_with_who_and_why(
     call = await waiting_call(setup)
     assert (call.namespace, call.agent, call.tool_name) == (setup.namespace, "helper", "delete_database")
 
-    bob = await person(kube_admin, setup, name="bob", rules=VIEWER)
+    bob = await person(kube_admin, setup, name="bob", rules=VIEWER, rbac=rbac)
     async with aiohttp.ClientSession() as http, http.get(f"{setup.url}/approvals",
                                                          headers={"Cookie": bob["Cookie"]}) as page:
         text = await page.text()
@@ -129,7 +130,7 @@ async def test_a_denial_needs_the_right_and_reaches_the_model_with_who_and_why(
     assert await decide(setup, bob, call.approval_id, "approve") == 403
     assert setup.desk.pending() == [call] and RAN == [] and not turn.done()  # nothing changed
 
-    alice = await person(kube_admin, setup, name="alice", rules=APPROVER)
+    alice = await person(kube_admin, setup, name="alice", rules=APPROVER, rbac=rbac)
     assert await decide(setup, alice, call.approval_id, "deny", reason="not on a Friday") == 303
     await asyncio.wait_for(turn, 10)
     assert RAN == []
@@ -145,12 +146,12 @@ async def test_a_denial_needs_the_right_and_reaches_the_model_with_who_and_why(
     assert posted[0]["source"]["component"] == "rockbot-console"
 
 
-async def test_an_approved_call_runs(setup: Setup, kube_admin: KubeClient, scripted_llm) -> None:
+async def test_an_approved_call_runs(rbac: Rbac, setup: Setup, kube_admin: KubeClient, scripted_llm) -> None:
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="delete_database", arguments={"name": "prod"})]),
                       Turn(text="Done."))
     turn = asyncio.create_task(setup.agent.chat("s1", "drop prod", caller="service.test"))
     call = await waiting_call(setup)
-    alice = await person(kube_admin, setup, name="alice", rules=APPROVER)
+    alice = await person(kube_admin, setup, name="alice", rules=APPROVER, rbac=rbac)
     assert await decide(setup, alice, call.approval_id, "approve") == 303
     assert (await asyncio.wait_for(turn, 10)).answer == "Done."
     assert RAN == ["prod"] and scripted_llm.requests[1].messages[-1]["content"] == "deleted prod"

@@ -7,7 +7,7 @@ import pytest
 from rockbot.console.authentication import Identity, ProxyHeaders, TokenReviewer, Unauthenticated
 from rockbot.console.authorization import APPROVE, CHAT, VIEW, AccessReviewer
 from rockbot.kube import KubeClient
-from tests.console.conftest import grant, service_account_token
+from tests.console.conftest import Rbac, service_account_token
 
 VIEW_AND_CHAT = '[{apiGroups: [rockbot.dev], resources: [agents], verbs: [get, list]}, ' \
                 '{apiGroups: [rockbot.dev], resources: [agents/chat], verbs: [create]}]'
@@ -56,30 +56,34 @@ def test_no_answer_is_kept_over_a_minute(kube_admin: KubeClient) -> None:
         AccessReviewer(kube=kube_admin, ttl=120)
 
 
-async def test_rights_are_the_clusters_rbac_per_namespace(kube_admin: KubeClient, namespaces: list[str]) -> None:
+async def test_rights_are_the_clusters_rbac_per_namespace(
+    rbac: Rbac, kube_admin: KubeClient, namespaces: list[str]
+) -> None:
     mine, other = namespaces
     token = await service_account_token(kube_admin, namespace=mine, name="alice")
     alice = await TokenReviewer(kube=kube_admin, ttl=0).identity(token)
-    grant(namespace=mine, user=alice.username, rules=VIEW_AND_CHAT, name="console-user")
-    rbac = AccessReviewer(kube=kube_admin, ttl=0)
-    assert await rbac.allowed(identity=alice, namespace=mine, action=VIEW)
-    assert await rbac.allowed(identity=alice, namespace=mine, action=CHAT)
-    assert not await rbac.allowed(identity=alice, namespace=mine, action=APPROVE)
-    assert not await rbac.allowed(identity=alice, namespace=other, action=VIEW)
+    rbac.grant(namespace=mine, user=alice.username, rules=VIEW_AND_CHAT, name="console-user")
+    reviewer = AccessReviewer(kube=kube_admin, ttl=0)
+    assert await reviewer.allowed(identity=alice, namespace=mine, action=VIEW)
+    assert await reviewer.allowed(identity=alice, namespace=mine, action=CHAT)
+    assert not await reviewer.allowed(identity=alice, namespace=mine, action=APPROVE)
+    assert not await reviewer.allowed(identity=alice, namespace=other, action=VIEW)
 
 
-async def test_decisions_are_kept_seconds_then_asked_again(kube_admin: KubeClient, namespaces: list[str]) -> None:
+async def test_decisions_are_kept_seconds_then_asked_again(
+    rbac: Rbac, kube_admin: KubeClient, namespaces: list[str]
+) -> None:
     mine = namespaces[0]
     bob = Identity(username="bob@example.com", groups=("system:authenticated",))
     clock = Clock()
-    rbac = AccessReviewer(kube=kube_admin, ttl=10, clock=clock)
-    assert not await rbac.allowed(identity=bob, namespace=mine, action=VIEW)
-    grant(namespace=mine, user="bob@example.com", rules=VIEW_AND_CHAT, name="late-grant")
-    assert not await rbac.allowed(identity=bob, namespace=mine, action=VIEW)  # still the kept answer
-    assert rbac.reviews == 1
+    reviewer = AccessReviewer(kube=kube_admin, ttl=10, clock=clock)
+    assert not await reviewer.allowed(identity=bob, namespace=mine, action=VIEW)
+    rbac.grant(namespace=mine, user="bob@example.com", rules=VIEW_AND_CHAT, name="late-grant")
+    assert not await reviewer.allowed(identity=bob, namespace=mine, action=VIEW)  # still the kept answer
+    assert reviewer.reviews == 1
     clock.now += 10
-    assert await rbac.allowed(identity=bob, namespace=mine, action=VIEW)
-    assert rbac.reviews == 2
+    assert await reviewer.allowed(identity=bob, namespace=mine, action=VIEW)
+    assert reviewer.reviews == 2
 
 
 def test_proxy_headers_count_only_from_the_proxy() -> None:

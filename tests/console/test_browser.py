@@ -14,7 +14,7 @@ from playwright.async_api import Browser, Page, async_playwright
 
 from rockbot.console.auth_sessions import COOKIE_NAME
 from rockbot.kube import AGENTS, KubeClient
-from tests.console.conftest import REPOSITORY, Console, agent_body, grant, service_account_token
+from tests.console.conftest import REPOSITORY, Console, Rbac, agent_body, service_account_token
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("ROCKBOT_TEST_ARTIFACTS", REPOSITORY / "test-artifacts")) / "console"
@@ -54,13 +54,13 @@ async def log_in(page: Page, url: str, token: str) -> None:
 
 
 async def test_a_user_logs_in_and_sees_only_their_namespace(
-    browser: Browser, console: Console, kube_admin: KubeClient, namespaces: list[str]
+    rbac: Rbac, browser: Browser, console: Console, kube_admin: KubeClient, namespaces: list[str]
 ) -> None:
     mine, other = namespaces
     await kube_admin.create(AGENTS, body=agent_body(namespace=mine, name="helper", description=HOSTILE))
     await kube_admin.create(AGENTS, body=agent_body(namespace=other, name="elsewhere"))
     token = await service_account_token(kube_admin, namespace=mine, name="alice")
-    grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
+    rbac.grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
     context = await browser.new_context()
     page = await context.new_page()
     dialogs: list[str] = []

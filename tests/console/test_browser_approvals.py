@@ -32,7 +32,7 @@ from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.agent.test_approvals import RAN, delete_database
 from tests.agent.test_loop import tool_set
 from tests.buses import login
-from tests.console.conftest import agent_body, grant, service_account_token
+from tests.console.conftest import Rbac, agent_body, service_account_token
 from tests.console.test_browser import browser, chromium, log_in, screenshot  # noqa: F401 (fixtures)
 from tests.fixtures.llm import ScriptedCall, Turn
 from tests.waiting import eventually
@@ -63,9 +63,9 @@ async def world(kube_admin: KubeClient, namespaces: list[str], scripted_llm, tmp
     await writer.start()
     desk = ApprovalDesk()
     await desk.start(bus=console_bus)
-    rbac = AccessReviewer(kube=kube_admin, ttl=0)
+    reviewer = AccessReviewer(kube=kube_admin, ttl=0)
     gate = Gate(tokens=TokenReviewer(kube=kube_admin, ttl=0), sessions=Sessions())
-    runner = web.AppRunner(build_app(gate=gate, authorizer=rbac, kube=kube_admin, desk=desk, store=store))
+    runner = web.AppRunner(build_app(gate=gate, authorizer=reviewer, kube=kube_admin, desk=desk, store=store))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     RAN.clear()
@@ -117,10 +117,10 @@ async def open_latest_run(page: Page, world: World, *, runs: int, shot: str) -> 
 
 
 async def test_approve_then_deny_in_the_browser_and_read_both_runs(
-    browser: Browser, world: World, kube_admin: KubeClient, scripted_llm  # noqa: F811
+    rbac: Rbac, browser: Browser, world: World, kube_admin: KubeClient, scripted_llm  # noqa: F811
 ) -> None:
     token = await service_account_token(kube_admin, namespace=world.namespace, name="alice")
-    grant(namespace=world.namespace, user=f"system:serviceaccount:{world.namespace}:alice", rules=APPROVER,
+    rbac.grant(namespace=world.namespace, user=f"system:serviceaccount:{world.namespace}:alice", rules=APPROVER,
           name="approver")
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()

@@ -8,7 +8,7 @@ import aiohttp
 
 from rockbot.console.auth_sessions import COOKIE_NAME
 from rockbot.kube import AGENTS, KubeClient
-from tests.console.conftest import Console, agent_body, grant, service_account_token
+from tests.console.conftest import Console, Rbac, agent_body, service_account_token
 
 VIEW = "[{apiGroups: [rockbot.dev], resources: [agents], verbs: [get, list]}]"
 HTML = {"Accept": "text/html"}
@@ -54,13 +54,13 @@ async def test_login_keeps_the_session_in_a_strict_cookie(
 
 
 async def test_a_user_sees_only_the_agents_rbac_lets_them_see(
-    console: Console, kube_admin: KubeClient, namespaces: list[str]
+    rbac: Rbac, console: Console, kube_admin: KubeClient, namespaces: list[str]
 ) -> None:
     mine, other = namespaces
     await kube_admin.create(AGENTS, body=agent_body(namespace=mine, name="visible"))
     await kube_admin.create(AGENTS, body=agent_body(namespace=other, name="elsewhere"))
     token = await service_account_token(kube_admin, namespace=mine, name="alice")
-    grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
+    rbac.grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
     async with aiohttp.ClientSession() as http:
         cookie, _ = await log_in(http, console, token)
         jar = {**HTML, "Cookie": f"{COOKIE_NAME}={cookie}"}
@@ -76,13 +76,13 @@ async def test_a_user_sees_only_the_agents_rbac_lets_them_see(
 
 
 async def test_what_an_agent_wrote_is_shown_as_text(
-    console: Console, kube_admin: KubeClient, namespaces: list[str]
+    rbac: Rbac, console: Console, kube_admin: KubeClient, namespaces: list[str]
 ) -> None:
     mine = namespaces[0]
     hostile = '<script>alert("owned")</script><img src=x onerror=alert(1)>'
     await kube_admin.create(AGENTS, body=agent_body(namespace=mine, name="hostile", description=hostile))
     token = await service_account_token(kube_admin, namespace=mine, name="alice")
-    grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
+    rbac.grant(namespace=mine, user=f"system:serviceaccount:{mine}:alice", rules=VIEW, name="console-viewer")
     async with aiohttp.ClientSession() as http:
         cookie, _ = await log_in(http, console, token)
         async with http.get(f"{console.url}/agents/{mine}/hostile",
