@@ -1,6 +1,7 @@
 """The scripts-manager's RBAC from evidence: run its pod backend against the API emulator through every
-path that touches the API, and check that every request it made is allowed by the chart's Role, and
-that the Role grants nothing it did not use.
+path that touches the API, and check on the real API server, as the chart's scripts-manager ServiceAccount
+with its own token, that every request it made is allowed by the chart's Role, and that the Role grants
+nothing it did not use.
 
 The manager's requests are told apart by identity, as RBAC does: it logs in with the kubeconfig's token;
 the test's client and the node (the fake kubelet) send none.
@@ -20,8 +21,9 @@ from rockbot.scripts_manager.backends.pod_manifests import job_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.chart.conftest import Manifest
-from tests.chart.rbac import SCRIPTS_MANAGER_SA, Grant, Right, allowed, grants_of
+from tests.chart.rbac import SCRIPTS_MANAGER_SA, Right, grants_of, refused_by_the_api_server
 from tests.chart.test_operator_rbac import Used, used_right
+from tests.fixtures.kube_real import KubeCluster, fresh_namespace
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.containers import Container
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestamp
@@ -121,31 +123,38 @@ def sample_path(backend: PodBackend) -> float:
 
 
 async def test_every_request_the_scripts_manager_makes_is_granted_by_the_chart(
-    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render  # noqa: F811
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render,  # noqa: F811
+    kube_cluster: KubeCluster, kube_namespace: str,
 ) -> None:
     settings = make_settings(scripts_backend="pods", scripts_sweep_grace_seconds=0)
     await exercise_the_manager(client=kube, emulator=kube_api, settings=settings)
-    used = manager_rights(kube_api)
-    grants = grants_of(render(), account=SCRIPTS_MANAGER_SA)
-    check(used, grants)
+    check(manager_rights(kube_api), render=render, values={}, cluster=kube_cluster, release=kube_namespace)
 
 
 async def test_with_a_warm_pool_every_request_is_granted_by_the_chart_and_patch_is_used(
-    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render  # noqa: F811
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, render: Render,  # noqa: F811
+    kube_cluster: KubeCluster, kube_namespace: str,
 ) -> None:
     cold = make_settings(scripts_backend="pods", scripts_sweep_grace_seconds=0)
     await exercise_the_manager(client=kube, emulator=kube_api, settings=cold)
     warm = make_settings(scripts_backend="pods", scripts_pool="500m/256Mi=1", scripts_pool_lease_seconds=1.5)
     await exercise_the_pool(client=kube, emulator=kube_api, settings=warm)
-    grants = grants_of(render({"scripts": {"pool": [{"cpu": "500m", "memory": "256Mi", "size": 1}]}}),
-                       account=SCRIPTS_MANAGER_SA)
-    check(manager_rights(kube_api), grants)
+    values = {"scripts": {"pool": [{"cpu": "500m", "memory": "256Mi", "size": 1}]}}
+    check(manager_rights(kube_api), render=render, values=values, cluster=kube_cluster, release=kube_namespace)
 
 
-def check(used: set[Used], grants: list[Grant]) -> None:
-    refused = sorted(f"{u.right} in {u.namespace or 'the cluster'}" for u in used
-                     if not allowed(grants, right=u.right, namespace=u.namespace))
+def check(used: set[Used], *, render: Render, values: dict, cluster: KubeCluster, release: str) -> None:
+    """The real API server judges the rights used (the scripts-manager's ServiceAccount asking with its token, the
+    chart installed in `release` with a scripts namespace of this test's own); the chart grants nothing unused."""
+    with fresh_namespace(cluster, purpose="scripts") as scripts:
+        own = {**values, "scripts": {**values.get("scripts", {}), "namespace": scripts}}
+        manifests = render(own, namespace=release)
+        refused = refused_by_the_api_server(
+            cluster, manifests, account=SCRIPTS_MANAGER_SA, namespace=release,
+            rights={(u.right, scripts if u.namespace == NS else u.namespace) for u in used},
+        )
     assert refused == [], "the scripts-manager needs rights the chart does not grant"
+    grants = grants_of(render(values), account=SCRIPTS_MANAGER_SA)
     granted: set[Right] = set().union(*(grant.rights for grant in grants))
     assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the scripts-manager never used"
     assert {u.namespace for u in used} == {NS}
