@@ -57,6 +57,25 @@ class Console:
             lambda: Store.open(url=url), readiness=self.readiness, dependency="database", retry_on=(StoreUnavailable,)
         )
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="retention")
+        if settings.serve_http:
+            await self._serve_http()
+        if settings.amqp_url is not None:
+            self.bus = await AmqpBus.connect_when_ready(url=settings.amqp_url.get_secret_value(),
+                                                        readiness=self.readiness)  # fmt: skip
+            limits = WriterLimits(events_per_second=settings.events_per_second, burst_events=settings.burst_events)
+            self._writer = RunWriter(store=self.store, bus=self.bus, readiness=self.readiness, metrics=self.metrics,
+                                     limits=limits)  # fmt: skip
+            await self._writer.start()
+            self._history = HistoryAnswerer(store=self.store, bus=self.bus, metrics=self.metrics)
+            await self._history.start()
+            if self.desk is not None:
+                await self.desk.start(bus=self.bus)
+        log.info("console ready (pages, read API and approvals: %s)", "on" if settings.serve_http else "off")
+
+    async def _serve_http(self) -> None:
+        """The console's pages, approvals and the runs' read API, behind one gate that asks the cluster who and what."""
+        assert self.store is not None
+        settings = self.settings
         self.kube = await KubeClient.from_environment()
         gate = Gate(
             tokens=TokenReviewer(kube=self.kube, ttl=settings.auth_cache_seconds), sessions=Sessions(),
@@ -69,17 +88,6 @@ class Console:
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
         await web.TCPSite(self._http, host=settings.http_host, port=settings.http_port).start()
-        if settings.amqp_url is not None:
-            self.bus = await AmqpBus.connect_when_ready(url=settings.amqp_url.get_secret_value(),
-                                                        readiness=self.readiness)  # fmt: skip
-            limits = WriterLimits(events_per_second=settings.events_per_second, burst_events=settings.burst_events)
-            self._writer = RunWriter(store=self.store, bus=self.bus, readiness=self.readiness, metrics=self.metrics,
-                                     limits=limits)  # fmt: skip
-            await self._writer.start()
-            self._history = HistoryAnswerer(store=self.store, bus=self.bus, metrics=self.metrics)
-            await self._history.start()
-            await self.desk.start(bus=self.bus)
-        log.info("console ready on port %d", settings.http_port)
 
     async def stop(self) -> None:
         if self._writer is not None:

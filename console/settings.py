@@ -19,6 +19,8 @@ class ConsoleSettings(BaseSettings):
     database_url: SecretStr = SecretStr(f"sqlite:///{DEFAULT_DATABASE}")
     #: The console's own broker login (`service.console`), made by the operator; none: record nothing from the bus.
     amqp_url: SecretStr | None = None
+    #: Serve the pages and the read API (they need the cluster's API); false: only record runs and answer histories.
+    serve_http: bool = True
     http_host: str = "0.0.0.0"
     http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
     health_host: str = "0.0.0.0"

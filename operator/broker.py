@@ -16,7 +16,7 @@ permissions settle within the first pass.
 A deleted Agent's user and inbox go with it; users of Agents deleted while the operator was down are
 swept at start-up and at every resync (the operator keeps no finalizers, so nothing else would tell).
 At start-up the operator also makes the exchange, the fixed work queues, the dead-letter queue and
-the users of the operator, the scripts-manager and the gateway (passwords from the Secrets the chart
+the users of the operator, the scripts-manager, the gateway and the console (passwords from the Secrets the chart
 generates).
 The admin login is used for these management calls only.
 """
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import kopf
 from yarl import URL
 
-from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, BusError, Principal
+from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, BusError, Principal
 from rockbot.bus.admin import AGENT_TAG, BrokerAdmin, callees, ensure_principal, forget_principal
 from rockbot.bus.management import RabbitAdmin
 from rockbot.bus.permissions import permissions_for
@@ -119,7 +119,7 @@ class BusIdentities:
         await self._admin.ensure_topology()
         logins = [(OPERATOR, self._settings.amqp_url)]
         for service, url in ((SCRIPTS_MANAGER, self._settings.scripts_manager_amqp_url),
-                             (GATEWAY, self._settings.gateway_amqp_url)):
+                             (GATEWAY, self._settings.gateway_amqp_url), (CONSOLE, self._settings.console_amqp_url)):
             if url is not None:
                 logins.append((service, url.get_secret_value()))
         for principal, url in logins:

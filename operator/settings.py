@@ -52,6 +52,9 @@ class OperatorSettings(BaseSettings):
     gateway_amqp_url: SecretStr | None = Field(
         default=None, description="The gateway's login (Triggers), whose broker user the operator makes at start-up."
     )
+    console_amqp_url: SecretStr | None = Field(
+        default=None, description="The console's login (run events, histories), whose broker user the operator makes."
+    )
     scripts_namespace: str = Field(
         default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
     )

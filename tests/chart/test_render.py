@@ -101,7 +101,7 @@ def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
     digest = "sha256:" + "b" * 64
     manifests = render({"image": {"digest": digest, "tag": "ignored"}, "openrouterMcp": {"enabled": True}})
     deployments = [m for m in manifests if m["kind"] == "Deployment"]
-    assert len(deployments) == 4
+    assert len(deployments) == 5  # operator, scripts-manager, gateway, console, openrouter-mcp
     for deployment in deployments:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == f"ghcr.io/rockbot-dev/rockbot@{digest}"
@@ -152,7 +152,7 @@ def test_rabbitmq_runs_the_official_image_with_a_volume_and_loopback_users_off(r
 
 def test_external_broker_url_replaces_the_bundled_rabbitmq(render: Render) -> None:
     manifests = render(COMBINATIONS["external-broker"])
-    assert not [m for m in manifests if m["kind"] == "StatefulSet"]
+    assert [m["metadata"]["name"] for m in manifests if m["kind"] == "StatefulSet"] == ["rockbot-runstore"]
     assert not [m for m in manifests if "rabbitmq" in m["metadata"]["name"]]
     admin = find(manifests, "Secret", "rockbot-broker-admin")
     assert (secret_text(admin, "username"), secret_text(admin, "password")) == ("rockbot", "s3cret")
@@ -166,10 +166,30 @@ def test_external_broker_url_replaces_the_bundled_rabbitmq(render: Render) -> No
     assert {"to": [{"ipBlock": {"cidr": "203.0.113.10/32"}}], "ports": [{"protocol": "TCP", "port": 5671}]} in egress
 
 
+def test_the_console_records_runs_in_the_bundled_postgresql_or_an_external_one(render: Render) -> None:
+    manifests = render()
+    console = env_of(find(manifests, "Deployment", "rockbot-console"))
+    assert console["ROCKBOT_DATABASE_URL"] == {"secretKeyRef": {"name": "rockbot-runstore", "key": "url"}}
+    assert console["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "rockbot-console-bus", "key": "amqp-url"}}
+    database = find(manifests, "StatefulSet", "rockbot-runstore")["spec"]
+    assert database["template"]["spec"]["containers"][0]["image"] == "docker.io/library/postgres:15-bookworm"
+    assert database["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    url = urlsplit(secret_text(find(manifests, "Secret", "rockbot-runstore"), "url"))
+    assert (url.scheme, url.username, url.hostname) == ("postgresql", "rockbot", f"rockbot-runstore.{NAMESPACE}.svc")
+    ingress = find(manifests, "NetworkPolicy", "rockbot-runstore")["spec"]["ingress"]
+    assert ingress[0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "console"
+
+    external = render({"runStore": {"postgres": {"enabled": False}, "externalDatabase": {"existingSecret": "my-db"}}})
+    assert not [m for m in external if "runstore" in m["metadata"]["name"]]
+    assert env_of(find(external, "Deployment", "rockbot-console"))["ROCKBOT_DATABASE_URL"] == {
+        "secretKeyRef": {"name": "my-db", "key": "url"}}
+
+
 def test_an_existing_administrator_secret_is_referenced_and_not_created(render: Render) -> None:
     manifests = render(COMBINATIONS["existing-admin-secret"])
     assert sorted(m["metadata"]["name"] for m in manifests if m["kind"] == "Secret") == [
-        "rockbot-gateway-bus", "rockbot-operator-bus", "rockbot-scripts-manager-bus"]
+        "rockbot-console-bus", "rockbot-gateway-bus", "rockbot-operator-bus", "rockbot-runstore",
+        "rockbot-scripts-manager-bus"]
     operator_env = env_of(find(manifests, "Deployment", "rockbot-operator"))
     assert operator_env["ROCKBOT_BROKER_ADMIN_USERNAME"] == {"secretKeyRef": {"name": "my-admin", "key": "username"}}
     assert operator_env["ROCKBOT_BROKER_MANAGEMENT_URL"] == "https://broker.example/api/"
@@ -184,6 +204,7 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
         "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": {
             "secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
         "ROCKBOT_GATEWAY_AMQP_URL": {"secretKeyRef": {"name": "rockbot-gateway-bus", "key": "amqp-url"}},
+        "ROCKBOT_CONSOLE_AMQP_URL": {"secretKeyRef": {"name": "rockbot-console-bus", "key": "amqp-url"}},
         "ROCKBOT_BROKER_MANAGEMENT_URL": f"http://rockbot-rabbitmq.{NAMESPACE}.svc:15672/",
         "ROCKBOT_BROKER_ADMIN_USERNAME": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "username"}},
         "ROCKBOT_BROKER_ADMIN_PASSWORD": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}},

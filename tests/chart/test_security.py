@@ -47,8 +47,9 @@ GATEWAY_RIGHTS = (
     | expand("", ["events"], ["list", "watch"])
     | expand("", ["secrets"], ["get"])
 )
-#: The identities bound to any role: the three components that use the Kubernetes API.
-API_USERS = (OPERATOR_SA, SCRIPTS_MANAGER_SA, GATEWAY_SA)
+#: The identities bound to any role: the four components that use the Kubernetes API (the console reviews
+#: tokens and rights and reads Agents for its pages).
+API_USERS = (OPERATOR_SA, SCRIPTS_MANAGER_SA, GATEWAY_SA, "rockbot-console")
 
 
 def bindings(manifests: list[Manifest]) -> list[Manifest]:

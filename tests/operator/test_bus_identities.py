@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal
+from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal
 from rockbot.bus.admin import AGENT_TAG, SERVICE_TAG
 from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.inbox import InboxReply, InboxRequest
@@ -31,7 +31,7 @@ def settings_for(vhost: Vhost, *, resync_seconds: float = 3600) -> OperatorSetti
     return OperatorSettings(
         namespaces=[NS], resync_seconds=resync_seconds,
         amqp_url=vhost.url_of(OPERATOR), scripts_manager_amqp_url=vhost.url_of(SCRIPTS_MANAGER),
-        gateway_amqp_url=vhost.url_of(GATEWAY),
+        gateway_amqp_url=vhost.url_of(GATEWAY), console_amqp_url=vhost.url_of(CONSOLE),
         broker_management_url=vhost.broker.management_url, broker_admin_username="guest",
         broker_admin_password="guest",
     )  # fmt: skip
@@ -55,7 +55,8 @@ async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_th
     await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead", subAgents=[{"name": "researcher"}]))
     async with operator_running(settings_for(vhost)):
         async def provisioned() -> None:
-            assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user, GATEWAY.user} <= await users(vhost)
+            assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user, GATEWAY.user,
+                    CONSOLE.user} <= await users(vhost)
             queues = await asyncio.to_thread(vhost.queues)
             assert {agent_inbox(namespace=NS, name=name).name for name in ("lead", "researcher")} <= set(queues)
 
