@@ -83,7 +83,8 @@ class Console:
         )  # fmt: skip
         authorizer = AccessReviewer(kube=self.kube, ttl=settings.auth_cache_seconds)
         self.desk = ApprovalDesk(on_pending=event_on_agent(self.kube))
-        app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store)
+        app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store,
+                        trace_url_template=settings.trace_url_template)
         add_run_routes(app, store=self.store, authorizer=authorizer)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()

@@ -34,6 +34,8 @@ class ConsoleSettings(BaseSettings):
     auth_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 10.0
     #: Addresses of an authenticating proxy whose X-Forwarded-User headers are trusted (comma-separated CIDRs).
     auth_proxy_cidrs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    #: A link to a run's trace in the tracing UI, `{trace_id}` filled in (e.g. https://jaeger.example.com/trace/{trace_id}).
+    trace_url_template: str | None = None
     log_format: Literal["json", "text"] = "json"
 
     @field_validator("auth_proxy_cidrs", mode="before")

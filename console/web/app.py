@@ -16,7 +16,8 @@ from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.console.auth_sessions import COOKIE_NAME, IDLE_SECONDS
 from rockbot.console.authentication import Unauthenticated
 from rockbot.console.authorization import APPROVE, VIEW, Authorizer
-from rockbot.console.store import Store
+from rockbot.console.store import Store, StoreUnavailable
+from rockbot.console.store_models import RunFilter
 from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
 from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
 from rockbot.console.web.pages import HERE, TEMPLATES, Pages, templates
@@ -38,11 +39,13 @@ _SECURITY_HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Runs an Agent's page lists, newest first.
+LAST_RUNS = 10
 
 
 def build_app(
     *, gate: Gate, authorizer: Authorizer, kube: KubeClient, desk: ApprovalDesk | None = None,
-    store: Store | None = None, secure_cookie: bool = True,
+    store: Store | None = None, trace_url_template: str | None = None, secure_cookie: bool = True,
 ) -> web.Application:
     """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`,
     the Runs pages the run `store`."""
@@ -50,7 +53,8 @@ def build_app(
     app[TEMPLATES] = templates()
     app[TEMPLATES].globals["approvals_on"] = desk is not None
     app[TEMPLATES].globals["runs_on"] = store is not None
-    views = _Views(gate=gate, authorizer=authorizer, kube=kube, secure_cookie=secure_cookie)
+    app[TEMPLATES].globals["trace_url_template"] = trace_url_template
+    views = _Views(gate=gate, authorizer=authorizer, kube=kube, store=store, secure_cookie=secure_cookie)
     if desk is not None:
         approvals = _Approvals(views=views, desk=desk)
         app.router.add_get("/approvals", approvals.list)
@@ -85,10 +89,12 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
 
 
 class _Views(Pages):
-    def __init__(self, *, gate: Gate, authorizer: Authorizer, kube: KubeClient, secure_cookie: bool) -> None:
+    def __init__(self, *, gate: Gate, authorizer: Authorizer, kube: KubeClient, store: Store | None,
+                 secure_cookie: bool) -> None:
         super().__init__(sessions=gate.sessions, authorizer=authorizer)
         self._gate = gate
         self._kube = kube
+        self._store = store
         self._secure_cookie = secure_cookie
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -133,7 +139,14 @@ class _Views(Pages):
         page = await agent_page(kube=self._kube, namespace=namespace, name=name)
         if page is None:
             raise web.HTTPNotFound(text=f"no Agent {namespace}/{name}")
-        return self.render(request, "agent.html", page=page)
+        last_runs = None
+        if self._store is not None:
+            try:
+                last_runs = (await self._store.list_runs(filters=RunFilter(namespace=namespace, agent=name),
+                                                         limit=LAST_RUNS)).runs
+            except StoreUnavailable as exc:
+                log.warning("the Agent page of %s/%s shows no runs: %s", namespace, name, exc)
+        return self.render(request, "agent.html", page=page, last_runs=last_runs)
 
 
 class _Approvals:

@@ -147,5 +147,9 @@ async def test_approve_then_deny_in_the_browser_and_read_both_runs(
     assert RAN == ["staging"]
     timeline = await open_latest_run(page, world, runs=2, shot="run-denied")
     assert "Denied" in timeline and "never prod" in timeline and "Rejected" in timeline
+
+    await page.goto(f"{world.url}/agents/{world.namespace}/helper")
+    assert await page.locator("table.runs tbody tr").count() == 2  # the Agent's last runs
+    await screenshot(page, "agent-runs")
     assert dialogs == []
     await context.close()
