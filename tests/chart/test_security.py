@@ -13,6 +13,8 @@ from tests.fixtures.kube_real import POD_SECURITY_RESTRICTED
 
 Render = Callable[..., list[Manifest]]
 
+EGRESS_CANARY_RIGHTS = (expand("", ["pods"], ["create", "watch", "delete"])
+                        | expand("networking.k8s.io", ["networkpolicies"], ["list"]))
 # Exactly what the operator uses on objects in the namespaces it watches (test_operator_rbac.py checks
 # this list against the requests of a real run); granted per namespace unless it watches all of them.
 OPERATOR_RIGHTS = (
@@ -24,6 +26,9 @@ OPERATOR_RIGHTS = (
     | expand("", ["serviceaccounts", "configmaps", "services"], ["get", "list", "watch", "create", "patch"])
     | expand("", ["secrets"], ["get", "create"])
     | expand("", ["events"], ["create"])
+    # The egress canary (on by default; agents.egressCanary.enabled=false takes these away): its own pods
+    # made, followed to their end and deleted, and the NetworkPolicies that decide which Agents share one.
+    | EGRESS_CANARY_RIGHTS
 )
 # Cluster-scoped and read-only: kopf's discovery of CRDs, and of namespaces when it watches a list of them.
 CRD_DISCOVERY = expand("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
@@ -84,6 +89,11 @@ def test_an_operator_watching_some_namespaces_has_rights_only_there(render: Rend
         assert not allowed(grants, right=right, namespace=None), right
 
 
+def test_without_the_egress_canary_the_operator_has_no_pod_or_policy_rights(render: Render) -> None:
+    grants = grants_of(render({"agents": {"egressCanary": {"enabled": False}}}), account=OPERATOR_SA)
+    assert [set(grant.rights) for grant in grants if grant.namespace] == [OPERATOR_RIGHTS - EGRESS_CANARY_RIGHTS]
+
+
 def test_an_operator_watching_all_namespaces_has_its_rights_cluster_wide(render: Render) -> None:
     grants = grants_of(render({"operator": {"watchAllNamespaces": True}}), account=OPERATOR_SA)
     assert all(grant.namespace is None for grant in grants)
@@ -94,10 +104,11 @@ def test_an_operator_watching_all_namespaces_has_its_rights_cluster_wide(render:
 
 @pytest.mark.parametrize("name", COMBINATIONS)
 def test_the_operator_deletes_nothing_but_scheduled_tasks(render: Render, name: str) -> None:
-    """Children are removed by the garbage collector through owner references, never by the operator."""
+    """Children are removed by the garbage collector through owner references, never by the operator; it deletes
+    only ScheduledTasks and its own egress canary pods."""
     for grant in grants_of(render(COMBINATIONS[name]), account=OPERATOR_SA):
         deleting = {right for right in grant.rights if right[2] in ("delete", "deletecollection")}
-        assert deleting <= {("rockbot.dev", "scheduledtasks", "delete")}, grant.binding
+        assert deleting <= {("rockbot.dev", "scheduledtasks", "delete"), ("", "pods", "delete")}, grant.binding
         assert not {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
 
 
