@@ -13,15 +13,10 @@ from rockbot.kube import (
     NAMESPACES,
     PODS,
     ApiError,
-    Conflict,
-    Gone,
-    Invalid,
     KubeClient,
     KubeConfigError,
     NotFound,
-    Resource,
     Unavailable,
-    WatchEvent,
 )
 from tests.kubeapi import KubeApiEmulator
 
@@ -42,143 +37,6 @@ def test_resource_paths_for_core_grouped_and_subresources():
 def test_resource_path_refuses_a_namespace_for_cluster_scoped_kinds():
     with pytest.raises(ValueError, match="cluster-scoped"):
         NAMESPACES.path(namespace="x", name="y")
-
-
-async def test_from_environment_reads_the_kubeconfig(kube_client: KubeClient, kube_api):
-    assert kube_client.host == str(kube_api.url).rstrip("/")
-
-
-async def test_create_get_list_with_selectors(kube_client: KubeClient):
-    body = {"metadata": {"name": "one", "labels": {"app": "a"}}, "data": {"k": "v"}}
-    created = await kube_client.create(CONFIGMAPS, namespace="default", body=body)
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "two"}})
-    assert created["metadata"]["uid"]
-    fetched = await kube_client.get(CONFIGMAPS, namespace="default", name="one")
-    assert fetched["data"] == {"k": "v"}
-    listed = await kube_client.list(CONFIGMAPS, namespace="default", label_selector="app=a")
-    assert [item["metadata"]["name"] for item in listed.items] == ["one"]
-    assert int(listed.resource_version) >= int(created["metadata"]["resourceVersion"])
-    by_field = await kube_client.list(CONFIGMAPS, field_selector="metadata.name=two")
-    assert [item["metadata"]["name"] for item in by_field.items] == ["two"]
-
-
-async def test_create_takes_the_namespace_from_the_body(kube_client: KubeClient):
-    created = await kube_client.create(CONFIGMAPS, body={"metadata": {"name": "c", "namespace": "default"}})
-    assert created["metadata"]["namespace"] == "default"
-    with pytest.raises(ValueError, match="namespaced"):
-        await kube_client.create(CONFIGMAPS, body={"metadata": {"name": "c"}})
-
-
-async def test_errors_map_to_exceptions(kube_client: KubeClient):
-    with pytest.raises(NotFound) as not_found:
-        await kube_client.get(CONFIGMAPS, namespace="default", name="missing")
-    assert not_found.value.status == 404
-    assert 'configmaps "missing" not found' in str(not_found.value)
-
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "dup"}})
-    with pytest.raises(Conflict) as exists:
-        await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "dup"}})
-    assert exists.value.reason == "AlreadyExists"
-
-    with pytest.raises(Invalid) as bad_name:
-        await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "Bad_Name"}})
-    assert "metadata.name" in bad_name.value.message
-
-    with pytest.raises(NotFound):
-        await kube_client.create(CONFIGMAPS, namespace="nowhere", body={"metadata": {"name": "x"}})
-
-    unknown = Resource(group="example.com", version="v1", plural="widgets", kind="Widget")
-    with pytest.raises(NotFound, match="could not find the requested resource"):
-        await kube_client.list(unknown, namespace="default")
-
-
-async def test_merge_patch_and_stale_resource_version(kube_client: KubeClient):
-    created = await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "p"},
-                                                                             "data": {"a": "1", "b": "2"}})
-    patched = await kube_client.patch(CONFIGMAPS, namespace="default", name="p", body={"data": {"a": None, "c": "3"}})
-    assert patched["data"] == {"b": "2", "c": "3"}
-    stale = {"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]}, "data": {"d": "4"}}
-    with pytest.raises(Conflict) as conflict:
-        await kube_client.patch(CONFIGMAPS, namespace="default", name="p", body=stale)
-    assert conflict.value.reason == "Conflict"
-
-
-async def test_json_patch_with_a_failing_test_is_invalid(kube_client: KubeClient):
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "j"}, "data": {"a": "1"}})
-    ops = [{"op": "test", "path": "/data/a", "value": "1"}, {"op": "replace", "path": "/data/a", "value": "2"}]
-    patched = await kube_client.patch(CONFIGMAPS, namespace="default", name="j", body=ops, patch_type="json")
-    assert patched["data"] == {"a": "2"}
-    with pytest.raises(Invalid):
-        await kube_client.patch(CONFIGMAPS, namespace="default", name="j", body=ops, patch_type="json")
-
-
-async def test_replace_needs_the_current_resource_version(kube_client: KubeClient):
-    created = await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "r"}})
-    created["data"] = {"x": "y"}
-    replaced = await kube_client.replace(CONFIGMAPS, namespace="default", name="r", body=created)
-    assert replaced["data"] == {"x": "y"}
-    with pytest.raises(Conflict):
-        await kube_client.replace(CONFIGMAPS, namespace="default", name="r", body=created)
-
-
-async def test_status_subresource_patch(kube_client: KubeClient):
-    pod = {"metadata": {"name": "pod"}, "spec": {"containers": [{"name": "c", "image": "busybox:1"}]}}
-    await kube_client.create(PODS, namespace="default", body=pod)
-    patched = await kube_client.patch(PODS, namespace="default", name="pod", subresource="status",
-                                      body={"status": {"phase": "Running"}})
-    assert patched["status"]["phase"] == "Running"
-
-
-async def test_delete_with_preconditions(kube_client: KubeClient):
-    created = await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "d"}})
-    with pytest.raises(Conflict, match="Precondition failed"):
-        await kube_client.delete(CONFIGMAPS, namespace="default", name="d", preconditions_uid="other")
-    await kube_client.delete(CONFIGMAPS, namespace="default", name="d", grace_period_seconds=0,
-                             preconditions_uid=created["metadata"]["uid"])
-    with pytest.raises(NotFound):
-        await kube_client.get(CONFIGMAPS, namespace="default", name="d")
-
-
-async def test_watch_from_a_list_sees_later_changes_and_ends_at_the_timeout(kube_client: KubeClient):
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "before"}})
-    listed = await kube_client.list(CONFIGMAPS, namespace="default")
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "after"}})
-    await kube_client.delete(CONFIGMAPS, namespace="default", name="after")
-    events = [event async for event in kube_client.watch(
-        CONFIGMAPS, namespace="default", resource_version=listed.resource_version, timeout_seconds=1)]
-    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [("ADDED", "after"), ("DELETED", "after")]
-    assert all(isinstance(e, WatchEvent) for e in events)
-
-
-async def test_watch_raises_gone_for_an_expired_resource_version(kube_api, kube_client: KubeClient):
-    listed = await kube_client.list(CONFIGMAPS, namespace="default")
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "g"}})
-    kube_api.compact()
-    with pytest.raises(Gone, match="too old resource version"):
-        async for _ in kube_client.watch(CONFIGMAPS, namespace="default", resource_version=listed.resource_version,
-                                         timeout_seconds=1):
-            pass
-
-
-async def test_watch_streams_live_events(kube_client: KubeClient):
-    seen: list[str] = []
-
-    since = (await kube_client.list(CONFIGMAPS, namespace="default")).resource_version
-
-    async def consume() -> None:
-        async for event in kube_client.watch(
-            CONFIGMAPS, namespace="default", resource_version=since, timeout_seconds=5
-        ):
-            seen.append(f'{event.type}:{event.object["metadata"]["name"]}')
-            if event.type == "DELETED":
-                return
-
-    task = asyncio.create_task(consume())  # it sees every change after `since`, however late it starts
-    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "live"}})
-    await kube_client.patch(CONFIGMAPS, namespace="default", name="live", body={"data": {"a": "b"}})
-    await kube_client.delete(CONFIGMAPS, namespace="default", name="live")
-    await asyncio.wait_for(task, 5)
-    assert seen == ["ADDED:live", "MODIFIED:live", "DELETED:live"]
 
 
 async def test_read_log_returns_what_the_kubelet_has(kube_api, kube_client: KubeClient):
@@ -262,11 +120,3 @@ async def test_requests_do_not_hop_to_worker_threads(kube_api: KubeApiEmulator, 
     assert hops == []
 
 
-async def test_a_list_read_a_page_at_a_time_sees_every_object_once(kube_client: KubeClient):
-    for index in range(7):
-        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"page-{index}"}}
-        await kube_client.create(CONFIGMAPS, namespace="default", body=body)
-    pages = [page async for page in kube_client.list_pages(CONFIGMAPS, namespace="default", limit=3)]
-    assert [len(page.items) for page in pages] == [3, 3, 1]
-    assert sorted(item["metadata"]["name"] for page in pages for item in page.items) == [f"page-{i}" for i in range(7)]
-    assert all(page.resource_version for page in pages)
