@@ -39,11 +39,12 @@ from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
 from rockbot.agent.recording import Publish, RunRecorder, SessionHistory, secrets_of
 from rockbot.agent.registry import ToolRegistry
+from rockbot.agent.toolsets.a2a_agents import a2a_tool
 from rockbot.agent.toolsets.delegation import agent_tool
 from rockbot.agent.toolsets.kit import Guides, ToolKit, ToolSetSource, builtin_modules, install_tool_sets
 from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
-from rockbot.contracts.agent_config import AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
+from rockbot.contracts.agent_config import A2ABackend, AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
 from rockbot.contracts.conversations import HTTP_CALLER, ConversationKey
 from rockbot.contracts.tool_names import ToolRank
 from rockbot.telemetry import tracer
@@ -372,6 +373,8 @@ class AgentRuntime:
                 executor, timeout = script_tool(resolved, kit=self.kit)
             elif isinstance(backend, AgentBackend):
                 executor = agent_tool(resolved, kit=self.kit)
+            elif isinstance(backend, A2ABackend):
+                executor = a2a_tool(resolved, kit=self.kit)
             else:  # pragma: no cover - the config's union is closed
                 raise TypeError(f"unknown backend {backend!r}")
             function = resolved.definition.function

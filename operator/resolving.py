@@ -367,6 +367,14 @@ def _resolve_tool(
         backend = cfg.McpBackend(**server.model_dump(), tool=spec.mcp.tool)
     elif spec.script is not None:
         backend = cfg.ScriptBackend(source=spec.script.source, pip_packages=spec.script.pip_packages)
+    elif spec.a2a is not None:
+        token = None
+        if spec.a2a.token_secret_ref is not None:
+            token = secrets.wire(spec.a2a.token_secret_ref)
+            if token is None:
+                problem = secrets.problem(spec.a2a.token_secret_ref, field="spec.a2a.tokenSecretRef")
+                return None, f'Tool "{name}": {problem}'
+        backend = cfg.A2ABackend(url=spec.a2a.url, token=token)
     else:
         assert spec.agent is not None
         if spec.agent.name == own_name:
@@ -376,7 +384,7 @@ def _resolve_tool(
         backend = cfg.AgentBackend(namespace=tool.metadata["namespace"], name=spec.agent.name)
     source = f"mcp:{spec.mcp.server}" if spec.mcp is not None else f"tool:{name}"
     parameters = spec.parameters
-    if spec.agent is not None and not parameters.get("properties"):
+    if (spec.agent is not None or spec.a2a is not None) and not parameters.get("properties"):
         parameters = SUBAGENT_PARAMETERS  # what the callee needs; a Tool's own parameters are sent as JSON instead
     definition = cfg.ToolDefinition(
         function=cfg.FunctionDefinition(name=tool.function_name, description=spec.description, parameters=parameters)

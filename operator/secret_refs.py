@@ -45,6 +45,9 @@ def secret_references(agent: Agent, *, tools: list[K8sObject]) -> list[tuple[str
         rest, mcp = tool.get("rest") or {}, tool.get("mcp") or {}
         if name in used and ((rest.get("auth") or {}).get("secretRef") or {}).get("name"):
             references.append((f'Tool "{name}" spec.rest.auth.secretRef', rest["auth"]["secretRef"]["name"]))
+        a2a_token = (tool.get("a2a") or {}).get("tokenSecretRef") or {}
+        if name in used and a2a_token.get("name"):
+            references.append((f'Tool "{name}" spec.a2a.tokenSecretRef', a2a_token["name"]))
         if mcp and (name in used or "mcp" in spec.builtin_tools):
             for kind in ("headersFrom", "envFrom"):
                 references += [

@@ -35,7 +35,7 @@ def refusal(*, chain: tuple[str, ...], target: str) -> str | None:
     return None
 
 
-def _instruction(args: dict[str, Any]) -> str:
+def instruction(args: dict[str, Any]) -> str:
     """What the other agent is asked: the `message` of the default schema, or else the arguments as JSON (a Tool
     with its own `parameters` offers those, so whatever the model filled in is what the callee reads)."""
     if set(args) == {"message"} and isinstance(args["message"], str):
@@ -68,7 +68,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
             kind="agent_call",
             request_id=f"{kit.config.name}.{secrets.token_hex(8)}",
             session_id=f"{kit.agent_id}:{context.session_id}"[:256],
-            content=_instruction(args),
+            content=instruction(args),
             reply_to=replies.name,
             call_chain=chain,
         )

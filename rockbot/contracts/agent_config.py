@@ -101,7 +101,17 @@ class AgentBackend(Contract):
     name: str
 
 
-Backend = Annotated[RestBackend | McpBackend | ScriptBackend | AgentBackend, Field(discriminator="kind")]
+class A2ABackend(Contract):
+    """Ask a remote agent over A2A; its answer is the tool result."""
+
+    kind: Literal["a2a"] = "a2a"
+    url: str
+    token: SecretEnv | None = None
+
+
+Backend = Annotated[
+    RestBackend | McpBackend | ScriptBackend | AgentBackend | A2ABackend, Field(discriminator="kind")
+]
 
 
 class ApprovalPolicy(Contract):

@@ -132,6 +132,25 @@ class AgentBackendSpec(Schema):
     name: KubeName
 
 
+class A2ABackendSpec(Schema):
+    """Another agent that speaks Agent2Agent (A2A), anywhere: each call is one message to it, its answer the result."""
+
+    rules = (
+        Rule(
+            cel="self.url.startsWith('http://') || self.url.startsWith('https://')",
+            message="url must start with http:// or https://",
+            holds=lambda a: a.url.startswith(("http://", "https://")),
+        ),
+    )
+
+    url: Annotated[str, Field(min_length=1, max_length=4096)] = Field(
+        description="The agent's base URL, where /.well-known/agent-card.json is served."
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the bearer token the agent expects; omit for none."
+    )
+
+
 class ApprovalSpec(Schema):
     """A person approves each call of this Tool before it runs (in the console, or `rockbot local`'s chat)."""
 
@@ -147,9 +166,10 @@ class ApprovalSpec(Schema):
 class ToolSpec(Schema):
     rules = (
         Rule(
-            cel="[has(self.rest), has(self.mcp), has(self.script), has(self.agent)].filter(x, x).size() == 1",
-            message="a Tool has exactly one backend: set one of rest, mcp, script or agent",
-            holds=lambda t: exactly_one(t.rest, t.mcp, t.script, t.agent),
+            cel="[has(self.rest), has(self.mcp), has(self.script), has(self.agent), has(self.a2a)]"
+            ".filter(x, x).size() == 1",
+            message="a Tool has exactly one backend: set one of rest, mcp, script, agent or a2a",
+            holds=lambda t: exactly_one(t.rest, t.mcp, t.script, t.agent, t.a2a),
         ),
     )
 
@@ -167,6 +187,7 @@ class ToolSpec(Schema):
     mcp: McpBackendSpec | None = None
     script: ScriptBackendSpec | None = None
     agent: AgentBackendSpec | None = None
+    a2a: A2ABackendSpec | None = Field(default=None, alias="a2a")  # not the camel-casing's `a2A`
 
 
 class ToolStatus(Schema):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import uuid
 
 import aiohttp
@@ -22,8 +23,10 @@ from a2a.types.a2a_pb2 import (
 )
 from aiohttp import web
 
+from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.server import build_app
+from rockbot.operator.resolving import SUBAGENT_PARAMETERS
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import Turn
 
@@ -137,3 +140,45 @@ async def test_a_used_up_budget_fails_the_task_with_the_budgets_words(scripted_l
     assert refused.task.status.state == TaskState.TASK_STATE_FAILED
     assert "budget" in refused.task.status.message.parts[0].text.lower()
     assert len(scripted_llm.requests) == 1
+
+
+def a2a_tool(url: str, *, token_env: str | None = "REMOTE_TOKEN", timeout: float = 30.0) -> dict:
+    """A resolved Tool of kind a2a, as the operator renders it."""
+    return {
+        "definition": {"function": {"name": "ask_geologist", "description": "Ask the geologist agent.",
+                                    "parameters": SUBAGENT_PARAMETERS}},
+        "source": "tool:ask_geologist",
+        "backend": {"kind": "a2a", "url": url, "token": {"env": token_env} if token_env else None},
+        "timeout_seconds": timeout,
+    }
+
+
+async def call_remote(llm, url: str, *, env: dict[str, str], **tool) -> object:
+    """A second agent whose Tool `ask_geologist` is the A2A agent at `url`; the outcome of one call."""
+    config = agent_config(llm_url=llm.url, name="lead", tools=[a2a_tool(url, **tool)])
+    async with AgentRuntime.from_config(config, env={API_KEY_ENV: "k", **env}) as lead:
+        context = ToolContext(session_id="s")
+        return await lead.registry.invoke("ask_geologist", {"message": "Is basalt igneous?"}, context=context)
+
+
+async def test_a_tool_of_kind_a2a_asks_a_remote_agent_with_the_token_from_its_secret(scripted_llm):
+    scripted_llm.play(Turn(text="Yes: basalt is volcanic."))
+    async with serving(scripted_llm) as (url, _):
+        outcome = await call_remote(scripted_llm, url, env={"REMOTE_TOKEN": TOKEN})
+    assert outcome.error is None and outcome.content == "Yes: basalt is volcanic."
+    assert scripted_llm.requests[0].messages[-1] == {"role": "user", "content": "Is basalt igneous?"}
+
+
+async def test_a_refused_token_an_unreachable_agent_and_a_slow_one_are_errors_as_data(scripted_llm):
+    scripted_llm.play(Turn(text="slow answer", delay_seconds=5))
+    async with serving(scripted_llm) as (url, _):
+        refused = await call_remote(scripted_llm, url, env={"REMOTE_TOKEN": "wrong"})
+        slow = await call_remote(scripted_llm, url, env={"REMOTE_TOKEN": TOKEN}, timeout=0.5)
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        down = await call_remote(scripted_llm, f"http://127.0.0.1:{bound.getsockname()[1]}",
+                                 env={"REMOTE_TOKEN": TOKEN})
+    assert (refused.error.code, refused.error.retryable) == ("Unavailable", False)
+    assert "refused the token" in refused.error.message and "REMOTE_TOKEN" in refused.error.message
+    assert slow.error.code == "Timeout"
+    assert (down.error.code, down.error.retryable) == ("Unavailable", True)

@@ -104,7 +104,7 @@ def test_cel_rules_report_their_field_and_message(api: Api) -> None:
     status, body = api.create("tools", tool("t", rest={"url": "https://x"}, script={"source": "print(1)"}))
     assert status == 422
     assert body["message"] == ('Tool.rockbot.dev "t" is invalid: spec: Invalid value: '
-                               "a Tool has exactly one backend: set one of rest, mcp, script or agent")
+                               "a Tool has exactly one backend: set one of rest, mcp, script, agent or a2a")
     status, body = api.create("tools", tool("u", rest={"url": "ftp://x"}))
     assert status == 422 and "spec.rest: " in body["message"] and "http://" in body["message"]
 

@@ -115,7 +115,7 @@ async def test_an_invalid_manifest_is_named_with_its_field(tmp_path):
     assert result.returncode == 2
     assert result.stderr == (
         f"rockbot local: {tmp_path / 'bad.yaml'}: Tool 'broken' is invalid: spec: "
-        "a Tool has exactly one backend: set one of rest, mcp, script or agent\n"
+        "a Tool has exactly one backend: set one of rest, mcp, script, agent or a2a\n"
     )
 
 

@@ -29,7 +29,7 @@ def agent(name: str = "analyst", namespace: str = "default", **spec: Any) -> Age
 
 def tool_body(name: str, namespace: str = "default", labels: dict[str, str] | None = None, **spec: Any) -> dict:
     spec.setdefault("description", f"The {name} tool.")
-    if not any(key in spec for key in ("rest", "mcp", "script", "agent")):
+    if not any(key in spec for key in ("rest", "mcp", "script", "agent", "a2a")):
         spec["script"] = {"source": "print('hi')"}
     return {
         "apiVersion": "rockbot.dev/v1alpha1",

@@ -255,3 +255,17 @@ def test_approvals_of_tools_and_of_the_agents_named_tools_reach_the_config():
     assert by_name["deploy"] == cfg.ApprovalPolicy(timeout_seconds=120, on_timeout="Allow")
     assert by_name["weather"] is None and by_name["lenient"] is None
     assert result.config.approvals == {"execute_python_script": cfg.ApprovalPolicy(timeout_seconds=30)}
+
+
+def test_an_a2a_tool_gets_its_token_as_an_env_reference_and_a_missing_secret_is_named():
+    a2a = {"url": "https://geologist.example", "tokenSecretRef": {"name": "geologist", "key": "token"}}
+    tool = tool_body("geologist", a2a=a2a)
+    result = resolve(agent(tools=["geologist"]), [tool], secrets={**ALL_SECRETS, "geologist": {"token"}})
+    [resolved] = result.config.tools
+    env = secret_env_name(SecretKeyRef(name="geologist", key="token"))
+    assert resolved.backend.model_dump() == {"kind": "a2a", "url": "https://geologist.example", "token": {"env": env}}
+    assert resolved.definition.function.parameters["required"] == ["message"]
+    assert 'Tool "geologist" spec.a2a.tokenSecretRef' in {f for f, _ in secret_references(
+        agent(tools=["geologist"]), tools=[tool])}
+    missing = resolve(agent(tools=["geologist"]), [tool])
+    assert missing.config.tools == [] and any("spec.a2a.tokenSecretRef" in p for p in missing.tool_problems)

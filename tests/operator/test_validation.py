@@ -45,4 +45,4 @@ def test_pip_packages_must_be_pep508():
 
 def test_two_backends_are_refused_by_the_model_as_by_the_crd():
     problems = tool_problems(tool_body("t", script={"source": "pass"}, rest={"url": "https://x.example"}))
-    assert problems == ["spec: a Tool has exactly one backend: set one of rest, mcp, script or agent"]
+    assert problems == ["spec: a Tool has exactly one backend: set one of rest, mcp, script, agent or a2a"]
