@@ -34,10 +34,10 @@ TOKEN = "a2a-s3cret"
 
 
 @contextlib.asynccontextmanager
-async def serving(llm, **fields):
+async def serving(llm, publish_runs=None, **fields):
     """The agent's HTTP server on loopback; yields (base URL, runtime)."""
     config = agent_config(llm_url=llm.url, builtin_tools=["memory"], **fields)
-    runtime = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"})
+    runtime = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, publish_runs=publish_runs)
     runner = web.AppRunner(build_app(runtime=runtime, token=TOKEN), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -97,6 +97,24 @@ async def test_send_answers_with_a_completed_task_that_get_returns(scripted_llm)
     follow_up = scripted_llm.requests[1].messages  # the context is one conversation: the first turn is in it
     assert [m["content"] for m in follow_up if m["role"] in ("user", "assistant")] == [
         "What is granite?", "Granite is igneous.", "How does it form?"]
+
+
+async def test_an_a2a_turn_is_recorded_as_a_run_like_a_chat_turn(scripted_llm):
+    scripted_llm.play(Turn(text="Quartz."))
+    published = []
+
+    async def publish(events) -> None:
+        published.extend(events.events)
+
+    async with serving(scripted_llm, publish_runs=publish) as (url, _), a2a_client(url, streaming=False) as client:
+        [sent] = [e async for e in client.send_message(ask("Hardest common mineral?"))]
+    [started] = [e for e in published if e.kind == "run_started"]
+    assert (started.source, started.caller, started.session_id) == ("a2a", "a2a", sent.task.context_id)
+    assert started.request_id == sent.task.id
+    said = [(e.role, e.content) for e in published if e.kind == "message"]
+    assert said == [("user", "Hardest common mineral?"), ("assistant", "Quartz.")]
+    [ended] = [e for e in published if e.kind == "run_ended"]
+    assert ended.outcome == "Succeeded"
 
 
 async def test_stream_sends_the_answer_as_it_is_written_over_sse(scripted_llm):
