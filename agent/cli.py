@@ -171,8 +171,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     try:
         await runtime.start()
         if reported:
-            reporter = UsageReporter(budget=budget, bus=bus, namespace=config.namespace, name=config.name,
-                                     instance=runtime.kit.instance)
+            reporter = UsageReporter(budget=budget, bus=bus, namespace=config.namespace, name=config.name)
             reporting = asyncio.create_task(reporter.run(), name="report token usage")
         if bus is not None:
             subscription = await serve_inbox(runtime=runtime, bus=bus)

@@ -1,9 +1,9 @@
 """`execute_python_script` for the agent: ask the scripts-manager over the bus, get the answer as data.
 
 The agent never runs scripts and has no Kubernetes rights; it publishes a `ScriptInvokeRequest`
-on `script.invoke` and waits on a reply queue of its own process
-(`script.result.<namespace>.<agent>.<instance>`), so replicas of one agent, and same-named agents
-in other namespaces, never take each other's answers. Whatever happens, the
+on `script.invoke` and waits on its process's own reply queue (`Bus.own_replies`, one the broker
+lets only this process consume), so replicas of one agent, and same-named agents in other
+namespaces, never take each other's answers. Whatever happens, the
 caller gets a `ScriptInvokeResponse` (the script ran) or a `ScriptInvokeError` (it could not run,
 or no answer came in time) — never an exception — so the tool loop can hand it to the model.
 """
@@ -11,7 +11,6 @@ or no answer came in time) — never an exception — so the tool loop can hand 
 from __future__ import annotations
 
 import json
-import secrets
 import uuid
 from typing import Any
 
@@ -19,7 +18,7 @@ from pydantic import ValidationError
 
 from rockbot.agent.recording import current_run
 from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
-from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import (
@@ -50,7 +49,6 @@ class ScriptSandbox:
         self._agent = agent
         self._cpu = cpu
         self._memory = memory
-        self.reply_queue = script_result(namespace=namespace, agent=agent, instance=secrets.token_hex(4))
         self._default_timeout = default_timeout_seconds
         self._grace = reply_grace_seconds
 
@@ -93,7 +91,7 @@ class ScriptSandbox:
             reply = await self._bus.request(
                 queue=SCRIPT_INVOKE,
                 body=request,
-                reply_queue=self.reply_queue,
+                reply_queue=await self._bus.own_replies(),
                 correlation_id=request_id,
                 timeout_seconds=wait,
                 responder=SCRIPTS_MANAGER,

@@ -19,7 +19,7 @@ import secrets
 from rockbot.agent.budget import TokenBudget
 from rockbot.agent.llm import Usage
 from rockbot.bus import OPERATOR, BadMessage, Bus, BusError
-from rockbot.bus.topology import OPERATOR_USAGE, scheduling_replies
+from rockbot.bus.topology import OPERATOR_USAGE
 from rockbot.contracts.usage import UsageReport, UsageTotal
 
 log = logging.getLogger(__name__)
@@ -37,14 +37,12 @@ class UsageReporter:
         bus: Bus,
         namespace: str,
         name: str,
-        instance: str | None = None,
         interval_seconds: float = INTERVAL_SECONDS,
         refresh_seconds: float = REFRESH_SECONDS,
         answer_seconds: float = ANSWER_SECONDS,
     ) -> None:
         self._budget = budget
         self._bus = bus
-        self._replies = scheduling_replies(namespace=namespace, name=name, instance=instance or secrets.token_hex(4))
         self._interval = interval_seconds
         self._refresh = refresh_seconds
         self._answer = answer_seconds
@@ -69,7 +67,7 @@ class UsageReporter:
         request = UsageReport(day=day, prompt_tokens=tokens.prompt_tokens, completion_tokens=tokens.completion_tokens)
         try:
             reply = await self._bus.request(
-                queue=OPERATOR_USAGE, body=request, reply_queue=self._replies,
+                queue=OPERATOR_USAGE, body=request, reply_queue=await self._bus.own_replies(),
                 correlation_id=f"usage-{secrets.token_hex(8)}", timeout_seconds=self._answer, responder=OPERATOR,
             )  # fmt: skip
             total = reply.decode(UsageTotal)

@@ -35,7 +35,7 @@ from agent.sandbox import ScriptSandbox
 from rockbot.bus import SCRIPTS_MANAGER, Delivery, Principal
 from rockbot.bus.admin import ensure_principal
 from rockbot.bus.management import RabbitAdmin
-from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, script_result
+from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, agent_replies
 from rockbot.contracts.agent_config import AgentConfig, ModelConfig
 from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.local.broker import Connect, on_rabbitmq
@@ -130,7 +130,7 @@ class _RawEcho:
         if self._identity:  # the real topology: provisioned work queue, agent's own reply queue, topic exchange
             self._queue = SCRIPT_INVOKE.name
             work = await server_channel.declare_queue(self._queue, passive=True)
-            self._reply = script_result(namespace=BENCH.namespace, agent=BENCH.name, instance="raw").name
+            self._reply = agent_replies(namespace=BENCH.namespace, name=BENCH.name, slot=0).name
             replies = await self._client.declare_queue(self._reply, durable=True, arguments={"x-expires": 3_600_000})
             await replies.bind(EXCHANGE, routing_key=self._reply)
             self._server_exchange = await server_channel.get_exchange(EXCHANGE, ensure=False)

@@ -4,9 +4,10 @@ Per Agent: a Secret `rockbot-<agent>-bus` owned by the Agent (the password gener
 `amqp-url`, the broker's address for agents with the agent's own login), wired into that agent's
 pods only; the broker user `agent.<namespace>.<name>` with the permissions `permissions_for` derives
 from the agents it calls (its resolved config) and the principals that call it (the operator, the
-gateway, the Agents whose resolved configs call it); and its inbox, declared before the agent starts
-so nothing sent to it is lost. Everything is compared before it is written: a settled Agent costs reads only,
-no Kubernetes write and no broker write.
+gateway, the Agents whose resolved configs call it); and its queues, with fixed arguments (agents
+declare nothing themselves): its inbox, declared before the agent starts so nothing sent to it is
+lost, and the reply slots its replicas claim (`topology.reply_slots`). Everything is compared before
+it is written: a settled Agent costs reads only, no Kubernetes write and no broker write.
 
 An Agent's calls are remembered from its last reconcile: when they change, the agents it started or
 stopped calling get their permissions updated at once (they may now answer it, or no longer), without
@@ -153,7 +154,8 @@ class BusIdentities:
         self._calls[principal] = calls
         async with self._lock(principal):
             if await ensure_principal(
-                self._admin, principal, password=_password(secret), calls=calls, called_by=self._callers(principal)
+                self._admin, principal, password=_password(secret), calls=calls, called_by=self._callers(principal),
+                replicas=agent.spec.replicas,
             ):
                 log.info("provisioned the broker user and inbox of Agent %s", principal.agent_id)
         for callee in calls if previous is None else calls ^ previous:

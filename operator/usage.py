@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass
 
 from rockbot.bus import BadMessage, Bus, Delivery, Principal, Refused, Subscription
-from rockbot.bus.topology import OPERATOR_USAGE, scheduling_reply_prefix
+from rockbot.bus.topology import OPERATOR_USAGE, agent_replies_prefix
 from rockbot.contracts.usage import MAX_REPORT_BYTES, UsageReport, UsageTotal
 from rockbot.kube import AGENTS, ApiError, KubeClient, NotFound
 
@@ -155,7 +155,7 @@ def _reporting_agent(delivery: Delivery) -> Principal:
     sender = delivery.sender
     if sender is None or sender.kind != "agent":
         raise Refused(f"usage reports come from agents, not from {delivery.user_id}")
-    if delivery.agent_answered_on_own(lambda agent: scheduling_reply_prefix(namespace=agent.namespace,
+    if delivery.agent_answered_on_own(lambda agent: agent_replies_prefix(namespace=agent.namespace,
                                                                             name=agent.name)) is None:  # fmt: skip
         raise Refused(f"{sender} asked for its usage total on {delivery.reply_to!r}, not one of its own queues")
     return sender

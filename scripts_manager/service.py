@@ -1,7 +1,7 @@
 """The scripts-manager's consumer: take a request from `script.invoke`, run it, reply, then ack.
 
 Who asks is the message's sender (`user_id`, checked by the broker), never a field of the body. A
-request is answered only on one of its sender's own reply queues (`script.result.<namespace>.<agent>.*`):
+request is answered only on one of its sender's own reply queues (`agent.<namespace>.<agent>.replies.<n>`):
 one without such a `reply_to`, or from anyone but an agent, can never be answered, so it is
 dead-lettered at once with a log line (never requeued, never holding a slot). Otherwise every
 request is answered: a body over `max_request_bytes` gets InvalidArguments before a byte of it is
@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from rockbot.bus import Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
 from rockbot.bus.once import Conflict, RunOnce
-from rockbot.bus.topology import SCRIPT_INVOKE, script_result_prefix
+from rockbot.bus.topology import SCRIPT_INVOKE, agent_replies_prefix
 from rockbot.bus.tracing import queue_wait
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
@@ -219,11 +219,11 @@ class _Refusal(Exception):
 
 def _answerable(delivery: Delivery) -> Principal:
     """The agent that sent `delivery`, when its `reply_to` is one of that agent's own queues; else `Refused`."""
-    sender = delivery.agent_answered_on_own(lambda agent: script_result_prefix(namespace=agent.namespace,
-                                                                               agent=agent.name))  # fmt: skip
+    sender = delivery.agent_answered_on_own(lambda agent: agent_replies_prefix(namespace=agent.namespace,
+                                                                               name=agent.name))  # fmt: skip
     if sender is None:
         raise Refused(
-            f"a script request is answered only on one of its agent's own script.result.<namespace>.<agent>.* queues; "
+            f"a script request is answered only on one of its agent's own agent.<namespace>.<agent>.replies.* queues; "
             f"{delivery.user_id} asked for {delivery.reply_to or ''!r}, so it can never be answered"
         )
     return sender

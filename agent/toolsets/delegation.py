@@ -17,7 +17,7 @@ from typing import Any
 from rockbot.agent.registry import ToolContext, ToolFailure
 from rockbot.agent.toolsets.kit import ToolKit
 from rockbot.bus import BusError, BusUnavailable, NoRoute, Principal, RequestTimeout
-from rockbot.bus.topology import agent_inbox, agent_replies
+from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.agent_config import AgentBackend, ResolvedTool
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.inbox import MAX_CALL_DEPTH, InboxReply, InboxRequest
@@ -54,7 +54,6 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
     target = f"{backend.namespace}/{backend.name}"
     callee = Principal.agent(namespace=backend.namespace, name=backend.name)
     inbox = agent_inbox(namespace=backend.namespace, name=backend.name)
-    replies = agent_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
     wait = max(resolved.timeout_seconds * 0.95, resolved.timeout_seconds - 1.0)
 
     async def execute(args: dict[str, Any], context: ToolContext) -> str:
@@ -64,6 +63,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
             raise ToolFailure(reason, code=ErrorCode.REJECTED)
         if kit.bus is None:
             raise ToolFailure(f"cannot call {target}: this agent has no bus connection", code=ErrorCode.UNAVAILABLE)
+        replies = await kit.bus.own_replies()
         request = InboxRequest(
             kind="agent_call",
             request_id=f"{kit.config.name}.{secrets.token_hex(8)}",

@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import logging
 import os
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -86,7 +85,6 @@ class ToolKit:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: What went wrong while installing tools, a sentence each for whoever started the agent (the log has more).
     notices: list[str] = field(default_factory=list)
-    instance: str = field(default_factory=lambda: secrets.token_hex(4))  # this process, for per-process queues
 
     @property
     def agent_id(self) -> str:

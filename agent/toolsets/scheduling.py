@@ -26,7 +26,7 @@ from rockbot.agent.defining import tool
 from rockbot.agent.registry import Tool, ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.bus import OPERATOR, BusError, BusUnavailable, RequestTimeout
-from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
+from rockbot.bus.topology import OPERATOR_SCHEDULING
 from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scheduling import (
@@ -62,7 +62,6 @@ Ask = Callable[[ScheduleTask | ListTasks | CancelTask], Awaitable[SchedulingRepl
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     """The tools, answered by the operator over the bus (`rockbot local` answers them itself)."""
-    replies = scheduling_replies(namespace=kit.config.namespace, name=kit.config.name, instance=kit.instance)
     token_env = kit.config.http_token.env if kit.config.http_token else HTTP_TOKEN_ENV
 
     async def ask(operation: ScheduleTask | ListTasks | CancelTask) -> SchedulingReply:
@@ -76,6 +75,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
                 code=ErrorCode.REJECTED,
             )
         correlation_id = f"{kit.config.name}.{secrets.token_hex(8)}"
+        replies = await kit.bus.own_replies()
         request = SchedulingRequest.signed(
             token=token, agent=kit.agent_id, operation=operation, correlation_id=correlation_id,
             reply_to=replies.name, issued_at=datetime.datetime.now(datetime.UTC),

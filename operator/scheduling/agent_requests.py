@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from rockbot.bus import BadMessage, Bus, Delivery, Principal, Refused, Subscription
-from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_reply_prefix
+from rockbot.bus.topology import OPERATOR_SCHEDULING, agent_replies_prefix
 from rockbot.clock import Clock, SystemClock
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scheduling import (
@@ -98,7 +98,7 @@ class SchedulingRequests:
     async def _handle(self, delivery: Delivery) -> None:
         reply_to = delivery.reply_to or ""
         sender = delivery.agent_answered_on_own(
-            lambda agent: scheduling_reply_prefix(namespace=agent.namespace, name=agent.name))
+            lambda agent: agent_replies_prefix(namespace=agent.namespace, name=agent.name))
         if sender is None:
             raise Refused(
                 f"a scheduling request must come from an agent and ask for replies on one of its own scheduling "

@@ -14,10 +14,12 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus.identity import Principal
-from rockbot.bus.permissions import Permissions, permissions_for
-from rockbot.bus.topology import Queue, inbox_of
+from rockbot.bus.permissions import Limits, Permissions, limits_for, permissions_for
+from rockbot.bus.topology import MAX_REPLY_SLOTS, Queue, agent_replies, inbox_of, reply_slots
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig
 
+#: Enough replicas for every reply slot there may be (deleting an Agent's queues deletes them all).
+MAX_REPLICAS = MAX_REPLY_SLOTS // 2
 #: Broker user tags, so a sweep can find the users it manages.
 AGENT_TAG = "rockbot-agent"
 SERVICE_TAG = "rockbot-service"
@@ -52,6 +54,9 @@ class BrokerAdmin(Protocol):
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
         """The user's permissions in this virtual host, topic ones on `rockbot` included; True if written."""
 
+    async def ensure_limits(self, *, user: str, limits: Limits) -> bool:
+        """The user's connection and channel limits (over all its connections); True if written."""
+
     async def delete_user(self, user: str) -> bool:
         """Remove the user's access (the user itself when this virtual host was its only one); True if it existed."""
 
@@ -72,17 +77,23 @@ async def ensure_principal(
     password: str,
     calls: Iterable[Principal] = (),
     called_by: Iterable[Principal] = (),
+    replicas: int = 1,
 ) -> bool:
-    """The principal's user with the permissions `permissions_for` derives, and an agent's inbox; True if written.
+    """The principal's user with the permissions `permissions_for` derives, and an agent's queues; True if written.
 
-    The login works only once everything else is in place (inbox, then a user that cannot log in yet,
-    its permissions, then its password), so a process that logs in as soon as it can finds all it needs.
+    An agent's queues are its inbox and the reply slots its `replicas` need (`topology.reply_slots`), all
+    declared here with fixed arguments, since agents declare nothing. The login works only once
+    everything else is in place (queues, then a user that cannot log in yet, its permissions, then its
+    password), so a process that logs in as soon as it can finds all it needs.
     """
     tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
     permissions = permissions_for(principal, calls=calls, called_by=called_by)
-    wrote = principal.kind == "agent" and await admin.ensure_queue(inbox_of(principal))
+    wrote = False
+    for queue in agent_queues(principal, replicas=replicas) if principal.kind == "agent" else ():
+        wrote = await admin.ensure_queue(queue) or wrote
     wrote = await admin.ensure_user(user=principal.user, password=None, tags=(tag,)) or wrote
     wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
+    wrote = await admin.ensure_limits(user=principal.user, limits=limits_for(principal, replicas=replicas)) or wrote
     return await admin.ensure_user(user=principal.user, password=password, tags=(tag,)) or wrote
 
 
@@ -90,8 +101,16 @@ async def forget_principal(admin: BrokerAdmin, principal: Principal) -> bool:
     """The principal's user gone, and an agent's inbox with it; True if anything existed."""
     existed = await admin.delete_user(principal.user)
     if principal.kind == "agent":
-        existed = await admin.delete_queue(inbox_of(principal)) or existed
+        for queue in agent_queues(principal, replicas=MAX_REPLICAS):
+            existed = await admin.delete_queue(queue) or existed
     return existed
+
+
+def agent_queues(principal: Principal, *, replicas: int) -> list[Queue]:
+    """An agent's inbox and the reply slots of `replicas` processes."""
+    namespace, name = principal.namespace, principal.name
+    slots = [agent_replies(namespace=namespace, name=name, slot=n) for n in range(reply_slots(replicas))]
+    return [inbox_of(principal), *slots]
 
 
 def callees(config: AgentConfig) -> list[Principal]:

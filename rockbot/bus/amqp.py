@@ -28,7 +28,7 @@ from aio_pika.abc import (
 )
 from yarl import URL
 
-from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, NoRoute, TooLarge
+from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, InUse, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import (
     CONTENT_TYPE,
@@ -118,7 +118,9 @@ class AmqpBus(Bus):
             with contextlib.suppress(*_TRANSIENT):
                 await channel.close()
 
-    async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
+    async def consume(
+        self, *, queue: Queue, handler: Handler, prefetch: int = 1, exclusive: bool = False
+    ) -> Subscription:
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch} must be at least 1")
         channel = await self._connection.channel(publisher_confirms=False)
@@ -127,8 +129,10 @@ class AmqpBus(Bus):
             amqp_queue = await self._declare_on(channel, queue)
             subscription = _AmqpSubscription(channel=channel, queue=amqp_queue, handler=handler)  # type: ignore[arg-type]
             try:
-                await subscription.start()
+                await subscription.start(exclusive=exclusive)
             except aiormq.exceptions.ChannelAccessRefused as exc:
+                if "exclusive use" in str(exc):
+                    raise InUse(f"another connection consumes {queue.name!r} exclusively") from exc
                 raise AccessRefused(f"user {self.user!r} may not read {queue.name!r}: {exc}") from exc
         except BaseException:
             with contextlib.suppress(*_TRANSIENT):
@@ -227,8 +231,8 @@ class _AmqpSubscription(Subscription):
         self._tag: str | None = None
         self._closing = False
 
-    async def start(self) -> None:
-        self._tag = await self._queue.consume(self._on_message, no_ack=False)
+    async def start(self, *, exclusive: bool) -> None:
+        self._tag = await self._queue.consume(self._on_message, no_ack=False, exclusive=exclusive)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.current_task()

@@ -21,6 +21,10 @@ class AccessRefused(BusError):
     """The broker refused this connection's user something its permissions do not allow."""
 
 
+class InUse(AccessRefused):
+    """A queue another connection consumes exclusively (another process holds that reply slot)."""
+
+
 class BadMessage(BusError):
     """A received message is not a JSON body this code understands; it is dead-lettered, never retried."""
 

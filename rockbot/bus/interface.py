@@ -32,10 +32,19 @@ from typing import Literal, Self
 from pydantic import BaseModel
 
 from rockbot.bus import tracing
-from rockbot.bus.errors import AccessRefused, BadMessage, BusError, NoRoute, Refused, RequestTimeout, TooLarge
+from rockbot.bus.errors import (
+    AccessRefused,
+    BadMessage,
+    BusError,
+    InUse,
+    NoRoute,
+    Refused,
+    RequestTimeout,
+    TooLarge,
+)
 from rockbot.bus.identity import Principal
 from rockbot.bus.messages import Delivery, Outgoing, encode
-from rockbot.bus.topology import MAX_MESSAGE_BYTES, Queue
+from rockbot.bus.topology import MAX_MESSAGE_BYTES, MAX_REPLY_SLOTS, Queue, agent_replies
 from rockbot.telemetry import inject
 
 log = logging.getLogger(__name__)
@@ -114,6 +123,7 @@ class Bus(ABC):
         self.max_message_bytes = max_message_bytes
         self._reply_routers: dict[str, _ReplyRouter] = {}
         self._router_lock = asyncio.Lock()
+        self._own_replies: Queue | None = None
 
     @property
     def principal(self) -> Principal | None:
@@ -171,8 +181,13 @@ class Bus(ABC):
         """
 
     @abstractmethod
-    async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
-        """`declare` the queue, then run `handler` for each message, at most `prefetch` at a time, acking after each."""
+    async def consume(
+        self, *, queue: Queue, handler: Handler, prefetch: int = 1, exclusive: bool = False
+    ) -> Subscription:
+        """`declare` the queue, then run `handler` for each message, at most `prefetch` at a time, acking after each.
+
+        `exclusive`: the only consumer of the queue, or `InUse` while another connection consumes it.
+        """
 
     @abstractmethod
     async def _close_transport(self) -> None: ...
@@ -213,7 +228,40 @@ class Bus(ABC):
         finally:
             router.forget(correlation_id)
 
+    async def own_replies(self) -> Queue:
+        """This agent process's reply queue: the first of its Agent's reply slots that no other process holds.
+
+        Claimed once per connection with an exclusive consumer (see `topology`); `NoRoute` naming the
+        fix when every slot the operator provisioned is held.
+        """
+        async with self._router_lock:
+            if self._own_replies is not None:
+                return self._own_replies
+            principal = self.principal
+            if principal is None or principal.kind != "agent":
+                raise BusError(f"{self.user} is no agent: a service declares reply queues of its own")
+            for slot in range(MAX_REPLY_SLOTS):
+                queue = agent_replies(namespace=principal.namespace, name=principal.name, slot=slot)
+                router = _ReplyRouter()
+                try:
+                    router.subscription = await self.consume(
+                        queue=queue, handler=router.on_reply, prefetch=_REPLY_PREFETCH, exclusive=True
+                    )
+                except InUse:
+                    continue
+                except NoRoute:
+                    break
+                self._reply_routers[queue.name] = router
+                self._own_replies = queue
+                return queue
+            raise NoRoute(
+                f"every reply queue of {principal} is held by another process ({slot} provisioned): more "
+                "processes of this Agent run than the operator provisioned for its replicas; wait for stopped "
+                "pods to go, or scale the Agent through its spec.replicas"
+            )
+
     async def close(self) -> None:
+        self._own_replies = None
         for router in list(self._reply_routers.values()):
             await router.subscription.close()
         self._reply_routers.clear()

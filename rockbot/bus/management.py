@@ -21,7 +21,7 @@ from yarl import URL
 
 from rockbot.bus.admin import DeadLetter
 from rockbot.bus.errors import BusError
-from rockbot.bus.permissions import Permissions
+from rockbot.bus.permissions import Limits, Permissions
 from rockbot.bus.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, Queue
 
 MANAGEMENT_PORT = 15672
@@ -127,6 +127,18 @@ class RabbitAdmin:
         if {key: current_topic.get(key) for key in topic} != topic:
             await self._call("PUT", f"topic-permissions/{self._vhost}/{name}", topic)
             wrote = True
+        return wrote
+
+    async def ensure_limits(self, *, user: str, limits: Limits) -> bool:
+        name = quote(user, safe="")
+        wanted = {"max-connections": limits.max_connections, "max-channels": limits.max_channels}
+        listed = await self._get(f"user-limits/{name}") or []
+        current = next((item.get("value") or {} for item in listed if item.get("user") == user), {})
+        wrote = False
+        for limit, value in wanted.items():
+            if current.get(limit) != value:
+                await self._call("PUT", f"user-limits/{name}/{limit}", {"value": value})
+                wrote = True
         return wrote
 
     async def delete_user(self, user: str) -> bool:

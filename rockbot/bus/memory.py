@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus.admin import DeadLetter
-from rockbot.bus.errors import AccessRefused, BusError, NoRoute
+from rockbot.bus.errors import AccessRefused, BusError, InUse, NoRoute
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing
-from rockbot.bus.permissions import Action, Permissions
+from rockbot.bus.permissions import Action, Limits, Permissions
 from rockbot.bus.topology import DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, MAX_MESSAGE_BYTES, Queue
 
 
@@ -52,6 +52,8 @@ class _MemoryQueue:
         self.spec = spec
         self.bound = False
         self.ready: asyncio.Queue[_Stored] = asyncio.Queue()
+        self.consumers: set[_MemorySubscription] = set()
+        self.exclusive = False  # its one consumer said so
         self._broker = broker
 
     def put_back(self, stored: _Stored) -> None:
@@ -89,6 +91,8 @@ class MemoryBroker:
         self._users: dict[str, tuple[str, ...]] = {}  # user -> tags
         self._locked: set[str] = set()  # users made without a password: no login yet
         self._permissions: dict[str, Permissions] = {}
+        self._limits: dict[str, Limits] = {}
+        self._connections: dict[str, int] = {}  # user -> open connections
         self._dead: deque[DeadLetter] = deque(maxlen=int(DEAD_LETTERS.arguments["x-max-length"]))
         for queue in FIXED_QUEUES:
             self._provision(queue)
@@ -97,7 +101,14 @@ class MemoryBroker:
         """A connection acting as `user`; `AccessRefused` for a user the broker does not know."""
         if user not in self._users or user in self._locked:
             raise AccessRefused(f"the broker refused the login of user {user!r}: provision it first")
+        limits = self._limits.get(user)
+        if limits is not None and self._connections.get(user, 0) >= limits.max_connections:
+            raise AccessRefused(f"user {user!r} has reached its limit of {limits.max_connections} connections")
+        self._connections[user] = self._connections.get(user, 0) + 1
         return MemoryBus(broker=self, user=user)
+
+    def disconnected(self, user: str) -> None:
+        self._connections[user] = max(0, self._connections.get(user, 0) - 1)
 
     # ---- administration (the same operations `RabbitAdmin` offers)
 
@@ -127,8 +138,15 @@ class MemoryBroker:
         self._permissions[user] = permissions
         return True
 
+    async def ensure_limits(self, *, user: str, limits: Limits) -> bool:
+        if self._limits.get(user) == limits:
+            return False
+        self._limits[user] = limits
+        return True
+
     async def delete_user(self, user: str) -> bool:
         self._permissions.pop(user, None)
+        self._limits.pop(user, None)
         self._locked.discard(user)
         return self._users.pop(user, None) is not None
 
@@ -203,7 +221,9 @@ class MemoryBus(Bus):
         self._broker.check(self.user, "topic_read", queue.name)
         declared.bound = True
 
-    async def consume(self, *, queue: Queue, handler: Handler, prefetch: int = 1) -> Subscription:
+    async def consume(
+        self, *, queue: Queue, handler: Handler, prefetch: int = 1, exclusive: bool = False
+    ) -> Subscription:
         self._check_open()
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch} must be at least 1")
@@ -211,13 +231,19 @@ class MemoryBus(Bus):
         self._broker.check(self.user, "read", queue.name)
         target = self._broker.queue(queue.name)
         assert target is not None
+        if target.exclusive or (exclusive and target.consumers):
+            raise InUse(f"another connection consumes {queue.name!r} exclusively")
         subscription = _MemorySubscription(queue=target, handler=handler, prefetch=prefetch)
+        target.consumers.add(subscription)
+        target.exclusive = exclusive
         self._subscriptions.add(subscription)
         return subscription
 
     async def _close_transport(self) -> None:
         for subscription in list(self._subscriptions):
             await subscription.close()
+        if not self._closed:
+            self._broker.disconnected(self.user)
         self._closed = True
 
     def _check_open(self) -> None:
@@ -272,6 +298,9 @@ class _MemorySubscription(Subscription):
             self._queue.dead_letter(stored, reason="rejected")
 
     async def close(self, *, drain_seconds: float = 0.0) -> None:
+        self._queue.consumers.discard(self)
+        if not self._queue.consumers:
+            self._queue.exclusive = False
         self._dispatcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._dispatcher

@@ -9,9 +9,9 @@ principal put messages on", and `topic_read` "which queue names may it bind", so
 queue of its own to another's name (or to `#`) and listen in.
 
 For an agent X in namespace N (see `topology` for the names):
-- it declares, binds and reads only its own per-process queues (`agent.N.X.replies.*`,
-  `agent.N.X.scheduling-replies.*`, `script.result.N.X.*`), and reads its inbox (which the operator
-  declares);
+- it declares and binds nothing, no queue and no exchange (so it chooses no queue arguments: no
+  dead-letter relay, TTL or alternate exchange), and reads only its inbox and its reply slots
+  (`agent.N.X.replies.<n>`), which the operator declares with fixed arguments;
 - it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, `console.runs`, `console.history`,
   `console.approvals`,
   the inboxes of the agents it `calls`
@@ -40,7 +40,9 @@ from rockbot.bus.identity import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, Pr
 
 #: One segment of a queue name (a DNS label: namespaces, names and instances hold no dots).
 _SEGMENT = r"[-a-z0-9]+"
+_SLOT = r"[0-9]+"
 _ANY_INBOX = rf"agent\.{_SEGMENT}\.{_SEGMENT}\.inbox"
+_ANY_REPLY_SLOT = rf"agent\.{_SEGMENT}\.{_SEGMENT}\.replies\.{_SLOT}"
 _NOTHING = "^$"
 
 Action = Literal["configure", "write", "read", "topic_write", "topic_read"]
@@ -76,10 +78,15 @@ def _family(prefix: str) -> str:
     return re.escape(prefix) + _SEGMENT
 
 
+def _slots(principal: Principal) -> str:
+    """Every reply slot of an agent (`agent.<ns>.<name>.replies.<n>`)."""
+    return re.escape(topology.agent_replies_prefix(namespace=principal.namespace, name=principal.name)) + _SLOT
+
+
 def reply_queues(principal: Principal) -> str:
     """A pattern (unanchored) of the queues where `principal` receives answers from the agents it asks."""
     if principal.kind == "agent":
-        return _family(topology.agent_replies_prefix(namespace=principal.namespace, name=principal.name))
+        return _slots(principal)
     if principal == OPERATOR:
         return _name(topology.OPERATOR_RUNS.name)
     if principal == GATEWAY:
@@ -93,15 +100,8 @@ def is_reply_queue_of(principal: Principal, queue_name: str) -> bool:
 
 
 def _declared(principal: Principal) -> list[str]:
-    """Queues the principal declares and binds itself: its per-process reply queues."""
-    if principal.kind == "agent":
-        namespace, name = principal.namespace, principal.name
-        return [
-            reply_queues(principal),
-            _family(topology.scheduling_reply_prefix(namespace=namespace, name=name)),
-            _family(topology.script_result_prefix(namespace=namespace, agent=name)),
-        ]
-    if principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY, CONSOLE):
+    """Queues the principal declares and binds itself: a service's per-process reply queues; agents none."""
+    if principal.kind == "agent" or principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY, CONSOLE):
         return []
     return [reply_queues(principal)]
 
@@ -109,7 +109,7 @@ def _declared(principal: Principal) -> list[str]:
 def _provisioned(principal: Principal) -> list[str]:
     """Queues the operator declares for the principal, which it only consumes."""
     if principal.kind == "agent":
-        return [_name(topology.inbox_of(principal).name)]
+        return [_name(topology.inbox_of(principal).name), _slots(principal)]
     if principal == OPERATOR:
         return [_name(queue.name) for queue in (topology.OPERATOR_SCHEDULING, topology.OPERATOR_RUNS,
                                                 topology.OPERATOR_USAGE)]
@@ -130,14 +130,34 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
                                                  topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
-        return [_ANY_INBOX, rf"agent\.{_SEGMENT}\.{_SEGMENT}\.scheduling-replies\.{_SEGMENT}"]
+        return [_ANY_INBOX, _ANY_REPLY_SLOT]
     if principal == GATEWAY:  # Trigger runs to any inbox
         return [_ANY_INBOX]
-    if principal == SCRIPTS_MANAGER:
-        return [rf"script\.result\.{_SEGMENT}\.{_SEGMENT}\.{_SEGMENT}"]
-    if principal == CONSOLE:  # history answers, to the asking agent's own reply queue (checked per request)
-        return [rf"agent\.{_SEGMENT}\.{_SEGMENT}\.replies\.{_SEGMENT}"]
+    if principal in (SCRIPTS_MANAGER, CONSOLE):  # answers, to the asking agent's own reply queue (checked per request)
+        return [_ANY_REPLY_SLOT]
     return inboxes
+
+
+class Limits(BaseModel):
+    """How much of the broker one principal may hold at once (RabbitMQ's user limits), over all its processes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_connections: int
+    max_channels: int
+
+
+#: Channels one process opens at most: publishing, its inbox, its reply queue, a passing declare.
+CHANNELS_PER_CONNECTION = 8
+#: Connections of one platform service over all its replicas (each process opens one or two).
+SERVICE_CONNECTIONS = 64
+
+
+def limits_for(principal: Principal, *, replicas: int = 1) -> Limits:
+    """An agent's processes (`replicas`, and those of a rolling update beside them) hold one connection each;
+    a platform service, trusted, gets room for its replicas. Nobody can take all of the broker's connections."""
+    connections = topology.reply_slots(replicas) if principal.kind == "agent" else SERVICE_CONNECTIONS
+    return Limits(max_connections=connections, max_channels=connections * CHANNELS_PER_CONNECTION)
 
 
 def permissions_for(
@@ -153,7 +173,8 @@ def permissions_for(
     return Permissions(
         configure=_any_of(declared),
         write=_any_of([exchange, *declared]),  # publish: the exchange; bind: the queue
-        read=_any_of([exchange, *declared, *_provisioned(principal)]),  # bind: the exchange; consume: the queue
+        # bind: the exchange (only who declares binds); consume: the queue
+        read=_any_of([*([exchange] if declared else []), *declared, *_provisioned(principal)]),
         topic_write=_any_of(_publishes_to(principal, calls=calls, called_by=called_by)),
         topic_read=_any_of(declared),
     )

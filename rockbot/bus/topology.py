@@ -8,14 +8,12 @@ permissions that say who may write to which queue (see `permissions`).
 | queue                                         | carries                                    | consumed by     |
 | --------------------------------------------- | ------------------------------------------ | --------------- |
 | `script.invoke`                               | `ScriptInvokeRequest`                      | scripts-manager |
-| `script.result.<namespace>.<agent>.<inst>`    | `ScriptInvokeResponse`/`ScriptInvokeError` | one agent proc. |
 | `agent.<namespace>.<name>.inbox`              | `InboxRequest` (user turns, tasks, calls)  | that agent      |
-| `agent.<namespace>.<name>.replies.<inst>`     | `InboxReply` to that process's agent calls | one agent proc. |
+| `agent.<namespace>.<name>.replies.<slot>`     | every answer to one agent process (below)  | one agent proc. |
 | `operator.scheduling`                         | scheduling requests from agents            | operator        |
 | `operator.scheduling.runs`                    | `InboxReply` to scheduled runs             | operator        |
 | `operator.usage`                              | `UsageReport`: tokens an agent process used | operator       |
 | `gateway.runs`                                | `InboxReply` to Trigger runs               | gateway         |
-| `agent.<ns>.<name>.scheduling-replies.<inst>` | `SchedulingReply`, `UsageTotal` to it      | one agent proc. |
 | `service.<name>.replies.<inst>`               | `InboxReply` to a service's requests       | one service     |
 | `console.runs`                                | `RunEvents`: what agents did, to record    | console         |
 | `console.history`                             | `HistoryRequest` (reply: `HistoryReply`)   | console         |
@@ -31,9 +29,16 @@ only check that they exist. A message a consumer refuses, or one delivered more 
 `rockbot.dead-letters` and from there to the queue of that name (the newest `DEAD_LETTERS_KEPT`
 are kept), never back to the queue. Requests that expired unread go there too.
 
-Reply queues belong to one process (`instance`, random per process: replicas sharing one would
-take each other's replies), are declared and bound by it, and expire after an hour unused, so
-processes that are gone leave nothing behind.
+An agent process gets every answer (other agents' `InboxReply`, the scripts-manager's script
+results, the operator's `SchedulingReply` and `UsageTotal`, the console's `HistoryReply`) on one
+reply queue, `agent.<ns>.<name>.replies.<slot>`. Agents declare nothing (a declare right would let
+them choose arguments: a dead-letter relay, a TTL, an exchange of their own): the operator
+provisions `reply_slots(replicas)` such queues per Agent, with fixed arguments, and each process
+claims the first free one with an exclusive consumer, which the broker gives to one connection at a
+time (`Bus.own_replies`); a process that is gone frees its slot. Replies a gone process left behind
+are dropped by the next one (nobody waits for them) or expire. Services' reply queues
+(`service.<name>.replies.<inst>`) are declared by the service itself (a trusted process) and expire
+after an hour unused.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _REPLY_QUEUE_EXPIRES_MS = 3600 * 1000
 _WORK = {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE}
 _REPLIES = {"x-expires": _REPLY_QUEUE_EXPIRES_MS}
+#: An agent's reply slots: a reply nobody took within the hour is gone; a flood cannot grow them without end.
+_SLOT = {"x-message-ttl": _REPLY_QUEUE_EXPIRES_MS, "x-max-length": 10_000}
+#: The most reply slots an Agent gets (`reply_slots` of the most replicas an Agent may have, 20).
+MAX_REPLY_SLOTS = 41
 
 
 class Queue(BaseModel):
@@ -108,18 +117,6 @@ FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAG
                 CONSOLE_HISTORY, CONSOLE_APPROVALS)
 
 
-def script_result_prefix(*, namespace: str, agent: str) -> str:
-    return f"script.result.{_segment(field='namespace', value=namespace)}.{_segment(field='agent', value=agent)}."
-
-
-def script_result(*, namespace: str, agent: str, instance: str) -> Queue:
-    """Where the scripts-manager answers one agent process's script requests (their `reply_to`)."""
-    return Queue(
-        name=script_result_prefix(namespace=namespace, agent=agent) + _segment(field="instance", value=instance),
-        arguments=_REPLIES,
-    )
-
-
 def _agent_prefix(*, namespace: str, name: str) -> str:
     return f"agent.{_segment(field='namespace', value=namespace)}.{_segment(field='name', value=name)}."
 
@@ -133,25 +130,18 @@ def agent_replies_prefix(*, namespace: str, name: str) -> str:
     return _agent_prefix(namespace=namespace, name=name) + "replies."
 
 
-def agent_replies(*, namespace: str, name: str, instance: str) -> Queue:
-    """Where the answers to one agent process's calls of other agents arrive."""
-    return Queue(
-        name=agent_replies_prefix(namespace=namespace, name=name) + _segment(field="instance", value=instance),
-        arguments=_REPLIES,
-    )
+def reply_slots(replicas: int) -> int:
+    """How many reply queues the operator provisions for an Agent of `replicas`: every process of a rolling
+    update (old and new side by side) and of a pod that is still stopping gets one."""
+    return min(MAX_REPLY_SLOTS, 2 * max(replicas, 1) + 1)
 
 
-def scheduling_reply_prefix(*, namespace: str, name: str) -> str:
-    """What every scheduling reply queue of this agent's processes starts with (the operator checks it)."""
-    return _agent_prefix(namespace=namespace, name=name) + "scheduling-replies."
-
-
-def scheduling_replies(*, namespace: str, name: str, instance: str) -> Queue:
-    """Where the operator answers one agent process's scheduling requests."""
-    return Queue(
-        name=scheduling_reply_prefix(namespace=namespace, name=name) + _segment(field="instance", value=instance),
-        arguments=_REPLIES,
-    )
+def agent_replies(*, namespace: str, name: str, slot: int) -> Queue:
+    """The reply queue `slot` of an agent: every answer to the one process that holds it (see `Bus.own_replies`)."""
+    if not 0 <= slot < MAX_REPLY_SLOTS:
+        raise ValueError(f"slot={slot} is not a reply slot: use 0 to {MAX_REPLY_SLOTS - 1}")
+    return Queue(name=agent_replies_prefix(namespace=namespace, name=name) + str(slot), arguments=_SLOT,
+                 provisioned=True)
 
 
 def service_replies_prefix(service: str) -> str:

@@ -2,7 +2,7 @@
 
 The request travels on `script.invoke`; the answer (a `ScriptInvokeResponse` or a
 `ScriptInvokeError`, told apart by `kind`) goes to the asking process's reply queue
-(`script.result.<namespace>.<agent>.<instance>`) with the request id as correlation id. A
+(`agent.<namespace>.<agent>.replies.<n>`) with the request id as correlation id. A
 script that overruns its timeout or memory is still a
 *response* (`timed_out` / `oom_killed`, with the output it produced); an error means the script
 could not be run or answered at all.
@@ -22,7 +22,7 @@ from rockbot.contracts.errors import ErrorInfo
 
 SCHEMA_VERSION = 1
 
-#: What an agent name may look like: it becomes part of a queue name (`script.result.<namespace>.<agent>.<id>`).
+#: What an agent name may look like: it names the asking agent (`agent.<namespace>.<agent>...`).
 AGENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 #: A positive Kubernetes quantity without exponent (`250m`, `0.5`, `128Mi`, `1G`), as an Agent's scriptLimits give it.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"

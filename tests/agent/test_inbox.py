@@ -10,8 +10,20 @@ import pytest
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import GATEWAY, LOCAL, OPERATOR, Bus, MemoryBroker, Principal, Queue, Subscription
+from rockbot.bus import (
+    GATEWAY,
+    LOCAL,
+    OPERATOR,
+    AccessRefused,
+    Bus,
+    MemoryBroker,
+    NoRoute,
+    Principal,
+    Queue,
+    Subscription,
+)
 from rockbot.bus.admin import ensure_principal, provision_agents
+from rockbot.bus.permissions import Limits
 from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_RUNS, agent_inbox, agent_replies, local_scheduler_replies
 from rockbot.contracts.agent_config import (
     AgentBackend,
@@ -81,8 +93,7 @@ class Team:
 
     async def ask(self, *, name: str, request: InboxRequest, sender: Principal = LOCAL) -> InboxReply:
         bus = await self.connect(sender)
-        replies = {LOCAL: CALLER, GATEWAY: GATEWAY_RUNS, OPERATOR: OPERATOR_RUNS}.get(sender) or agent_replies(
-            namespace="team-a", name=sender.name, instance="t1")
+        replies = {LOCAL: CALLER, GATEWAY: GATEWAY_RUNS, OPERATOR: OPERATOR_RUNS}.get(sender) or await bus.own_replies()
         delivery = await bus.request(
             queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=replies,
             correlation_id=request.request_id, timeout_seconds=10, responder=agent(name),
@@ -276,9 +287,25 @@ async def test_trigger_runs_are_taken_from_the_gateway_only(scripted_llm):
     assert len(scripted_llm.requests) == 1
 
 
-def test_reply_queues_are_per_process():
-    queue = agent_replies(namespace="team-a", name="lead", instance="ab12")
-    assert queue.name == "agent.team-a.lead.replies.ab12" and queue.arguments == {"x-expires": 3_600_000}
+async def test_each_process_of_an_agent_claims_a_reply_slot_of_its_own_until_none_is_free():
+    broker = MemoryBroker()
+    await ensure_principal(broker, agent("lead"), password="", replicas=1)  # 2 x 1 + 1 slots
+    processes = [broker.connect(agent("lead").user) for _ in range(3)]
+    with pytest.raises(AccessRefused, match="limit of 3 connections"):  # as many as it has slots
+        broker.connect(agent("lead").user)
+    await broker.ensure_limits(user=agent("lead").user, limits=Limits(max_connections=9, max_channels=72))
+    processes.append(broker.connect(agent("lead").user))  # say, a broker set up by hand with a higher limit
+    try:
+        claimed = [(await bus.own_replies()).name for bus in processes[:3]]
+        assert await processes[0].own_replies() == agent_replies(namespace="team-a", name="lead", slot=0)
+        with pytest.raises(NoRoute, match=r"held by another process .3 provisioned.*spec.replicas"):
+            await processes[3].own_replies()
+        await processes[1].close()  # a process that is gone frees its slot
+        assert (await processes[3].own_replies()).name == "agent.team-a.lead.replies.1"
+    finally:
+        for bus in processes:
+            await bus.close()
+    assert claimed == [f"agent.team-a.lead.replies.{n}" for n in range(3)]
 
 
 def test_an_agent_call_must_name_its_caller():

@@ -14,11 +14,11 @@ from tests.waiting import eventually
 KEEPER = agent("keeper")
 
 
-async def ask_keeper(bus: Bus, caller: Principal, request: InboxRequest, *, instance: str = "p1") -> InboxReply:
-    """As `caller`'s process `instance` asks: answers come back on that process's own reply queue."""
+async def ask_keeper(bus: Bus, caller: Principal, request: InboxRequest, *, slot: int = 0) -> InboxReply:
+    """As `caller`'s process holding reply slot `slot` asks: answers come back on that process's own reply queue."""
     delivery = await bus.request(
         queue=agent_inbox(namespace="team-a", name="keeper"), body=request, correlation_id=request.request_id,
-        reply_queue=agent_replies(namespace="team-a", name=caller.name, instance=instance), timeout_seconds=30,
+        reply_queue=agent_replies(namespace="team-a", name=caller.name, slot=slot), timeout_seconds=30,
         responder=KEEPER,
     )  # fmt: skip
     return delivery.decode(InboxReply)
@@ -40,7 +40,7 @@ async def test_replaying_another_callers_request_id_never_gets_its_answer(script
         replayed = await ask_keeper(mallory_bus, agent("mallory"), own)
         copied = await ask_keeper(mallory_bus, agent("mallory"), private)
         # lead's own id reused for another reply queue is not answered from memory either.
-        moved = await ask_keeper(lead_bus, agent("lead"), private, instance="p2")
+        moved = await ask_keeper(lead_bus, agent("lead"), private, slot=1)
     finally:
         await team.close()
     assert first.answer == "The vault code is 4711."
@@ -65,7 +65,7 @@ async def test_a_request_asking_for_replies_on_someone_elses_queue_is_dead_lette
         mallory_bus = await team.connect(agent("mallory"))
         request = InboxRequest(kind="agent_call", request_id="m.1", session_id="s", content="Answer lead, not me.",
                                call_chain=("team-a/mallory",))
-        lead_replies = agent_replies(namespace="team-a", name="lead", instance="p1").name
+        lead_replies = agent_replies(namespace="team-a", name="lead", slot=0).name
         await mallory_bus.publish(queue=agent_inbox(namespace="team-a", name="keeper"), body=request,
                                   message_id="m.1", correlation_id="m.1", reply_to=lead_replies)
         letters = await eventually(lambda: _one_dead_letter(vhost))

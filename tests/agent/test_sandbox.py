@@ -33,10 +33,9 @@ async def test_replicas_and_namespaces_never_get_each_others_script_replies(vhos
             for who, namespace, bus in zip(("replica-1", "replica-2", "other"), ("default", "default", "other"),
                                            process_buses, strict=True)
         }
-        queues = {who: sandbox.reply_queue.name for who, sandbox in sandboxes.items()}
-        assert len(set(queues.values())) == 3, queues
-        assert queues["replica-1"].startswith("script.result.default.alice.")
-        assert queues["other"].startswith("script.result.other.alice.")
+        queues = {who: (await bus.own_replies()).name for who, bus in zip(sandboxes, process_buses, strict=True)}
+        assert queues == {"replica-1": "agent.default.alice.replies.0", "replica-2": "agent.default.alice.replies.1",
+                          "other": "agent.other.alice.replies.0"}  # each process claimed a slot of its own
 
         async def calls(who: str) -> list[object]:
             return [

@@ -19,7 +19,9 @@ import pytest
 from rockbot.bus import Principal
 from rockbot.bus.permissions import Permissions
 from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, agent_inbox
+from rockbot.contracts.agent_config import AgentConfig
 from rockbot.contracts.inbox import InboxRequest
+from tests.agent.configs import agent_config
 from tests.agent.test_inbox import agent, config
 from tests.agent.test_inbox_rabbitmq import on_broker
 from tests.fixtures.llm import Turn
@@ -120,3 +122,42 @@ async def test_an_agent_puts_nothing_in_another_agents_inbox_by_a_side_route(
 async def _dead_letter_of(vhost: Vhost, sender: Principal) -> None:
     letters = [letter for letter in await vhost.admin.dead_letters() if letter.user_id == sender.user]
     assert letters, f"no dead letter sent by {sender} yet"
+
+
+@pytest.mark.parametrize("name", [OWN_NAME, "agent.team-a.attacker.replies.0", "agent.team-a.attacker.inbox",
+                                  "script.result.team-a.attacker.x", "agent.team-a.attacker.scheduling-replies.x",
+                                  "amq.gen-attacker", "anything"])
+async def test_an_agent_declares_no_exchange_and_no_queue_of_any_name_or_arguments(vhost: Vhost, name: str) -> None:
+    """What the side routes need, refused at the source: an agent may declare nothing (the operator declares
+    its inbox and reply slots with fixed arguments), so it chooses no dead-letter relay, TTL or alternate
+    exchange."""
+    await vhost.provision([config_for("attacker")])
+    url = vhost.url_of(ATTACKER)
+    declarations = {
+        "fanout exchange": lambda channel: channel.declare_exchange(name, aio_pika.ExchangeType.FANOUT),
+        "exchange with alternate-exchange": lambda channel: channel.declare_exchange(
+            name, aio_pika.ExchangeType.DIRECT, arguments={"alternate-exchange": EXCHANGE}),
+        "plain queue": lambda channel: channel.declare_queue(name),
+        "dead-letter relay": lambda channel: channel.declare_queue(name, arguments={
+            "x-dead-letter-exchange": EXCHANGE, "x-dead-letter-routing-key": VICTIM_INBOX}),
+        "queue with TTL": lambda channel: channel.declare_queue(name, arguments={"x-message-ttl": 0}),
+        "exclusive queue": lambda channel: channel.declare_queue(name, exclusive=True),
+    }
+    refused = {}
+    connection = await aio_pika.connect(url)
+    try:
+        for what, declare in declarations.items():
+            channel = await connection.channel()
+            try:
+                await declare(channel)
+                refused[what] = False
+            except aiormq.exceptions.ChannelAccessRefused:
+                refused[what] = True
+    finally:
+        await connection.close()
+    assert all(refused.values()), refused
+
+
+def config_for(name: str) -> AgentConfig:
+    """A config of an agent that calls nobody (its LLM is never reached in these tests)."""
+    return agent_config(llm_url="http://127.0.0.1:9/v1", name=name, tools=[])

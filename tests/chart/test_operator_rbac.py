@@ -21,7 +21,7 @@ import pytest
 
 from rockbot.bus import OPERATOR, AccessRefused, AmqpBus
 from rockbot.bus.admin import AGENT_TAG
-from rockbot.bus.topology import OPERATOR_SCHEDULING, scheduling_replies
+from rockbot.bus.topology import OPERATOR_SCHEDULING, agent_replies
 from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, SchedulingReply, SchedulingRequest
 from rockbot.kube import (
     AGENTS,
@@ -129,7 +129,7 @@ async def ask(
     bus: AmqpBus, kube: KubeClient, agent: str, operation: ScheduleTask | ListTasks | CancelTask
 ) -> SchedulingReply:
     """As the agent's tools ask, signed with the token the operator generated for it."""
-    replies = scheduling_replies(namespace=NS, name=agent, instance="evidence")
+    replies = agent_replies(namespace=NS, name=agent, slot=0)
     token_secret = await kube.get(SECRETS, namespace=NS, name=f"rockbot-{agent}-http-token")
     correlation_id = secrets.token_hex(8)
     request = SchedulingRequest.signed(

@@ -121,11 +121,10 @@ async def test_an_agent_reads_its_own_sessions_history_and_no_one_elses(broker: 
     mine = typical_run(session_id="s1", caller="http", tools=1, question="hello", answer="hi")
     await triage.publish(queue=CONSOLE_RUNS, body=RunEvents(events=mine))
     await eventually(lambda: _has_run(console.store, mine[0].run_id))
-    instance = uuid.uuid4().hex[:8]
 
     reply = await triage.request(
         queue=CONSOLE_HISTORY, body=HistoryRequest(session_id="s1", caller="http"), correlation_id=uuid.uuid4().hex,
-        reply_queue=agent_replies(namespace="team-a", name="triage", instance=instance), timeout_seconds=5,
+        reply_queue=agent_replies(namespace="team-a", name="triage", slot=0), timeout_seconds=5,
         responder=CONSOLE,
     )  # fmt: skip
     history = reply.decode(HistoryReply)
@@ -134,7 +133,7 @@ async def test_an_agent_reads_its_own_sessions_history_and_no_one_elses(broker: 
 
     theirs = await evil.request(
         queue=CONSOLE_HISTORY, body=HistoryRequest(session_id="s1", caller="http"), correlation_id=uuid.uuid4().hex,
-        reply_queue=agent_replies(namespace="team-b", name="evil", instance=instance), timeout_seconds=5,
+        reply_queue=agent_replies(namespace="team-b", name="evil", slot=0), timeout_seconds=5,
         responder=CONSOLE,
     )  # fmt: skip
     assert theirs.decode(HistoryReply).messages == []
@@ -144,7 +143,7 @@ async def test_a_history_answer_goes_only_to_the_askers_own_queue(broker: Memory
     evil = await login(broker, EVIL)
     before = len(await broker.dead_letters(count=1000))
     await evil.publish(queue=CONSOLE_HISTORY, body=HistoryRequest(session_id="s1"), correlation_id="x",
-                       reply_to=agent_replies(namespace="team-a", name="triage", instance="abc").name)  # fmt: skip
+                       reply_to=agent_replies(namespace="team-a", name="triage", slot=0).name)  # fmt: skip
 
     async def refused() -> None:
         assert len(await broker.dead_letters(count=1000)) == before + 1

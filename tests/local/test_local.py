@@ -196,7 +196,7 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
     # The request and its answer crossed the broker: its queues exist in the test's vhost, drained.
     queues = await asyncio.to_thread(vhost.queues)
     assert queues["script.invoke"] == (0, 0)
-    assert any(name.startswith("script.result.local.analyst.") for name in queues), queues
+    assert "agent.local.analyst.replies.0" in queues, queues  # the reply slot the analyst claimed
     # Each part logged in as itself: a user per agent, the scripts-manager and the local scheduler.
     users = await vhost.admin.users(tag="rockbot-agent") | await vhost.admin.users(tag="rockbot-service")
     assert {"agent.local.analyst", "service.scripts-manager", "service.local"} <= users

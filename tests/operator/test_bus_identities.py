@@ -81,7 +81,7 @@ async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_th
                                    call_chain=("default/lead",))
             reply = await lead.request(
                 queue=agent_inbox(namespace=NS, name="researcher"), body=request, correlation_id="r1",
-                reply_queue=agent_replies(namespace=NS, name="lead", instance="p1"), timeout_seconds=15,
+                reply_queue=agent_replies(namespace=NS, name="lead", slot=0), timeout_seconds=15,
                 responder=RESEARCHER,
             )  # fmt: skip
             assert reply.decode(InboxReply).answer == "Lima."

@@ -16,7 +16,7 @@ from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import OPERATOR, AmqpBus, Delivery, MemoryBroker, MemoryBus, Principal
-from rockbot.bus.topology import OPERATOR_RUNS, OPERATOR_SCHEDULING, Queue, agent_inbox, scheduling_replies
+from rockbot.bus.topology import OPERATOR_RUNS, OPERATOR_SCHEDULING, Queue, agent_inbox, agent_replies
 from rockbot.clock import ManualClock
 from rockbot.contracts.agent_config import HTTP_TOKEN_ENV
 from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
@@ -218,7 +218,7 @@ async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime,
 async def test_a_request_answered_elsewhere_than_its_own_queue_is_dead_lettered_unanswered(
     bus: MemoryBus, other_bus: MemoryBus, broker: MemoryBroker, cluster: Cluster, operator_side: None
 ) -> None:
-    reply_queue = scheduling_replies(namespace="default", name="other", instance="abc1")
+    reply_queue = agent_replies(namespace="default", name="other", slot=0)
     answers: list[Delivery] = []
     await other_bus.consume(queue=reply_queue, handler=lambda delivery: _append(answers, delivery))
     request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(),
@@ -232,7 +232,7 @@ async def test_a_request_answered_elsewhere_than_its_own_queue_is_dead_lettered_
 
 async def test_a_request_for_an_unknown_agent_is_refused(broker: MemoryBroker, operator_side: None) -> None:
     ghost = Principal.agent(namespace="default", name="ghost")  # a broker user whose Agent is gone
-    reply_queue = scheduling_replies(namespace="default", name="ghost", instance="abc1")
+    reply_queue = agent_replies(namespace="default", name="ghost", slot=0)
     request = signed(token="guessed", agent="default/ghost", operation=ListTasks(), reply_to=reply_queue,
                      correlation_id="c2")
     reply = await send(await login(broker, ghost), request, reply_to=reply_queue, correlation_id="c2")
@@ -245,7 +245,7 @@ async def test_another_agent_claiming_to_be_this_one_is_refused_and_changes_noth
     made = await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="Send the digest.")
     assert made.ok, made.error
     # `other` is compromised: it holds its own bus login and token, and claims to be helper.
-    own_queue = scheduling_replies(namespace="default", name="other", instance="forged")
+    own_queue = agent_replies(namespace="default", name="other", slot=1)
     forged = signed(token=cluster.tokens["other"], agent="default/helper", operation=CancelTask(name="digest"),
                     reply_to=own_queue, correlation_id="forged-1")
     reply = await send(other_bus, forged, reply_to=own_queue, correlation_id="forged-1")
@@ -279,7 +279,7 @@ async def test_a_request_replayed_after_the_window_is_refused_and_changes_nothin
 async def test_a_request_dated_ahead_of_the_window_is_refused(
     bus: MemoryBus, cluster: Cluster, wall_clock: ManualClock, operator_side: None
 ) -> None:
-    queue = scheduling_replies(namespace="default", name="helper", instance="ahead")
+    queue = agent_replies(namespace="default", name="helper", slot=0)
     request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
                      correlation_id="ahead-1", issued_at=wall_clock.now() + datetime.timedelta(minutes=6))
     reply = await send(bus, request, reply_to=queue, correlation_id="ahead-1")
@@ -289,7 +289,7 @@ async def test_a_request_dated_ahead_of_the_window_is_refused(
 async def test_the_signature_covers_the_correlation_id_and_the_operation(
     bus: MemoryBus, cluster: Cluster, operator_side: None
 ) -> None:
-    queue = scheduling_replies(namespace="default", name="helper", instance="moved")
+    queue = agent_replies(namespace="default", name="helper", slot=1)
     request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
                      correlation_id="original")
     moved = await send(bus, request, reply_to=queue, correlation_id="another")
@@ -346,7 +346,7 @@ class UnsignedRequest(BaseModel):
 async def test_an_unsigned_request_of_the_old_schema_is_refused_clearly(
     bus: MemoryBus, cluster: Cluster, operator_side: None
 ) -> None:
-    queue = scheduling_replies(namespace="default", name="helper", instance="old")
+    queue = agent_replies(namespace="default", name="helper", slot=0)
     reply = await send(bus, UnsignedRequest(agent="default/helper", operation={"action": "list"}),
                        reply_to=queue, correlation_id="old-1")
     assert reply.error is not None and reply.error.code == "Rejected"
@@ -368,7 +368,7 @@ async def test_neither_the_token_nor_a_signature_reaches_logs_or_replies(
     ]
     async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["other"]) as impostor:
         outcomes.append(await call(impostor, "list_scheduled_tasks"))
-    queue = scheduling_replies(namespace="default", name="helper", instance="bad")
+    queue = agent_replies(namespace="default", name="helper", slot=0)
     malformed = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
                        correlation_id="bad-1").model_dump() | {"signature": "not hex"}
     for body in [*(sent["body"] for sent in helper_bus.sent), RawBody(malformed)]:

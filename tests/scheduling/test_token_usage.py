@@ -12,7 +12,7 @@ from rockbot.agent.budget import BudgetExhausted, TokenBudget
 from rockbot.agent.llm import Attempt, Usage
 from rockbot.agent.usage_reports import UsageReporter
 from rockbot.bus import OPERATOR, SCRIPTS_MANAGER, AccessRefused, MemoryBroker, Principal
-from rockbot.bus.topology import OPERATOR_USAGE, scheduling_replies
+from rockbot.bus.topology import OPERATOR_USAGE, agent_replies
 from rockbot.contracts.usage import UsageReport, UsageTotal
 from rockbot.kube import AGENTS
 from rockbot.operator.usage import UsageLedger
@@ -106,7 +106,7 @@ async def test_a_new_day_starts_the_total_afresh_and_a_late_report_of_yesterday_
     operator: Operator,
 ) -> None:
     bus = await login(operator.broker, HELPER)
-    replies = scheduling_replies(namespace="default", name="helper", instance="t1")
+    replies = agent_replies(namespace="default", name="helper", slot=0)
 
     async def report(day: datetime.date, tokens: int) -> UsageTotal:
         delivery = await bus.request(queue=OPERATOR_USAGE, body=UsageReport(day=day, prompt_tokens=tokens),

@@ -14,7 +14,7 @@ import pytest
 
 from agent.sandbox import ScriptSandbox
 from rockbot.bus import SCRIPTS_MANAGER, AccessRefused, AmqpBus, Delivery, Principal, TooLarge
-from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, script_result
+from rockbot.bus.topology import EXCHANGE, SCRIPT_INVOKE, agent_replies
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
@@ -70,18 +70,18 @@ async def test_an_agent_cannot_attach_to_another_agents_reply_queue(
 ) -> None:
     sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
     await sandbox.execute_python_script(script="pass")  # alice's reply queue exists; its name is in every reply_to
-    victim = sandbox.reply_queue.name
+    victim = (await alice.own_replies()).name
     connection = await aio_pika.connect(mallory_url)
     try:
         channel = await connection.channel()
         with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
             queue = await channel.declare_queue(victim, passive=True)
             await queue.consume(_never)
-        # Nor can it bind a queue of its own to the victim's name (or to '#') and listen in.
+        # Nor can it bind a queue of its own to the victim's name (or to '#') and listen in: it declares none.
         for key in (victim, "#"):
             channel = await connection.channel()
-            own = await channel.declare_queue(f"script.result.default.mallory.{uuid.uuid4().hex[:8]}", auto_delete=True)
             with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+                own = await channel.declare_queue(f"agent.default.mallory.replies.{uuid.uuid4().hex[:8]}")
                 await own.bind(EXCHANGE, routing_key=key)
     finally:
         await connection.close()
@@ -95,7 +95,7 @@ async def test_a_request_claiming_another_agent_is_rejected_and_dead_lettered(
     async with await AmqpBus.connect(url=mallory_url) as mallory:
         reply = await mallory.request(
             queue=SCRIPT_INVOKE, body=ScriptInvokeRequest(request_id="r1", agent="alice", script="print(1)"),
-            reply_queue=script_result(namespace="default", agent="mallory", instance="m1"), correlation_id="r1",
+            reply_queue=agent_replies(namespace="default", name="mallory", slot=0), correlation_id="r1",
             timeout_seconds=WAIT, responder=SCRIPTS_MANAGER,
         )  # fmt: skip
     answer = reply.decode(SCRIPT_INVOKE_REPLY)
@@ -140,7 +140,7 @@ async def test_a_request_over_the_managers_size_limit_is_refused_unread_and_dead
     manager: ScriptsManager, alice: AmqpBus, vhost: Vhost
 ) -> None:
     limit = manager.settings.max_request_bytes
-    replies = script_result(namespace="default", agent="alice", instance="big1")
+    replies = agent_replies(namespace="default", name="alice", slot=1)
     oversized = ScriptInvokeRequest(request_id="big-1", agent="alice", script="print(1)", input_data="x" * limit)
     reply = await alice.request(
         queue=SCRIPT_INVOKE, body=oversized, reply_queue=replies, correlation_id="big-1", timeout_seconds=WAIT,

@@ -15,7 +15,7 @@ import aiohttp
 
 from agent.sandbox import ScriptSandbox
 from rockbot.bus import SCRIPTS_MANAGER, AmqpBus, Delivery, Principal
-from rockbot.bus.topology import SCRIPT_INVOKE, Queue, script_result
+from rockbot.bus.topology import SCRIPT_INVOKE, Queue, agent_replies
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.buses import ALICE
@@ -150,7 +150,7 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
 
 async def _send_collecting_answers(agent: AmqpBus, request: ScriptInvokeRequest) -> tuple[Queue, list[Delivery]]:
     """Publish `request` as an agent would, without waiting: every answer lands in the returned list."""
-    replies = script_result(namespace="default", agent=request.agent, instance=uuid.uuid4().hex[:8])
+    replies = agent_replies(namespace="default", name=request.agent, slot=0)
     answers: list[Delivery] = []
 
     async def collect(delivery: Delivery) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from agent.sandbox import ScriptSandbox
 from rockbot.bus import SCRIPTS_MANAGER, Delivery, MemoryBroker, MemoryBus, Principal
-from rockbot.bus.topology import SCRIPT_INVOKE, script_result
+from rockbot.bus.topology import SCRIPT_INVOKE, agent_replies
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
@@ -117,7 +117,7 @@ async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
     reply = await (await as_agent("mallory")).request(
         queue=SCRIPT_INVOKE,
         body=ErrorInfo(code=ErrorCode.TIMEOUT, message="not a request"),
-        reply_queue=script_result(namespace="default", agent="mallory", instance="ab12"),
+        reply_queue=agent_replies(namespace="default", name="mallory", slot=0),
         correlation_id="junk-1",
         timeout_seconds=WAIT,
         responder=SCRIPTS_MANAGER,
@@ -146,7 +146,7 @@ async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
     gate = await asyncio.to_thread(_make_gate)
     bus = await as_agent("bob")
     try:
-        replies = script_result(namespace="default", agent="bob", instance="ab12")
+        replies = agent_replies(namespace="default", name="bob", slot=0)
         answers: asyncio.Queue[Delivery] = asyncio.Queue()
         await bus.consume(queue=replies, handler=answers.put)
         request = ScriptInvokeRequest(
@@ -193,8 +193,8 @@ def _make_gate() -> Path:
 async def _ask(as_agent: AsAgent, request: ScriptInvokeRequest) -> ScriptInvokeResponse | ScriptInvokeError:
     """Sends `request` as the agent it names."""
     reply = await (await as_agent(request.agent)).request(
-        queue=SCRIPT_INVOKE, body=request, reply_queue=script_result(namespace="default", agent=request.agent,
-                                                                   instance="ab12"),
+        queue=SCRIPT_INVOKE, body=request, reply_queue=agent_replies(namespace="default", name=request.agent,
+                                                                   slot=0),
         correlation_id=request.request_id, timeout_seconds=WAIT, responder=SCRIPTS_MANAGER,
     )  # fmt: skip
     return reply.decode(SCRIPT_INVOKE_REPLY)
