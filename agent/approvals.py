@@ -29,7 +29,7 @@ from rockbot.agent.registry import ToolContext, ToolRegistry
 from rockbot.bus import Bus
 from rockbot.bus.errors import BusError, RequestTimeout
 from rockbot.bus.identity import CONSOLE
-from rockbot.bus.topology import CONSOLE_APPROVALS, Queue
+from rockbot.bus.topology import CONSOLE_APPROVALS
 from rockbot.contracts.agent_config import AgentConfig, ApprovalPolicy
 from rockbot.contracts.approvals import MAX_ARGUMENTS_CHARS, ApprovalDecision, ApprovalRequest
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -49,16 +49,16 @@ class BusApprover:
     """Asks the console over the bus: the request goes to `console.approvals`, the decision comes back on this
     process's replies queue, taken only from the console's own broker login (`service.console`)."""
 
-    def __init__(self, *, bus: Bus, reply_queue: Queue) -> None:
+    def __init__(self, *, bus: Bus) -> None:
         self._bus = bus
-        self._replies = reply_queue
 
     async def ask(self, request: ApprovalRequest) -> ApprovalDecision:
         wait = (request.expires_at - request.requested_at).total_seconds()
+        replies = await self._bus.own_replies()
         try:
             delivery = await self._bus.request(
-                queue=CONSOLE_APPROVALS, body=request.model_copy(update={"reply_to": self._replies.name}),
-                reply_queue=self._replies, correlation_id=request.approval_id, timeout_seconds=wait,
+                queue=CONSOLE_APPROVALS, body=request.model_copy(update={"reply_to": replies.name}),
+                reply_queue=replies, correlation_id=request.approval_id, timeout_seconds=wait,
                 responder=CONSOLE,
             )  # fmt: skip
         except RequestTimeout:

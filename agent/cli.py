@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import logging
 import os
-import secrets
 import signal
 import sys
 from pathlib import Path
@@ -115,7 +114,6 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.usage_reports import UsageReporter
     from rockbot.bus import MemoryBroker, Principal
     from rockbot.bus.admin import ensure_principal
-    from rockbot.bus.topology import agent_replies
     from rockbot.health import STOP_STEP_SECONDS, stop_within
 
     stop = asyncio.Event()
@@ -154,12 +152,10 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     runtime = AgentRuntime.from_config(
         config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config), budget=budget,
         publish_runs=bus_publisher(bus) if reported else None,
-        history=SessionHistory(bus=bus, namespace=config.namespace, name=config.name,
-                               instance=secrets.token_hex(4)) if reported else None,
+        history=SessionHistory(bus=bus) if reported else None,
     )  # fmt: skip
     if reported:  # a person decides in the console, which is on the real bus only
-        runtime.approvals.approver = BusApprover(bus=bus, reply_queue=agent_replies(
-            namespace=config.namespace, name=config.name, instance=runtime.kit.instance))
+        runtime.approvals.approver = BusApprover(bus=bus)
     runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()

@@ -38,6 +38,7 @@ from rockbot.bus import (
     BadMessage,
     Bus,
     Delivery,
+    Nacked,
     NoRoute,
     Principal,
     Refused,
@@ -172,3 +173,6 @@ async def _answer(bus: Bus, delivery: Delivery, reply: InboxReply) -> None:
         await bus.reply(to=delivery, body=reply)
     except NoRoute:
         log.warning("the caller of %s is gone (no queue %s); dropping its reply", reply.request_id, delivery.reply_to)
+    except Nacked as exc:  # never requeue the request for it: its turn would run again, for nothing
+        log.warning("the broker refused the reply to %s on %s (%s); dropping it", reply.request_id,
+                    delivery.reply_to, exc)

@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from rockbot.agent.llm import Attempt
 from rockbot.agent.registry import ToolOutcome
 from rockbot.bus.identity import CONSOLE
-from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies
+from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS
 from rockbot.contracts.recording import (
     MAX_EVENTS_PER_MESSAGE,
     ApprovalRecorded,
@@ -293,11 +293,9 @@ class SessionHistory:
     with a short timeout; None when it cannot say (the turn then goes on with what this process holds)."""
 
     def __init__(
-        self, *, bus: Any, namespace: str, name: str, instance: str, timeout_seconds: float = 2.0,
-        quiet_seconds: float = 60.0,
-    ) -> None:  # fmt: skip
+        self, *, bus: Any, timeout_seconds: float = 2.0, quiet_seconds: float = 60.0
+    ) -> None:
         self._bus = bus
-        self._replies = agent_replies(namespace=namespace, name=name, instance=instance)
         self._timeout = timeout_seconds
         self._quiet = quiet_seconds
         self._asleep_until = 0.0
@@ -312,8 +310,8 @@ class SessionHistory:
             reply = await self._bus.request(
                 queue=CONSOLE_HISTORY, body=HistoryRequest(session_id=session_id[:256], caller=caller[:256],
                                                            max_messages=min(max_messages, 1000)),
-                reply_queue=self._replies, correlation_id=f"history-{_id()}", timeout_seconds=self._timeout,
-                responder=CONSOLE,
+                reply_queue=await self._bus.own_replies(), correlation_id=f"history-{_id()}",
+                timeout_seconds=self._timeout, responder=CONSOLE,
             )  # fmt: skip
             return reply.decode(HistoryReply)
         except Exception as exc:  # no history from the store is never a failed turn

@@ -55,6 +55,11 @@ class ScriptMetrics:
             "(empty: none idle; raced: another manager claimed it first; failed: it died before the job reached it).",
             ["limits_class", "reason"], registry=self.registry,
         )  # fmt: skip
+        self.replies_dropped = Counter(
+            "rockbot_scripts_replies_dropped", "Answers that could not be delivered and were dropped (their "
+            "request is not run again): no_queue (the asking process is gone), refused (the broker refused it).",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
         self.swept = Counter(
             "rockbot_scripts_swept_objects", "Leftover script pods deleted by the sweeper.",
             registry=self.registry,

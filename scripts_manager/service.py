@@ -36,7 +36,7 @@ from typing import Protocol
 from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 
-from rockbot.bus import Bus, Delivery, NoRoute, Principal, Refused, Subscription, TooLarge
+from rockbot.bus import Bus, Delivery, Nacked, NoRoute, Principal, Refused, Subscription, TooLarge
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.topology import SCRIPT_INVOKE, agent_replies_prefix
 from rockbot.bus.tracing import queue_wait
@@ -97,11 +97,19 @@ class ScriptService:
         await self._reply(delivery, reply)
 
     async def _reply(self, delivery: Delivery, reply: Reply) -> None:
+        """Answer; an answer that cannot be delivered is dropped with a log line and counted, and its request is
+        acked all the same (requeued, it would run again and be refused again: a hostile reply queue must not
+        make the manager work for nothing)."""
         try:
             await self._bus.reply(to=delivery, body=reply)
         except NoRoute:
+            self._metrics.replies_dropped.labels(reason="no_queue").inc()
             log.warning("the reply queue %s of request %s is gone; dropping its answer",
                         delivery.reply_to, reply.request_id)
+        except Nacked as exc:
+            self._metrics.replies_dropped.labels(reason="refused").inc()
+            log.warning("the broker refused the answer to request %s from %s on %s (%s); dropping it",
+                        reply.request_id, delivery.user_id, delivery.reply_to, exc)
 
     async def answer(self, delivery: Delivery, *, sender: Principal) -> Reply:
         """The answer to a request from `sender`; `_Refusal` (answered, then dead-lettered) for one to refuse."""

@@ -28,7 +28,7 @@ from aio_pika.abc import (
 )
 from yarl import URL
 
-from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, InUse, NoRoute, TooLarge
+from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, InUse, Nacked, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
 from rockbot.bus.messages import (
     CONTENT_TYPE,
@@ -177,7 +177,7 @@ class AmqpBus(Bus):
                     except aio_pika.exceptions.PublishError as exc:
                         raise NoRoute(f"no queue named {routing_key!r}") from exc
                     except aio_pika.exceptions.DeliveryError as exc:
-                        raise BusError(f"the broker refused a message for {routing_key!r}: {exc}") from exc
+                        raise Nacked(f"the broker refused a message for {routing_key!r}: {exc}") from exc
                     except aiormq.exceptions.ChannelAccessRefused as exc:
                         raise AccessRefused(f"user {self.user!r} may not publish to {routing_key!r}: {exc}") from exc
                     except aiormq.exceptions.ChannelPreconditionFailed as exc:

@@ -13,6 +13,13 @@ class NoRoute(BusError):
     """A message was addressed to a queue that does not exist (e.g. an agent that has gone)."""
 
 
+class Nacked(BusError):
+    """The broker took a message but would not keep it (its queue refuses more: an overflow of reject-publish).
+
+    Sending it again gets the same answer; a reply refused so is dropped, never retried by requeueing
+    the request it answers (that would run the request again, for nothing)."""
+
+
 class RequestTimeout(BusError):
     """No reply arrived before the request's deadline."""
 

@@ -3,7 +3,6 @@ calls, secrets never stored, and a conversation continues in a new process (a re
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -60,7 +59,7 @@ async def _agent(broker: MemoryBroker, llm, **fields) -> AgentRuntime:
     config = agent_config(llm_url=llm.url, **fields)
     runtime = AgentRuntime.from_config(
         config, bus=bus, env={API_KEY_ENV: SECRET}, tool_sets=[Tools], publish_runs=bus_publisher(bus),
-        history=SessionHistory(bus=bus, namespace="team-a", name="helper-bot", instance=uuid.uuid4().hex[:8]),
+        history=SessionHistory(bus=bus),
     )  # fmt: skip
     return await runtime.start()
 
@@ -138,7 +137,7 @@ async def test_an_unreachable_console_never_fails_a_turn(scripted_llm) -> None:
 
     agent = AgentRuntime.from_config(
         agent_config(llm_url=scripted_llm.url), bus=bus, env={API_KEY_ENV: "k"}, publish_runs=broken,
-        history=SessionHistory(bus=bus, namespace="team-a", name="helper-bot", instance="abcd", timeout_seconds=0.2),
+        history=SessionHistory(bus=bus, timeout_seconds=0.2),
     )  # fmt: skip
     await agent.start()
     result = await agent.chat("s1", "hello", caller="http")

@@ -142,7 +142,7 @@ def test_rabbitmq_runs_the_official_image_with_a_volume_and_loopback_users_off(r
     manifests = render()
     statefulset = find(manifests, "StatefulSet", "rockbot-rabbitmq")
     pod = statefulset["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"].startswith("docker.io/library/rabbitmq:3.13.")
+    assert pod["containers"][0]["image"].startswith("docker.io/library/rabbitmq:4.1.")  # checks CC/BCC (issue 18)
     assert statefulset["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "2Gi"
     assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} >= {"/var/lib/rabbitmq"}
     config = find(manifests, "ConfigMap", "rockbot-rabbitmq")["data"]["10-rockbot.conf"]

@@ -18,7 +18,7 @@ from aiohttp import web
 from rockbot.agent.approvals import BusApprover
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import CONSOLE, MemoryBroker, Principal
-from rockbot.bus.topology import CONSOLE_APPROVALS, agent_replies
+from rockbot.bus.topology import CONSOLE_APPROVALS
 from rockbot.console.approvals import ApprovalDesk, event_on_agent
 from rockbot.console.auth_sessions import COOKIE_NAME, Sessions
 from rockbot.console.authentication import TokenReviewer
@@ -69,8 +69,7 @@ async def setup(kube_admin: KubeClient, namespaces: list[str], scripted_llm) -> 
                           approvals={"delete_database": {"timeout_seconds": 60}})
     agent = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, tool_sets=[tool_set(delete_database)],
                                      bus=agent_bus)
-    agent.approvals.approver = BusApprover(bus=agent_bus, reply_queue=agent_replies(
-        namespace=mine, name="helper", instance=agent.kit.instance))
+    agent.approvals.approver = BusApprover(bus=agent_bus)
     async with agent:
         try:
             yield Setup(url=f"http://127.0.0.1:{runner.addresses[0][1]}", desk=desk, agent=agent, namespace=mine,
@@ -166,8 +165,7 @@ async def test_an_agent_cannot_ask_in_another_agents_name(setup: Setup) -> None:
         tool_name="delete_database", arguments="{}", requested_at=now, expires_at=now + datetime.timedelta(minutes=5),
         on_timeout="Deny",
     )  # fmt: skip
-    replies = agent_replies(namespace=setup.namespace, name="evil", instance="x1")
-    await evil_bus.declare(replies)
+    replies = await evil_bus.own_replies()
     await evil_bus.publish(queue=CONSOLE_APPROVALS, body=forged, reply_to=replies.name)
 
     async def refused() -> None:

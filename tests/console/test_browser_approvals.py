@@ -17,7 +17,6 @@ from rockbot.agent.approvals import BusApprover
 from rockbot.agent.recording import bus_publisher
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import CONSOLE, MemoryBroker, Principal
-from rockbot.bus.topology import agent_replies
 from rockbot.console.approvals import ApprovalDesk
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import TokenReviewer
@@ -73,8 +72,7 @@ async def world(kube_admin: KubeClient, namespaces: list[str], scripted_llm, tmp
                           approvals={"delete_database": {"timeout_seconds": 60}})
     agent = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, tool_sets=[tool_set(delete_database)],
                                      bus=agent_bus, publish_runs=bus_publisher(agent_bus))
-    agent.approvals.approver = BusApprover(bus=agent_bus, reply_queue=agent_replies(
-        namespace=mine, name="helper", instance=agent.kit.instance))
+    agent.approvals.approver = BusApprover(bus=agent_bus)
     try:
         async with agent:
             yield World(url=f"http://127.0.0.1:{runner.addresses[0][1]}", agent=agent, namespace=mine, store=store)

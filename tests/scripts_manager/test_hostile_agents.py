@@ -218,3 +218,36 @@ async def _relay_into(vhost: Vhost, *, queue: str, correlation_id: str) -> str:
         return f"refused: {exc}"
     finally:
         await connection.close()
+
+
+async def test_answers_a_reply_queue_refuses_are_dropped_and_never_rerun_their_request(
+    manager: ScriptsManager, alice: AmqpBus, mallory_url: str, vhost: Vhost
+) -> None:
+    """Issue 18 P2: a reply queue that refuses every message (max length 0, reject-publish; agents can no longer
+    declare one, so the test makes it as an older rockbot would have) costs one run per request, not six."""
+    slot = agent_replies(namespace="default", name="mallory", slot=0)
+    vhost_path = quote(vhost.name, safe="")
+    await vhost.admin._call("DELETE", f"queues/{vhost_path}/{slot.name}")
+    await vhost.admin._call("PUT", f"queues/{vhost_path}/{slot.name}", {
+        "durable": True, "arguments": {"x-max-length": 0, "x-overflow": "reject-publish"}})
+    await vhost.admin._call("POST", f"bindings/{vhost_path}/e/{EXCHANGE}/q/{slot.name}", {"routing_key": slot.name})
+    requests = 12
+    async with await AmqpBus.connect(url=mallory_url) as mallory:
+        for n in range(requests):
+            request = ScriptInvokeRequest(request_id=f"cheap-{n}", agent="mallory", script="pass")
+            await mallory.publish(queue=SCRIPT_INVOKE, body=request, message_id=request.request_id,
+                                  correlation_id=request.request_id, reply_to=slot.name)
+
+    def counted(name: str, **labels: str) -> float:
+        return manager.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    async def all_dropped() -> None:
+        assert counted("rockbot_scripts_replies_dropped_total", reason="refused") == requests
+
+    await eventually(all_dropped, within=WAIT)
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    answer = await sandbox.execute_python_script(script="print('still served')")
+    assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "still served\n", answer
+    runs = counted("rockbot_scripts_runs_total", backend="local", outcome="succeeded")
+    assert runs == requests + 1  # each request ran once: none was requeued for its refused answer
+    assert (await asyncio.to_thread(vhost.queues))[SCRIPT_INVOKE.name] == (0, 0)
