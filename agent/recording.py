@@ -24,10 +24,11 @@ import asyncio
 import contextlib
 import contextvars
 import datetime
+import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter
@@ -66,8 +67,13 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+_PROCESS = uuid.uuid4().hex[:16]
+_counter = itertools.count()
+
+
 def _id() -> str:
-    return uuid.uuid4().hex
+    """Unique across processes (a random prefix per process) and cheap (a counter): ids are made per event."""
+    return f"{_PROCESS}-{next(_counter)}"
 
 
 class Redactor:
@@ -137,6 +143,7 @@ class RunRecorder:
         redact: Redactor | None = None,
         registry: CollectorRegistry | None = None,
         max_buffered: int = 10_000,
+        linger_seconds: float = 0.05,
     ) -> None:
         self.record = record if publish is not None else "None"
         self.retention_days = retention_days
@@ -144,6 +151,7 @@ class RunRecorder:
         self._redact = redact or Redactor()
         self._buffer: asyncio.Queue[RunEvent] = asyncio.Queue(maxsize=max_buffered)
         self._sender: asyncio.Task[None] | None = None
+        self._linger = linger_seconds
         self.not_recorded = Counter(
             "rockbot_runs_not_recorded_total", "Run events dropped before reaching the console, by reason "
             "(buffer_full, bus_error).", ["reason"], registry=registry,
@@ -276,6 +284,7 @@ class RunRecorder:
         assert self._publish is not None
         while True:
             events = [await self._buffer.get()]
+            await asyncio.sleep(self._linger)  # one message for what a moment brings, not one per event
             while len(events) < MAX_EVENTS_PER_MESSAGE and not self._buffer.empty():
                 events.append(self._buffer.get_nowait())
             try:
@@ -286,6 +295,12 @@ class RunRecorder:
             finally:
                 for _ in events:
                     self._buffer.task_done()
+
+
+class HistorySource(Protocol):
+    """Where a runtime reads a session's recorded history: the console over the bus, or `rockbot local`'s store."""
+
+    async def fetch(self, *, caller: str, session_id: str, max_messages: int) -> HistoryReply | None: ...
 
 
 class SessionHistory:

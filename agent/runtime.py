@@ -37,7 +37,7 @@ from rockbot.agent.llm import LlmClient, LlmError
 from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
-from rockbot.agent.recording import Publish, RunRecorder, SessionHistory, secrets_of
+from rockbot.agent.recording import HistorySource, Publish, RunRecorder, secrets_of
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.a2a_agents import a2a_tool
 from rockbot.agent.toolsets.delegation import agent_tool
@@ -75,7 +75,7 @@ class AgentRuntime:
         tool_sets: list[ToolSetSource],
         approver: Approver | None = None,
         recorder: RunRecorder | None = None,
-        history: SessionHistory | None = None,
+        history: HistorySource | None = None,
     ):
         self.config = config
         self.recorder = recorder or RunRecorder(publish=None)
@@ -114,7 +114,7 @@ class AgentRuntime:
         budget: TokenBudget | None = None,
         approver: Approver | None = None,
         publish_runs: Publish | None = None,
-        history: SessionHistory | None = None,
+        history: HistorySource | None = None,
     ) -> AgentRuntime:
         """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`.
 

@@ -6,14 +6,17 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
+from rockbot.console.store import Store
 from rockbot.local.assembly import AssembledAgent
 from rockbot.local.broker import Connect
+from rockbot.local.runs import StoreHistory, store_publisher
 from rockbot.local.scheduler import LocalScheduler, Report
 from rockbot.local.triggers import LocalTriggers, TriggerReport
 from rockbot.resources import ScheduledTask
@@ -45,10 +48,16 @@ async def running(
     keys: dict[str, dict[str, str]] | None = None,
     trigger_report: TriggerReport | None = None,
     webhook_port: int = 0,
+    runs_database: Path | None = None,
 ) -> AsyncIterator[LocalRun]:
     """The scripts-manager (local sandbox), every agent with its inbox, the scheduler, and the webhook Triggers
-    (`triggers`, signed with `keys` from the Secret manifests) on `webhook_port`."""
+    (`triggers`, signed with `keys` from the Secret manifests) on `webhook_port`; every turn recorded in the
+    SQLite run store `runs_database` (none: not recorded)."""
     async with contextlib.AsyncExitStack() as stack:
+        store = None
+        if runs_database is not None:
+            store = await Store.open(url=f"sqlite:///{runs_database}")
+            stack.push_async_callback(store.close)  # after every agent has sent what it recorded
 
         async def connected(principal: Principal):
             return await stack.enter_async_context(await connect(principal))
@@ -68,6 +77,8 @@ async def running(
                 sandbox=sandbox,
                 env={**os.environ, **assembled.env},
                 tool_sets=[scheduler.tool_set()] if assembled.scheduling else [],
+                publish_runs=store and store_publisher(store, namespace=assembled.config.namespace, agent=name),
+                history=store and StoreHistory(store, namespace=assembled.config.namespace, agent=name),
             )
             await stack.enter_async_context(runtime)
             inbox = await serve_inbox(runtime=runtime, bus=bus)

@@ -60,6 +60,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run scripts without isolation when no sandbox primitive works (not recommended)",
     )
     parser.add_argument(
+        "--runs-database", type=pathlib.Path, default=None,
+        help="record every turn in this SQLite run store (default: ~/.local/state/rockbot/runs.db; read it with "
+        "`rockbot runs`)",
+    )
+    parser.add_argument("--no-runs", action="store_true", help="record no runs")
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="show the processes' logs here instead of in the log file"
     )
 
@@ -167,13 +173,19 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
         async with running(
             connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts,
             triggers=list(manifests.triggers.values()), keys=manifests.secrets, trigger_report=printer.trigger_report,
-            webhook_port=args.webhook_port,
+            webhook_port=args.webhook_port, runs_database=_runs_database(args),
         ) as local:
             return await _session(args, local=local, manifests=manifests, chosen=chosen, printer=printer,
                                   log_file=log_file)  # fmt: skip
     except PortUnavailable as error:
         print(f"rockbot local: {error}", file=sys.stderr)
         return 1
+
+
+def _runs_database(args: argparse.Namespace) -> pathlib.Path | None:
+    from rockbot.console.settings import DEFAULT_DATABASE
+
+    return None if args.no_runs else (args.runs_database or DEFAULT_DATABASE)
 
 
 async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:

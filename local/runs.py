@@ -1,0 +1,30 @@
+"""`rockbot local` records its agents' runs in a SQLite run store directly: the same recorder as in a cluster,
+publishing into the console's store instead of onto the bus, and reading sessions' histories from it."""
+
+from __future__ import annotations
+
+from rockbot.agent.recording import Publish
+from rockbot.console.store import Batch, Store
+from rockbot.contracts.recording import HistoryReply, RunEvents
+
+
+def store_publisher(store: Store, *, namespace: str, agent: str) -> Publish:
+    """Write an agent's run events into `store` as that agent (locally every agent is trusted: one person's)."""
+
+    async def publish(events: RunEvents) -> None:
+        await store.write(batches=[Batch(namespace=namespace, agent=agent, events=events.events)])
+
+    return publish
+
+
+class StoreHistory:
+    """A session's recorded history, read from the local store (the same answer the console gives an agent)."""
+
+    def __init__(self, store: Store, *, namespace: str, agent: str) -> None:
+        self._store = store
+        self._namespace = namespace
+        self._agent = agent
+
+    async def fetch(self, *, caller: str, session_id: str, max_messages: int) -> HistoryReply | None:
+        return await self._store.session_history(namespace=self._namespace, agent=self._agent, caller=caller,
+                                                 session_id=session_id, max_messages=max_messages)  # fmt: skip
