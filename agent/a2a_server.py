@@ -10,7 +10,8 @@ A task is one turn of the kept conversation named by the A2A `contextId` (the cl
 message, as A2A does), run by `AgentRuntime.chat` like the inbox's turns: so the same daily token
 budget, usage accounting and run record apply. The answer streams as chunks of the artifact `answer`
 while the model writes it. The card is public, as A2A expects (it names the bearer scheme); it lists the
-tools the model is offered as the agent's skills and the endpoint as the request reached it.
+tools the model is offered as the agent's skills (after `conversation`, the turn itself) and the endpoint
+as the request reached it.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class TurnExecutor(AgentExecutor):
 def agent_card(runtime: AgentRuntime, *, url: str) -> AgentCard:
     """The card: who the agent is, its skills (the tools the model is offered), where and how to call it."""
     config = runtime.config
-    skills = [
+    skills = [AgentSkill(id="conversation", name="conversation", tags=["chat"],
+                         description="Answers a message in the conversation its contextId names, with the tools below")]
+    skills += [
         AgentSkill(id=tool["function"]["name"], name=tool["function"]["name"],
                    description=tool["function"].get("description") or tool["function"]["name"], tags=["tool"])
         for tool in runtime.registry.openai_tools()
