@@ -89,8 +89,8 @@ def test_unusable_definitions_are_refused_at_registration(kwargs, message):
 
 async def test_a_valid_call_returns_the_result():
     outcome = await echo_registry().invoke("echo", '{"text": "hi"}', context=CONTEXT)
-    assert outcome == ToolOutcome(tool_call_id="call-1", name="echo", content="echo: hi",
-                                  duration_seconds=outcome.duration_seconds)
+    assert outcome == ToolOutcome(tool_call_id="call-1", name="echo", content="echo: hi", arguments='{"text": "hi"}',
+                                  source="builtin", duration_seconds=outcome.duration_seconds)
     assert outcome.ok and outcome.for_model() == "echo: hi"
 
 
