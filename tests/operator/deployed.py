@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER
+from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER
 from tests.fixtures.rabbitmq import RabbitBroker, login_of
 from tests.kubeapi import KubeApiEmulator
 from tests.pod_process import (
@@ -70,6 +70,7 @@ def start_operator(
         "ROCKBOT_AMQP_URL": login_of(broker, OPERATOR) if broker else "",
         "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": login_of(broker, SCRIPTS_MANAGER) if broker else "",
         "ROCKBOT_GATEWAY_AMQP_URL": login_of(broker, GATEWAY) if broker else "",
+        "ROCKBOT_CONSOLE_AMQP_URL": login_of(broker, CONSOLE) if broker else "",
         "ROCKBOT_BROKER_ADMIN_USERNAME": "guest",
         "ROCKBOT_BROKER_ADMIN_PASSWORD": "guest",
     }
