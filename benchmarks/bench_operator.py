@@ -30,8 +30,6 @@ import asyncio
 import base64
 import collections
 import contextlib
-import datetime
-import json
 import os
 import secrets
 import tempfile
@@ -53,6 +51,7 @@ from tests.fixtures.kubeapi import CRDS_DIR, apply_crd, client_for
 from tests.fixtures.rabbitmq import RabbitBroker, provision_on
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.controllers import DeploymentController, in_background
+from tests.operator.audit import WRITE_VERBS, AuditEvent, AuditLog
 from tests.operator.deployed import (
     CHILD_KINDS,
     DeployedOperator,
@@ -66,7 +65,6 @@ from tests.pod_process import PodProcess, chart_pod_spec
 
 #: How long without a request from the operator counts as "it has nothing left to do".
 QUIET_SECONDS = 2.0
-WRITE_VERBS = ("create", "update", "patch", "delete")
 QUOTAS = Resource(group="", version="v1", plural="resourcequotas", kind="ResourceQuota", namespaced=True)
 _EMULATOR_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -203,65 +201,26 @@ async def emulated(args: argparse.Namespace, broker: RabbitBroker | None, starte
 # ---- a real API server
 
 
-class AuditLog:
-    """The API server's audit log, read as it grows: the requests of one user, and the writes of the others."""
-
-    def __init__(self, path: Path, *, user: str, namespace: str) -> None:
-        self._path, self._user, self._namespace = path, user, namespace
-        self._offset = path.stat().st_size if path.exists() else 0
-        self.mine: list[Request] = []
-        self.others: list[tuple[int, Request]] = []  # (len(mine) then, request)
-        self.started: list[tuple[float, Request]] = []  # when each of mine was received (epoch seconds)
-
-    def read(self) -> None:
-        if not self._path.exists():
-            return
-        if self._path.stat().st_size < self._offset:
-            self._offset = 0  # rotated (at 200 MB): what the old file had after our offset is lost
-        with self._path.open("rb") as log:
-            log.seek(self._offset)
-            data = log.read()
-        end = data.rfind(b"\n") + 1
-        self._offset += end
-        for line in data[:end].splitlines():
-            if b'"ResponseComplete"' not in line or self._namespace.encode() not in line:
-                continue
-            event = json.loads(line)
-            ref = event.get("objectRef") or {}
-            if ref.get("namespace") != self._namespace and event["user"]["username"] != self._user:
-                continue
-            what = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-            request = Request(event["verb"], what)
-            if event["user"]["username"] == self._user:
-                self.mine.append(request)
-                when = event["requestReceivedTimestamp"].replace("Z", "+00:00")
-                self.started.append((_epoch(when), request))
-            elif request.write:
-                self.others.append((len(self.mine), request))
-
-
-def _epoch(timestamp: str) -> float:
-    return datetime.datetime.fromisoformat(timestamp).timestamp()
-
-
 class Real:
-    def __init__(self, cluster: KubeCluster, client: KubeClient, audit: AuditLog,
+    def __init__(self, cluster: KubeCluster, client: KubeClient, audit: AuditLog, user: str,
                  launch: Callable[..., DeployedOperator], namespace: str) -> None:
-        self.cluster, self.client, self.audit, self.launch, self.namespace = cluster, client, audit, launch, namespace
+        self.cluster, self.client, self.audit, self.user = cluster, client, audit, user
+        self.launch, self.namespace = launch, namespace
         self.agents: dict[str, dict[str, Any]] = {}
         self.tools: dict[str, dict[str, Any]] = {}
 
     def mark(self) -> int:
-        self.audit.read()
-        return len(self.audit.mine)
+        return len(self.audit.read())
+
+    def operator_events(self, since: int) -> list[AuditEvent]:
+        return [event for event in self.audit.read()[since:] if event.user == self.user]
 
     def operator_requests(self, since: int) -> list[Request]:
-        self.audit.read()
-        return self.audit.mine[since:]
+        return [Request(event.verb, event.resource) for event in self.operator_events(since)]
 
     def others_writes(self, since: int) -> list[Request]:
-        self.audit.read()
-        return [request for mark, request in self.audit.others if mark >= since]
+        return [Request(event.verb, event.resource) for event in self.audit.read()[since:]
+                if event.user != self.user and event.write]  # fmt: skip
 
     async def lagging(self, names: list[str]) -> str:
         return lagging_status(self.agents, list(self.tools.values()), names)
@@ -332,8 +291,7 @@ async def real(args: argparse.Namespace, broker: RabbitBroker | None, started: l
     account = chart_pod_spec(manifests, "operator")["serviceAccountName"]
     token = cluster.token(namespace=namespace, service_account=account, seconds=4 * 3600)
     kubeconfig = cluster.kubeconfig_for(token=token, path=scratch / "operator.kubeconfig").read_text()
-    audit = AuditLog(folder / "logs" / "audit.log", user=f"system:serviceaccount:{namespace}:{account}",
-                     namespace=namespace)
+    audit = AuditLog(folder / "logs" / "audit.log", namespace=namespace)
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)  # the benchmark's own client acts as admin
     with contextlib.ExitStack() as undo:
         undo.callback(cluster.delete_namespace, namespace)
@@ -342,7 +300,7 @@ async def real(args: argparse.Namespace, broker: RabbitBroker | None, started: l
                 return start_operator(lambda _: manifests, None, started, broker=broker,
                                       extra_env={**env, **(more or {})}, kubeconfig=kubeconfig)
 
-            api = Real(cluster, client, audit, launch, namespace)
+            api = Real(cluster, client, audit, f"system:serviceaccount:{namespace}:{account}", launch, namespace)
             tasks = [asyncio.create_task(kubelet_stand_in(client, namespace))]
             for resource, held in ((AGENTS, api.agents), (TOOLS, api.tools)):
                 tasks.append(asyncio.create_task(mirror(
@@ -486,8 +444,7 @@ async def refused_phase(args: argparse.Namespace, api: Real, operator: DeployedO
     mark, began = api.mark(), time.time()
     await create_agents(api, range(args.agents, args.agents + args.refused), args.tools)
     await asyncio.sleep(args.refused_minutes * 60)
-    api.audit.read()
-    started = [when for when, _ in api.audit.started[mark:]]
+    started = [event.received.timestamp() for event in api.operator_events(mark)]
     made = api.operator_requests(mark)
     minutes = [sum(1 for when in started if began + 60 * m <= when < began + 60 * (m + 1))
                for m in range(int(args.refused_minutes))]

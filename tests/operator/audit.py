@@ -1,0 +1,68 @@
+"""A real API server's audit log (the rig's: JSON lines, Metadata level), read as it grows.
+
+Tests and the operator benchmark count requests per user from it: the API server's own word on what
+a client asked, whatever the client believes it sent. The rig's log is shared and large, so it is read
+from where it ended when the reader was made, a new part at a time, keeping only one namespace's
+events (and those of users named after it, such as its ServiceAccounts, wherever they went).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WRITE_VERBS = ("create", "update", "patch", "delete")
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    verb: str  # get, list, watch, create, update, patch, delete
+    resource: str  # with its subresource: "agents/status"
+    name: str
+    namespace: str
+    user: str
+    received: datetime.datetime
+
+    @property
+    def write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+    @classmethod
+    def of(cls, event: dict[str, Any]) -> AuditEvent:
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        return cls(verb=event["verb"], resource=resource, name=ref.get("name", ""),
+                   namespace=ref.get("namespace", ""), user=event["user"]["username"],
+                   received=datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")))
+
+
+class AuditLog:
+    """The completed requests (stage ResponseComplete) about `namespace` logged after this reader was made."""
+
+    def __init__(self, path: Path, *, namespace: str) -> None:
+        self._path = path
+        self._namespace = namespace
+        self._offset = path.stat().st_size if path.exists() else 0
+        self.events: list[AuditEvent] = []
+
+    def read(self) -> list[AuditEvent]:
+        """Take what was logged since the last read; every event so far."""
+        if not self._path.exists():
+            return self.events
+        if self._path.stat().st_size < self._offset:
+            self._offset = 0  # rotated (the rig keeps 200 MB a file): the old file's last lines are not read
+        with self._path.open("rb") as log:
+            log.seek(self._offset)
+            data = log.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        mark = self._namespace.encode()
+        for line in data[:end].splitlines():
+            if mark in line and b'"ResponseComplete"' in line:
+                event = AuditEvent.of(json.loads(line))
+                if event.namespace == self._namespace or self._namespace in event.user:
+                    self.events.append(event)
+        return self.events
