@@ -28,7 +28,7 @@ from typing import Any, Self
 from alembic import command
 from alembic.config import Config
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, delete, event, func, select, text, tuple_, update
+from sqlalchemy import Connection, bindparam, delete, event, func, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -162,6 +162,10 @@ class Store:
     async def write(self, *, batches: Sequence[Batch]) -> Written:
         """Write every batch in one transaction (each event at most once); `StoreUnavailable` on a database failure."""
         result = Written()
+        merged: dict[tuple[str, str], list[RunEvent]] = {}
+        for batch in batches:  # one set of statements per agent, however many of its messages the batch holds
+            merged.setdefault((batch.namespace, batch.agent), []).extend(batch.events)
+        batches = [Batch(namespace=ns, agent=agent, events=events) for (ns, agent), events in merged.items()]
         async with self._connection() as connection, connection.begin():
             for batch in batches:
                 counts = await self._write_one(connection, batch)
@@ -216,12 +220,17 @@ class Store:
             new = len(inserted.all())
             counts.written += new
             counts.duplicates += len(timeline) - new
-        for ended in (e for e in batch.events if isinstance(e, RunEnded) and e.run_id in owned):
+        ended = [
+            {"ended_run": e.run_id, "ended_at": e.at, "outcome": e.outcome, "error": e.error,
+             "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens, "tool_calls": e.tool_calls}
+            for e in batch.events if isinstance(e, RunEnded) and e.run_id in owned
+        ]  # fmt: skip
+        if ended:
             await connection.execute(
-                update(runs).where(runs.c.run_id == ended.run_id).values(
-                    ended_at=ended.at, outcome=ended.outcome, error=ended.error, prompt_tokens=ended.prompt_tokens,
-                    completion_tokens=ended.completion_tokens, tool_calls=ended.tool_calls,
-                )
+                update(runs).where(runs.c.run_id == bindparam("ended_run")).values(
+                    {name: bindparam(name) for name in ended[0] if name != "ended_run"}
+                ),
+                ended,
             )  # fmt: skip
         return counts
 
