@@ -84,9 +84,3 @@ class AccessReviewer:
                 self._decisions.popitem(last=False)
         return decision
 
-
-class AllowEverything:
-    """`rockbot local`: one person on their own machine, no cluster to ask."""
-
-    async def allowed(self, *, identity: Identity, namespace: str, action: Action) -> bool:
-        return True

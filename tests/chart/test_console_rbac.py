@@ -49,3 +49,11 @@ def test_the_ingress_is_optional(render: Render) -> None:
     ingress = next(m for m in render({"console": {"ingress": {"enabled": True, "host": "console.example.com"}}})
                    if m["kind"] == "Ingress" and m["metadata"]["name"] == "rockbot-console")
     assert ingress["spec"]["rules"][0]["host"] == "console.example.com"
+
+
+def test_the_tracing_ui_link_reaches_the_console(render: Render) -> None:
+    template = "https://jaeger.example.com/trace/{trace_id}"
+    deployment = next(m for m in render({"console": {"traceUrlTemplate": template}})
+                      if m["kind"] == "Deployment" and m["metadata"]["name"] == "rockbot-console")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ROCKBOT_TRACE_URL_TEMPLATE"] == template
