@@ -128,7 +128,10 @@ async def test_approve_then_deny_in_the_browser_and_read_both_runs(
 
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="delete_database", arguments={"name": "staging"})]),
                       Turn(text=HOSTILE))
+    await page.goto(f"{world.url}/approvals")  # open before anything waits: the page shows new calls by itself
+    assert await page.locator("section.approval").count() == 0
     turn = asyncio.create_task(world.agent.chat("s1", "drop staging", caller="http"))
+    await page.wait_for_selector("section.approval", timeout=15_000)  # the page reloaded itself with the call
     await decide_in_browser(page, world, button="approve", reason="staging is disposable", shot="approvals")
     await asyncio.wait_for(turn, 10)
     assert RAN == ["staging"]
