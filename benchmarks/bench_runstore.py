@@ -208,7 +208,7 @@ async def size_per_runs(*, postgres: PostgresServer, runs: int) -> None:
         await connection.execute(text("CHECKPOINT"))
         after = await connection.scalar(text("SELECT pg_database_size(current_database())"))
     await store.close()
-    print(f"4. database size for {runs:,} typical runs (3 tool calls, 16 events each): "
+    print(f"4. database size for {runs:,} typical runs (3 tool calls, 14 events each): "
           f"{(after - before) / 2**20:.1f} MiB, {(after - before) / runs / 1024:.1f} KiB per run")
 
 
