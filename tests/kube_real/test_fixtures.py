@@ -64,3 +64,24 @@ def test_a_dead_api_server_is_reported_with_its_address(kube_cluster: KubeCluste
     assert "https://127.0.0.1:1 does not answer" in problem
     with pytest.raises(pytest.fail.Exception, match="does not answer"):
         dead.ensure_alive()
+
+
+def test_a_dead_shared_rig_hands_the_session_to_a_control_plane_of_its_own(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    dead_config = tmp_path / "kubeconfig"
+    dead_config.write_text(kube_cluster.kubeconfig.read_text().replace(kube_cluster.server, "https://127.0.0.1:1"))
+    rig = KubeCluster(kubeconfig=dead_config, scratch=tmp_path / "certs", log=tmp_path / "apiserver.log",
+                      private=False)
+    moved: list[str] = []
+
+    def fall_back(cluster: KubeCluster) -> None:  # stands for starting a control plane: the live server
+        moved.append(cluster.server)
+        cluster.connect(kubeconfig=kube_cluster.kubeconfig, scratch=tmp_path / "own", log=kube_cluster.log,
+                        private=True)
+
+    rig.fallback = fall_back
+    rig.ensure_alive()  # no failure: the session moved on
+    assert moved == ["https://127.0.0.1:1"]
+    assert (rig.server, rig.private, rig.problem()) == (kube_cluster.server, True, None)
+    assert rig.fallback is None  # once only: a second death fails the tests

@@ -13,6 +13,7 @@ from rockbot.kube import (
     NAMESPACES,
     PODS,
     ApiError,
+    Gone,
     KubeClient,
     KubeConfigError,
     NotFound,
@@ -120,3 +121,12 @@ async def test_requests_do_not_hop_to_worker_threads(kube_api: KubeApiEmulator, 
     assert hops == []
 
 
+async def test_watch_raises_gone_for_an_expired_resource_version(kube_api, kube_client: KubeClient):
+    # A compaction on demand, which a real API server cannot be made to do (its window of changes varies).
+    listed = await kube_client.list(CONFIGMAPS, namespace="default")
+    await kube_client.create(CONFIGMAPS, namespace="default", body={"metadata": {"name": "g"}})
+    kube_api.compact()
+    with pytest.raises(Gone, match="too old resource version"):
+        async for _ in kube_client.watch(CONFIGMAPS, namespace="default", resource_version=listed.resource_version,
+                                         timeout_seconds=1):
+            pass
