@@ -5,8 +5,8 @@ Two bounds: each conversation keeps at most `max_messages` messages (older turns
 whole, at a user message, so an assistant's tool calls are never separated from their `role:
 tool` answers, which providers reject), and at most `max_sessions` conversations are kept (the
 least recently used is forgotten). The system prompt is not stored: it is prepended per request.
-Memory only: an agent restart starts every conversation afresh, which the operator's rolling
-updates make a visible, documented behaviour rather than a surprise.
+This process's copy: when the run store is there (`recording.SessionHistory`), a turn starts from the
+recorded history instead (every replica's turns, an earlier pod's), and this copy is the fallback.
 """
 
 from __future__ import annotations

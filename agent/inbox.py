@@ -161,6 +161,7 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         session_id=request.session_id,
         answer=result.answer,
         tools_called=tuple(result.tools_called),
+        run_id=result.run_id,
     )
 
 

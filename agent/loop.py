@@ -62,6 +62,8 @@ class LoopResult(BaseModel):
     budget_exhausted: bool = False
     #: What the loop's model requests used, summed over its rounds.
     usage: Usage = Field(default_factory=Usage)
+    #: The turn's run in the run store, when it was recorded (set by the runtime).
+    run_id: str | None = None
 
 
 class ToolLoop:

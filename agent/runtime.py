@@ -314,6 +314,8 @@ class AgentRuntime:
                 run.ended(outcome="Succeeded" if not result.hit_iteration_limit and not result.budget_exhausted
                           else "Failed", error=_outcome(result) if result.hit_iteration_limit else "")
                 self._last_runs[session_id] = run.run_id
+                if self.recorder.record != "None":
+                    result.run_id = run.run_id
                 return result
 
     async def _traced_turn(

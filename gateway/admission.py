@@ -144,10 +144,10 @@ def admit(
 
 def complete(
     trigger: Trigger, status: TriggerStatus, *, run: str, answer: str | None, error: str | None,
-    now: datetime.datetime,
+    now: datetime.datetime, agent_run: str = "",
 ) -> bool:  # fmt: skip
     """The agent answered run `run`; False when it is not active (timed out, replaced, answered before)."""
-    if not runs.complete(status, run=run, now=now, answer=answer, error=error):
+    if not runs.complete(status, run=run, now=now, answer=answer, error=error, agent_run=agent_run):
         return False
     _trim(trigger, status)
     return True

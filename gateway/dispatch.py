@@ -120,10 +120,12 @@ class Dispatch:
             return
         namespace, name, run = parsed
         answer, error = runs.outcome_of(reply)
-        await self._complete((namespace, name), run, answer=answer, error=error, sender=delivery.sender)
+        await self._complete((namespace, name), run, answer=answer, error=error, sender=delivery.sender,
+                             agent_run=reply.run_id or "")
 
     async def _complete(
-        self, key: Key, run: str, *, answer: str | None, error: str | None, sender: Principal | None = None
+        self, key: Key, run: str, *, answer: str | None, error: str | None, sender: Principal | None = None,
+        agent_run: str = "",
     ) -> None:
         now = self._clock.now()
 
@@ -134,7 +136,8 @@ class Dispatch:
             agent = Principal.agent(namespace=key[0], name=trigger.spec.agent_ref.name)
             if sender is not None and sender != agent:
                 return logging.WARNING, f"it comes from {sender}, but the run was sent to {agent}"
-            if not admission.complete(trigger, status, run=run, answer=answer, error=error, now=now):
+            if not admission.complete(trigger, status, run=run, answer=answer, error=error, now=now,
+                                      agent_run=agent_run):
                 return logging.INFO, "the run is no longer active (answered, timed out or replaced)"
             return None
 

@@ -124,7 +124,7 @@ def start(runs: Runs[A], run: A, *, policy: ConcurrencyPolicy, now: datetime.dat
 
 
 def complete(
-    runs: Runs[A], *, run: str, now: datetime.datetime, answer: str | None, error: str | None
+    runs: Runs[A], *, run: str, now: datetime.datetime, answer: str | None, error: str | None, agent_run: str = ""
 ) -> bool:
     """End the active run `run` with the agent's answer or error; False when it is not active (any more)."""
     active = next((candidate for candidate in runs.active if candidate.run_id == run), None)
@@ -132,7 +132,8 @@ def complete(
         return False
     runs.active.remove(active)
     outcome = "Failed" if error is not None else "Succeeded"
-    runs.history.append(active.finished(outcome=outcome, now=now, message=error or "", summary=answer or ""))
+    runs.history.append(active.finished(outcome=outcome, now=now, message=error or "", summary=answer or "",
+                                        agent_run=agent_run))  # fmt: skip
     return True
 
 

@@ -278,11 +278,12 @@ class Scheduler:
             return
         namespace, task, run = parsed
         answer, error = runs.outcome_of(reply)
-        await self._complete(namespace, task, run, answer=answer, error=error, sender=delivery.sender)
+        await self._complete(namespace, task, run, answer=answer, error=error, sender=delivery.sender,
+                             agent_run=reply.run_id or "")
 
     async def _complete(
         self, namespace: str, task: str, run: str, *, answer: str | None, error: str | None,
-        sender: Principal | None = None,
+        sender: Principal | None = None, agent_run: str = "",
     ) -> None:
         """Record the run's outcome; `sender`, when the outcome is an agent's reply, must be the task's agent."""
         for _ in range(WRITE_ATTEMPTS):
@@ -297,7 +298,8 @@ class Scheduler:
                 log.warning("ignoring %s's reply to run %s of %s/%s: the run was sent to %s",
                             sender, run, namespace, task, agent)
                 return
-            status = complete_run(body=body, run_id=run, now=self._clock.now(), answer=answer, error=error)
+            status = complete_run(body=body, run_id=run, now=self._clock.now(), answer=answer, error=error,
+                                  agent_run=agent_run)
             if status is None:
                 return
             try:

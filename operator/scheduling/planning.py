@@ -155,11 +155,12 @@ def active_triggers(*, body: dict[str, Any]) -> list[Trigger]:
 
 
 def complete_run(
-    *, body: dict[str, Any], run_id: str, now: datetime.datetime, answer: str | None, error: str | None
+    *, body: dict[str, Any], run_id: str, now: datetime.datetime, answer: str | None, error: str | None,
+    agent_run: str = "",
 ) -> dict[str, Any] | None:
     """The status with `run_id` finished; None when it is not active (already timed out, replaced, or done)."""
     status = canonical_status(body.get("status"))
-    if not runs.complete(status, run=run_id, now=now, answer=answer, error=error):
+    if not runs.complete(status, run=run_id, now=now, answer=answer, error=error, agent_run=agent_run):
         return None
     try:
         spec = ScheduledTaskSpec.model_validate(body.get("spec") or {})

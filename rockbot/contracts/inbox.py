@@ -66,6 +66,8 @@ class InboxReply(BaseModel):
     answer: str | None = None
     error: ErrorInfo | None = None
     tools_called: tuple[str, ...] = ()
+    #: The turn's run in the run store (`rockbot runs show <id>`), when it was recorded.
+    run_id: str | None = None
 
     @model_validator(mode="after")
     def _answer_or_error(self) -> InboxReply:

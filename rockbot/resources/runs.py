@@ -31,6 +31,9 @@ class RunRecord(Schema):
     outcome: Outcome
     message: Annotated[str, Field(max_length=1024)] = ""
     summary: Annotated[str, Field(max_length=1024)] = Field(default="", description="The answer, truncated.")
+    agent_run: Annotated[str, Field(max_length=64)] = Field(
+        default="", description="The agent's turn in the run store: rockbot runs show <agentRun>."
+    )
 
 
 class ActiveRun(Schema):
@@ -41,11 +44,13 @@ class ActiveRun(Schema):
     run_id: str
     start_time: datetime.datetime
 
-    def finished(self, *, outcome: Outcome, now: datetime.datetime, message: str = "", summary: str = "") -> RunRecord:
-        """This run's history record, ended now."""
+    def finished(
+        self, *, outcome: Outcome, now: datetime.datetime, message: str = "", summary: str = "", agent_run: str = ""
+    ) -> RunRecord:
+        """This run's history record, ended now (`agent_run`: the agent's recorded turn, when it answered)."""
         return self.record.model_validate(
             {**self.model_dump(), "completion_time": now, "outcome": outcome,
-             "message": truncate(message), "summary": truncate(summary)}
+             "message": truncate(message), "summary": truncate(summary), "agent_run": agent_run[:64]}
         )  # fmt: skip
 
 

@@ -77,10 +77,11 @@ async def test_a_chat_is_recorded_as_a_run_with_its_tool_calls(console, scripted
         Turn(text=f"It is 5 (and the key is {SECRET})."),
     )
     agent = await _agent(broker, scripted_llm)
-    await agent.chat("s1", "What is 2 + 3?", caller="http")
+    result = await agent.chat("s1", "What is 2 + 3?", caller="http")
     await agent.close()  # sends what is buffered
 
     runs = await eventually(lambda: _only_run(store))
+    assert result.run_id == runs[0].run_id  # what the inbox reply names, and ScheduledTask/Trigger histories keep
     run = await store.get_run(runs[0].run_id)
     assert run is not None
     assert (run.source, run.caller, run.session_id, run.outcome, run.tool_calls) == ("chat", "http", "s1",

@@ -132,7 +132,7 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
 
     async def answer(principal: Principal, text: str) -> None:
         async with await AmqpBus.connect(url=await vhost.url(principal, called_by=[GATEWAY])) as bus:
-            reply = InboxReply(request_id=request_id, session_id=request_id, answer=text)
+            reply = InboxReply(request_id=request_id, session_id=request_id, answer=text, run_id=f"{principal.name}-1")
             await bus.publish(queue=GATEWAY_RUNS, body=reply, correlation_id=request_id)
 
     async def taken() -> None:
@@ -144,7 +144,7 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
     assert [active["runId"] for active in status["active"]] == [run] and status.get("history", []) == []
     await answer(TRIAGE, "Labelled bug.")
     (record,) = await cluster.history(["Succeeded"])
-    assert record["summary"] == "Labelled bug."
+    assert record["summary"] == "Labelled bug." and record["agentRun"] == "triage-1"  # rockbot runs show triage-1
 
 
 async def test_a_template_edited_into_one_that_does_not_compile_makes_the_trigger_not_ready(

@@ -59,7 +59,7 @@ class FakeAgent:
     async def answer(self, delivery: Delivery, text: str | None = None) -> None:
         request = delivery.decode(InboxRequest)
         reply = InboxReply(request_id=request.request_id, session_id=request.session_id,
-                           answer=text or f"done: {request.content}")
+                           answer=text or f"done: {request.content}", run_id="agent-run-1")
         await self.bus.reply(to=delivery, body=reply)
 
 

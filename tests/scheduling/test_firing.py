@@ -49,6 +49,7 @@ async def test_a_task_fires_into_the_agent_inbox_and_the_reply_completes_it(
     assert request.kind == "scheduled_task" and request.content == "Write the report."
     assert request.request_id.startswith("scheduledtask/default/report/20240501T110000Z-")
     assert status["history"][0]["summary"] == "done: Write the report."
+    assert status["history"][0]["agentRun"] == "agent-run-1"  # the agent's recorded turn
     assert status["lastScheduleTime"] == "2024-05-01T11:00:00Z"
     assert status["nextScheduleTime"] == "2024-05-01T12:00:00Z"
     assert status["active"] == []
