@@ -146,6 +146,7 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         result = await runtime.chat(
             request.session_id, request.content, caller=caller.user, call_chain=request.call_chain,
             source=request.kind, request_id=request.request_id,
+            parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
         )  # fmt: skip
     except BudgetExhausted as exc:
         return failed(ErrorCode.REJECTED, str(exc))

@@ -234,6 +234,7 @@ class AgentRuntime:
         call_chain: tuple[str, ...] = (),
         source: str = "chat",
         request_id: str | None = None,
+        parent_run_id: str | None = None,
     ) -> ChatResult:
         """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
@@ -249,7 +250,7 @@ class AgentRuntime:
                 return await self._turn(
                     history=history, session_id=key, call_chain=call_chain, on_event=on_event,
                     source=source, request_id=request_id, caller=caller, session=session_id,
-                    new_from=len(history) - 1,
+                    new_from=len(history) - 1, parent_run_id=parent_run_id,
                 )  # fmt: skip
             finally:
                 self.conversations.save(key, _complete_turns(history))
@@ -297,12 +298,14 @@ class AgentRuntime:
         caller: str = "",
         session: str = "",
         new_from: int = 0,
+        parent_run_id: str | None = None,
     ) -> ChatResult:
         """Run the loop in the turn's span and its recorded run (`history[new_from:]` are the turn's messages), and
         count the turn by its outcome."""
         with tracer.start_as_current_span(f"invoke_agent {self.config.name}"):
             async with self.recorder.run(source=source, session_id=session, caller=caller,
-                                         model=self.config.model.name, request_id=request_id or "") as run:
+                                         model=self.config.model.name, request_id=request_id or "",
+                                         parent_run_id=parent_run_id) as run:
                 try:
                     result = await self._traced_turn(history=history, session_id=session_id, source=source,
                                                      on_event=on_event, call_chain=call_chain, request_id=request_id)

@@ -268,8 +268,12 @@ class Store:
             if len(entries) > MAX_TIMELINE:
                 total = await connection.scalar(select(func.count()).where(run_events.c.run_id == run_id))
                 omitted = int(total or 0) - MAX_TIMELINE
-            children = (
-                await connection.scalars(select(runs.c.run_id).where(runs.c.parent_run_id == run_id).limit(MAX_PAGE))
+            children = (  # only runs the parent's agent called: a caller names its parent run itself
+                await connection.scalars(
+                    select(runs.c.run_id).where(
+                        runs.c.parent_run_id == run_id, runs.c.caller == f"agent.{row['namespace']}.{row['agent']}"
+                    ).order_by(runs.c.started_at).limit(MAX_PAGE)
+                )
             ).all()
         return RunDetail(
             **dict(row),

@@ -14,6 +14,7 @@ import json
 import secrets
 from typing import Any
 
+from rockbot.agent.recording import current_run
 from rockbot.agent.registry import ToolContext, ToolFailure
 from rockbot.agent.toolsets.kit import ToolKit
 from rockbot.bus import BusError, BusUnavailable, NoRoute, Principal, RequestTimeout
@@ -71,6 +72,7 @@ def agent_tool(resolved: ResolvedTool, *, kit: ToolKit):
             content=instruction(args),
             reply_to=replies.name,
             call_chain=chain,
+            parent_run_id=run.run_id if (run := current_run()) is not None else None,
         )
         try:
             delivery = await kit.bus.request(

@@ -43,6 +43,8 @@ class InboxRequest(BaseModel):
     content: Annotated[str, Field(min_length=1)]
     reply_to: str | None = None
     call_chain: tuple[str, ...] = ()
+    #: The calling agent's run (an agent_call's), so the run store shows the call as a child of it.
+    parent_run_id: Annotated[str, Field(max_length=64)] | None = None
 
     @property
     def depth(self) -> int:

@@ -65,6 +65,22 @@ async def test_a_run_shows_its_timeline_in_order_with_tools_scripts_and_tokens(s
     assert await store.get_run("no-such-run") is None
 
 
+async def test_a_run_lists_the_sub_agent_runs_its_agent_called_and_no_forged_children(store: Store) -> None:
+    parent = typical_run(at=T0)
+    child = typical_run(at=T0, source="agent_call", caller="agent.team-a.triage")
+    forged = typical_run(at=T0, source="agent_call", caller="agent.team-b.evil")
+    child[0] = child[0].model_copy(update={"parent_run_id": parent[0].run_id})
+    forged[0] = forged[0].model_copy(update={"parent_run_id": parent[0].run_id})
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=parent),
+                               Batch(namespace="team-a", agent="researcher", events=child),
+                               Batch(namespace="team-a", agent="researcher", events=forged)])  # fmt: skip
+
+    run = await store.get_run(parent[0].run_id)
+    assert run is not None and run.children == [child[0].run_id]
+    sub = await store.get_run(child[0].run_id)
+    assert sub is not None and sub.parent_run_id == parent[0].run_id
+
+
 async def test_events_before_their_runs_start_are_kept_and_the_start_fills_the_run_in(store: Store) -> None:
     events = typical_run(at=T0)
     start, rest = events[0], events[1:]
