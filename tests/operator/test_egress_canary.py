@@ -22,7 +22,6 @@ from tests.kubeapi.kubelet import FakeKubelet
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent, agent_body
 from tests.operator.test_operator_e2e import create_basics
-from tests.pod_security import restricted_violations
 from tests.waiting import eventually
 
 NS = "default"
@@ -50,7 +49,8 @@ def test_a_shape_is_the_egress_policies_that_select_the_pod() -> None:
     assert selects({}, labels)
 
 
-def test_the_canary_pod_is_restricted_like_an_agents_and_never_serves_its_service() -> None:
+def test_the_canary_pod_is_restricted_like_an_agents_and_never_serves_its_service(restricted_violations) -> None:
+    """The real admission judges it, as it does an agent's pod."""
     labels = builders.labels(agent("analyst"))
     pod = canary_pod(namespace=NS, shape=(("p", "1"),), labels=labels, image="img", targets=AGENT_FORBIDDEN)
     assert restricted_violations(pod) == []
