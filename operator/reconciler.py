@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rockbot.contracts.agent_config import RunPolicy
 from rockbot.kube import errors
 from rockbot.kube.client import KubeClient
 from rockbot.kube.resources import AGENTS, CONFIGMAPS, DEPLOYMENTS, SECRETS, SERVICEACCOUNTS, SERVICES
@@ -142,6 +143,8 @@ class AgentReconciler:
             secret_keys=secret_keys,
             bus_secret=bus_ref,
             http_token_secret=token_ref,
+            default_runs=RunPolicy(record=self._settings.runs_record,
+                                   retention_days=self._settings.runs_retention_days),
         )
         config_text = builders.render_config(resolution.config)
         blocking = list(resolution.blocking_problems) + forbidden

@@ -107,11 +107,13 @@ def resolve_agent(
     secret_keys: Mapping[str, set[str]],
     bus_secret: SecretKeyRef | None,
     http_token_secret: SecretKeyRef,
+    default_runs: cfg.RunPolicy | None = None,
 ) -> Resolution:
     """Decide the agent's config and status from what exists in its namespace.
 
     `secret_keys` maps each Secret that exists in the namespace (of those referenced) to its key names;
-    `bus_secret` holds the agent's own broker login (None: the agent gets no bus).
+    `bus_secret` holds the agent's own broker login (None: the agent gets no bus); `default_runs` is what the
+    run store keeps of an Agent whose `spec.runs` says nothing (the chart's `runStore.defaults`).
     """
     name, namespace = agent.metadata["name"], agent.metadata["namespace"]
     spec = agent.spec
@@ -217,7 +219,7 @@ def resolve_agent(
         max_iterations=spec.max_iterations,
         script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
         limits=cfg.Limits(tokens_per_day=spec.limits.tokens_per_day if spec.limits else None),
-        runs=cfg.RunPolicy(**spec.runs.model_dump()) if spec.runs else cfg.RunPolicy(),
+        runs=cfg.RunPolicy(**spec.runs.model_dump()) if spec.runs else (default_runs or cfg.RunPolicy()),
         web_search=web_search,
         web_browse=_resolve_web_browse(agent, problems=problems),
         http_token=http_token,

@@ -55,6 +55,12 @@ class OperatorSettings(BaseSettings):
     console_amqp_url: SecretStr | None = Field(
         default=None, description="The console's login (run events, histories), whose broker user the operator makes."
     )
+    runs_record: Literal["Full", "Metadata", "None"] = Field(
+        default="Full", description="What the run store keeps of an Agent's turns when its spec.runs says nothing."
+    )
+    runs_retention_days: int = Field(
+        default=30, ge=1, le=3650, description="Days a run is kept when the Agent's spec.runs says nothing."
+    )
     scripts_namespace: str = Field(
         default="rockbot-scripts", description="Namespace where the scripts-manager runs script pods."
     )

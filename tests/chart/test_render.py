@@ -209,6 +209,8 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
         "ROCKBOT_BROKER_ADMIN_USERNAME": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "username"}},
         "ROCKBOT_BROKER_ADMIN_PASSWORD": {"secretKeyRef": {"name": "rockbot-rabbitmq", "key": "password"}},
         "ROCKBOT_BROKER_AGENT_URL": f"amqp://rockbot-rabbitmq.{NAMESPACE}.svc:5672/",
+        "ROCKBOT_RUNS_RECORD": "Full",
+        "ROCKBOT_RUNS_RETENTION_DAYS": "30",
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_LOG_FORMAT": "json",
         "ROCKBOT_EGRESS_CANARY": "true",

@@ -269,3 +269,16 @@ def test_an_a2a_tool_gets_its_token_as_an_env_reference_and_a_missing_secret_is_
         agent(tools=["geologist"]), tools=[tool])}
     missing = resolve(agent(tools=["geologist"]), [tool])
     assert missing.config.tools == [] and any("spec.a2a.tokenSecretRef" in p for p in missing.tool_problems)
+
+
+def test_the_run_policy_is_the_agents_own_else_the_chart_default():
+    from rockbot.contracts.agent_config import RunPolicy
+
+    default = RunPolicy(record="Metadata", retention_days=7)
+    unset = resolve_agent(agent=agent(), tools=[], agents={}, secret_keys=ALL_SECRETS, bus_secret=BUS,
+                          http_token_secret=TOKEN, default_runs=default)  # fmt: skip
+    own = resolve_agent(agent=agent(runs={"record": "None", "retentionDays": 90}), tools=[], agents={},
+                        secret_keys=ALL_SECRETS, bus_secret=BUS, http_token_secret=TOKEN, default_runs=default)
+    assert unset.config.runs == default
+    assert own.config.runs == RunPolicy(record="None", retention_days=90)
+    assert resolve(agent()).config.runs == RunPolicy(record="Full", retention_days=30)
