@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import shutil
 import statistics
 import sys
 import tempfile
@@ -231,6 +232,7 @@ async def main() -> None:
         await size_per_runs(postgres=postgres, runs=args.size_runs)
     finally:
         postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
