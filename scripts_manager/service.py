@@ -46,6 +46,7 @@ from rockbot.scripts_manager import policy
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.scripts_manager.sharing import FairShare
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class ScriptService:
         self._settings = settings
         self._metrics = metrics
         self._once: RunOnce[Reply] = RunOnce()  # keyed by (sender, request id)
+        self._share = FairShare(total=settings.scripts_concurrency, per_agent=settings.scripts_per_agent)
         self._subscription: Subscription | None = None
 
     @property
@@ -77,7 +79,8 @@ class ScriptService:
 
     async def start(self) -> None:
         self._subscription = await self._bus.consume(
-            queue=SCRIPT_INVOKE, handler=self.handle, prefetch=self._settings.scripts_concurrency
+            queue=SCRIPT_INVOKE, handler=self.handle,
+            prefetch=max(self._settings.scripts_prefetch, self._settings.scripts_concurrency),
         )
 
     async def stop(self, *, drain_seconds: float = 0.0) -> None:
@@ -161,7 +164,8 @@ class ScriptService:
                 "rockbot.script.backend": backend, "rockbot.script.request_id": request.request_id,
                 "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
             })  # fmt: skip
-            reply = await self._checked_run(request)
+            async with self._share.slot(sender.user):  # its turn: a sandbox free, under its agent's share
+                reply = await self._checked_run(request)
             outcome = _outcome(reply)
             span.set_attribute("rockbot.script.outcome", outcome)
             if isinstance(reply, ScriptInvokeError):

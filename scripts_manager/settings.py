@@ -85,6 +85,10 @@ class ScriptsManagerSettings(BaseSettings):
     # runs inside Kubernetes (KUBERNETES_SERVICE_HOST is set), local otherwise.
     scripts_backend: Literal["pods", "local"] | None = None
     scripts_concurrency: Annotated[int, Field(ge=1, le=256)] = 4
+    # Each agent's fair share (see sharing.py): requests taken off the queue ahead of a free sandbox
+    # (at least the concurrency), and how many of one agent's scripts run at once.
+    scripts_prefetch: Annotated[int, Field(ge=1, le=4096)] = 64
+    scripts_per_agent: Annotated[int, Field(ge=1, le=256)] = 2
 
     # Limits every request is checked against (answered with InvalidArguments naming the field).
     scripts_max_script_bytes: Annotated[int, Field(ge=1)] = 256 * 1024

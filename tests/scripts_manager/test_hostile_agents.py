@@ -251,3 +251,34 @@ async def test_answers_a_reply_queue_refuses_are_dropped_and_never_rerun_their_r
     runs = counted("rockbot_scripts_runs_total", backend="local", outcome="succeeded")
     assert runs == requests + 1  # each request ran once: none was requeued for its refused answer
     assert (await asyncio.to_thread(vhost.queues))[SCRIPT_INVOKE.name] == (0, 0)
+
+
+async def test_an_agent_queueing_many_long_scripts_does_not_hold_up_another_agents_script(
+    vhost: Vhost, make_settings: MakeSettings, alice: AmqpBus, mallory_url: str
+) -> None:
+    """Issue 18 P1: mallory queues more long scripts than there are sandboxes; alice's short one still runs
+    within its own timeout, because one agent runs at most ROCKBOT_SCRIPTS_PER_AGENT scripts at once."""
+    settings = make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER), scripts_concurrency=2, scripts_per_agent=1)
+    manager = ScriptsManager(settings=settings)
+    await manager.start()
+    try:
+        async with await AmqpBus.connect(url=mallory_url) as mallory:
+            flooding = ScriptSandbox(bus=mallory, namespace="default", agent="mallory", reply_grace_seconds=WAIT)
+            flood = [asyncio.create_task(flooding.execute_python_script(
+                script="import time\ntime.sleep(10)", timeout_seconds=15, request_id=f"long-{n}")) for n in range(6)]
+
+            async def flooding_runs() -> None:
+                in_flight = manager.metrics.registry.get_sample_value("rockbot_scripts_in_flight", {"backend": "local"})
+                assert in_flight, "none of mallory's scripts runs yet"
+
+            await eventually(flooding_runs, within=WAIT)
+            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=6)
+            answer = await sandbox.execute_python_script(script="print('mine')", timeout_seconds=2)
+            running = manager.metrics.registry.get_sample_value("rockbot_scripts_in_flight", {"backend": "local"})
+            for task in flood:
+                task.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
+    finally:
+        await manager.stop()
+    assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "mine\n", answer
+    assert running == 1  # mallory's one script: its share, while the rest of its backlog waits
