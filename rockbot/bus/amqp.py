@@ -29,7 +29,7 @@ from aio_pika.abc import (
 from yarl import URL
 
 from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, InUse, Nacked, NoRoute, TooLarge
-from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
+from rockbot.bus.interface import Bus, DeadLetterShare, Handler, Subscription, run_handler
 from rockbot.bus.messages import (
     CONTENT_TYPE,
     PUBLISHED_AT_HEADER,
@@ -127,7 +127,9 @@ class AmqpBus(Bus):
         try:
             await channel.set_qos(prefetch_count=prefetch)
             amqp_queue = await self._declare_on(channel, queue)
-            subscription = _AmqpSubscription(channel=channel, queue=amqp_queue, handler=handler)  # type: ignore[arg-type]
+            subscription = _AmqpSubscription(
+                channel=channel, queue=amqp_queue, handler=handler, share=self.dead_letter_share  # type: ignore[arg-type]
+            )
             try:
                 await subscription.start(exclusive=exclusive)
             except aiormq.exceptions.ChannelAccessRefused as exc:
@@ -223,10 +225,13 @@ def _text(value: object) -> str:
 
 
 class _AmqpSubscription(Subscription):
-    def __init__(self, *, channel: AbstractRobustChannel, queue: AbstractQueue, handler: Handler) -> None:
+    def __init__(
+        self, *, channel: AbstractRobustChannel, queue: AbstractQueue, handler: Handler, share: DeadLetterShare
+    ) -> None:
         self._channel = channel
         self._queue = queue
         self._handler = handler
+        self._share = share
         self._in_flight: set[asyncio.Task[object]] = set()
         self._tag: str | None = None
         self._closing = False
@@ -260,7 +265,7 @@ class _AmqpSubscription(Subscription):
                 routing_headers=tuple(name for name in ROUTING_HEADERS if name in headers),
             )
             try:
-                outcome = await run_handler(handler=self._handler, delivery=delivery)
+                outcome = await run_handler(handler=self._handler, delivery=delivery, share=self._share)
             except asyncio.CancelledError:
                 if not self._closing:  # cancelled from elsewhere: hand the message back now
                     with contextlib.suppress(*_TRANSIENT):

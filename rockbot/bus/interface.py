@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Literal, Self
@@ -53,15 +54,48 @@ Handler = Callable[[Delivery], Awaitable[None]]
 Outcome = Literal["ack", "requeue", "drop"]
 
 _REPLY_PREFETCH = 64
+#: Refused messages of one sender a process dead-letters per minute (see `DeadLetterShare`).
+DEAD_LETTERS_PER_SENDER_MINUTE = 100
 #: How long a handler that hit a transient bus error holds its slot before its message is requeued.
 TRANSIENT_PAUSE_SECONDS = 0.5
 
 
-async def run_handler(*, handler: Handler, delivery: Delivery) -> Outcome:
+class DeadLetterShare:
+    """How many of one sender's messages this process dead-letters per minute; past that it drops them.
+
+    The dead-letter queue keeps the newest `DEAD_LETTERS_KEPT`: without a share per sender, one agent
+    sending messages to be refused could push the record of what it did before out of it. Its first
+    `per_minute` refusals of each minute are kept; the rest are acked unhandled, with one log line per
+    sender and minute saying how many.
+    """
+
+    def __init__(self, *, per_minute: int = DEAD_LETTERS_PER_SENDER_MINUTE) -> None:
+        self._per_minute = per_minute
+        self._minutes: dict[str, tuple[float, int]] = {}  # sender -> (its minute's start, dead letters in it)
+
+    def allows(self, sender: str | None) -> bool:
+        now = time.monotonic()
+        if len(self._minutes) > 10_000:  # forget senders whose minute is over
+            self._minutes = {key: value for key, value in self._minutes.items() if now - value[0] < 60}
+        key = sender or ""
+        start, count = self._minutes.get(key, (now, 0))
+        if now - start >= 60:
+            start, count = now, 0
+        count += 1
+        self._minutes[key] = (start, count)
+        if count == self._per_minute + 1:
+            log.warning("%s had %d messages refused this minute: dropping the rest of this minute's without "
+                        "dead-lettering them, so its earlier dead letters are kept", sender, self._per_minute)
+        return count <= self._per_minute
+
+
+async def run_handler(*, handler: Handler, delivery: Delivery, share: DeadLetterShare) -> Outcome:
     """Run a handler in the message's consumer span and say what to do with its message (cancellation
-    propagates: no ack)."""
+    propagates: no ack); a message to drop past its sender's `share` is acked instead."""
     with tracing.handling(delivery) as span:
         outcome = await _outcome(handler=handler, delivery=delivery)
+        if outcome == "drop" and not share.allows(delivery.user_id):
+            outcome = "ack"
         tracing.settled(span, outcome)
         return outcome
 
@@ -124,6 +158,8 @@ class Bus(ABC):
         self._reply_routers: dict[str, _ReplyRouter] = {}
         self._router_lock = asyncio.Lock()
         self._own_replies: Queue | None = None
+        #: Shared by this connection's consumers: one sender's share of the dead letters they make.
+        self.dead_letter_share = DeadLetterShare()
 
     @property
     def principal(self) -> Principal | None:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from rockbot.bus.admin import DeadLetter
 from rockbot.bus.errors import AccessRefused, BusError, InUse, NoRoute
-from rockbot.bus.interface import Bus, Handler, Subscription, run_handler
+from rockbot.bus.interface import Bus, DeadLetterShare, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing
 from rockbot.bus.permissions import Action, Limits, Permissions
 from rockbot.bus.topology import DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, MAX_MESSAGE_BYTES, Queue
@@ -233,7 +233,8 @@ class MemoryBus(Bus):
         assert target is not None
         if target.exclusive or (exclusive and target.consumers):
             raise InUse(f"another connection consumes {queue.name!r} exclusively")
-        subscription = _MemorySubscription(queue=target, handler=handler, prefetch=prefetch)
+        subscription = _MemorySubscription(queue=target, handler=handler, prefetch=prefetch,
+                                           share=self.dead_letter_share)
         target.consumers.add(subscription)
         target.exclusive = exclusive
         self._subscriptions.add(subscription)
@@ -252,9 +253,10 @@ class MemoryBus(Bus):
 
 
 class _MemorySubscription(Subscription):
-    def __init__(self, *, queue: _MemoryQueue, handler: Handler, prefetch: int) -> None:
+    def __init__(self, *, queue: _MemoryQueue, handler: Handler, prefetch: int, share: DeadLetterShare) -> None:
         self._queue = queue
         self._handler = handler
+        self._share = share
         self._slots = asyncio.Semaphore(prefetch)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._dispatcher = asyncio.create_task(self._dispatch(), name=f"consume {queue.spec.name}")
@@ -286,7 +288,7 @@ class _MemorySubscription(Subscription):
             routing_key=self._queue.spec.name,
         )
         try:
-            outcome = await run_handler(handler=self._handler, delivery=delivery)
+            outcome = await run_handler(handler=self._handler, delivery=delivery, share=self._share)
         except asyncio.CancelledError:
             self._queue.put_back(stored)
             raise
