@@ -127,12 +127,11 @@ class _RawEcho:
         self._opened += [server, client]
         server_channel = await server.channel(publisher_confirms=True)
         self._client = await client.channel(publisher_confirms=True)
-        if self._identity:  # the real topology: provisioned work queue, agent's own reply queue, topic exchange
+        if self._identity:  # the real topology: provisioned work queue and reply slot, topic exchange
             self._queue = SCRIPT_INVOKE.name
             work = await server_channel.declare_queue(self._queue, passive=True)
             self._reply = agent_replies(namespace=BENCH.namespace, name=BENCH.name, slot=0).name
-            replies = await self._client.declare_queue(self._reply, durable=True, arguments={"x-expires": 3_600_000})
-            await replies.bind(EXCHANGE, routing_key=self._reply)
+            replies = await self._client.declare_queue(self._reply, passive=True)  # the operator's reply slot
             self._server_exchange = await server_channel.get_exchange(EXCHANGE, ensure=False)
             self._client_exchange = await self._client.get_exchange(EXCHANGE, ensure=False)
         else:  # one login, the default exchange; the same kinds of queues (a quorum work queue)
