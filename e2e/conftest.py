@@ -232,7 +232,7 @@ def installed(*, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_tar
     the real node use it too."""
     repository, tag = IMAGE.rsplit(":", 1)
     _remove_earlier(kubectl, helm)
-    volume = _broker_volume(kubectl)
+    volumes = [_volume(kubectl, component) for component in STATEFUL_COMPONENTS]
     release = Release(name=RELEASE, namespace=NAMESPACE, scripts_namespace=SCRIPTS_NAMESPACE, kubectl=kubectl,
                       helm=helm, model_url=model.url)
     try:
@@ -253,8 +253,10 @@ def installed(*, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_tar
                 release.uninstall()
             kubectl.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s",
                         check=False, timeout=150)
-            kubectl.run("delete", "persistentvolume", volume.name, "--ignore-not-found", "--timeout=60s", check=False)
-            shutil.rmtree(volume, ignore_errors=True)
+            for volume in volumes:
+                kubectl.run("delete", "persistentvolume", volume.name, "--ignore-not-found", "--timeout=60s",
+                            check=False)
+                shutil.rmtree(volume, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -272,20 +274,25 @@ def _remove_earlier(kubectl: Kubectl, helm: Helm) -> None:
                      kubeconfig=kubectl.kubeconfig)
         kubectl.run("delete", "agents,tools,scheduledtasks,triggers", "--all", "-n", NAMESPACE, "--wait=false")
         kubectl.run("delete", "namespace", NAMESPACE, "--timeout=180s", timeout=190)
-    kubectl.run("delete", "persistentvolume", f"{NAMESPACE}-broker", "--ignore-not-found", "--timeout=60s")
+    for component in STATEFUL_COMPONENTS:
+        kubectl.run("delete", "persistentvolume", f"{NAMESPACE}-{component}", "--ignore-not-found", "--timeout=60s")
 
 
-def _broker_volume(kubectl: Kubectl) -> Path:
-    """The storage a cluster gives the broker's claim (the rig has no provisioner): a hostPath volume."""
-    folder = K8SREAL / "volumes" / f"{NAMESPACE}-broker"
+#: The chart's StatefulSets with a volume claim each with default values: the broker and the run store's database.
+STATEFUL_COMPONENTS = ("rabbitmq", "runstore")
+
+
+def _volume(kubectl: Kubectl, component: str) -> Path:
+    """The storage a cluster gives a StatefulSet's claim (the rig has no provisioner): a hostPath volume."""
+    folder = K8SREAL / "volumes" / f"{NAMESPACE}-{component}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    os.chown(folder, 999, 999)  # the broker's uid and gid
+    os.chown(folder, 999, 999)  # the uid and gid of the broker's and of PostgreSQL's official images
     kubectl.apply({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": folder.name},
         "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
-                 "claimRef": {"namespace": NAMESPACE, "name": f"data-{RELEASE}-rabbitmq-0"}},
+                 "claimRef": {"namespace": NAMESPACE, "name": f"data-{RELEASE}-{component}-0"}},
     }, namespace="default")  # fmt: skip
     return folder
 
