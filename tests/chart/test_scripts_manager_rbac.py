@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -34,12 +35,17 @@ from tests.waiting import eventually
 Render = Callable[..., list[Manifest]]
 
 
+def manager_right(request: Any) -> Used | None:
+    """The right a request of the manager's needs (it alone sends a token), or None."""
+    if not request.headers.get("Authorization", "").startswith("Bearer "):
+        return None
+    return used_right(request)
+
+
 def manager_rights(emulator: KubeApiEmulator) -> set[Used]:
     used = set()
     for request in emulator.requests:
-        if not request.headers.get("Authorization", "").startswith("Bearer "):
-            continue
-        right = used_right(request)
+        right = manager_right(request)
         if right is None:
             continue
         used.add(right)
@@ -92,6 +98,14 @@ async def exercise_the_manager(
             await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
             emulator.compact()  # the held pod's watch resumes from a compacted version: 410, then a get
             emulator.end_watches()
+            held_name = next(pod["metadata"]["name"] for pod in kubelet.seen
+                             if pod["metadata"]["annotations"].get("rockbot.dev/request-id") == "held")
+
+            async def reread() -> None:  # before the pod runs: once it does, the job's attach may end the watch first
+                assert any(manager_right(request) == Used(right=("", "pods", "get"), namespace=NS)
+                           and request.url.path.endswith(f"/pods/{held_name}") for request in emulator.requests)
+
+            await eventually(reread)
             released.set()
             await held
         async with node(emulator, client, killed_by_the_job):
