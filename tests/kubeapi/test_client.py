@@ -19,12 +19,13 @@ from rockbot.kube import (
     NotFound,
     Unavailable,
 )
+from rockbot.kube.client import DEFAULT_MAX_IN_FLIGHT
 from tests.kubeapi import KubeApiEmulator
 
 
-def client_to(url: str, *, request_timeout: float) -> KubeClient:
+def client_to(url: str, *, request_timeout: float, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> KubeClient:
     return KubeClient(api_client=k8s_client.ApiClient(k8s_client.Configuration(host=url)),
-                      request_timeout=request_timeout)
+                      request_timeout=request_timeout, max_in_flight=max_in_flight)
 
 
 def test_resource_paths_for_core_grouped_and_subresources():
@@ -97,16 +98,19 @@ async def test_configuration_errors_name_the_file_or_variable_and_the_fix(tmp_pa
 
 
 async def test_no_request_times_out_while_the_server_answers_each_in_time(kube_api: KubeApiEmulator):
-    """A burst of requests larger than the connection pool: each is answered in 0.25 s, well within the 0.75 s
-    limit, so none may fail, however long it waited for its turn in the client."""
-    async with client_to(str(kube_api.url).rstrip("/"), request_timeout=0.75) as kube:
+    """Requests queued behind one another in the client: each is answered in 0.1 s, a thirtieth of the 3 s limit,
+    so none may fail, although the last waits 4 s for its turn (a deadline counting the wait fails the last
+    ten). One request on the wire at a time makes the wait long from the emulator's latency alone, not from
+    how busy the machine is: only a stall of the test's own event loop near 3 s could fail a request here."""
+    client = client_to(str(kube_api.url).rstrip("/"), request_timeout=3.0, max_in_flight=1)
+    async with client as kube:
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "busy"}}
         await kube.create(CONFIGMAPS, namespace="default", body=body)
-        kube_api.latency = 0.25
-        answers = await asyncio.gather(*(kube.get(CONFIGMAPS, namespace="default", name="busy") for _ in range(400)),
+        kube_api.latency = 0.1
+        answers = await asyncio.gather(*(kube.get(CONFIGMAPS, namespace="default", name="busy") for _ in range(40)),
                                        return_exceptions=True)
     failures = [answer for answer in answers if isinstance(answer, BaseException)]
-    assert not failures, f"{len(failures)} of 400 failed, e.g. {failures[0]!r}"
+    assert not failures, f"{len(failures)} of 40 failed, e.g. {failures[0]!r}"
 
 
 async def test_requests_do_not_hop_to_worker_threads(kube_api: KubeApiEmulator, monkeypatch):
