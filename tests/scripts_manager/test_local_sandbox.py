@@ -511,16 +511,20 @@ async def test_job_files_are_private_and_a_killed_managers_are_removed_by_the_ne
         sys.executable, "-c", _DRIVER, secret, env={**os.environ, "TMPDIR": str(jobs), "PYTHONSAFEPATH": "1"},
         start_new_session=True,
     )  # fmt: skip
+    cgroups = MemoryCgroups.find()
     try:
 
-        async def job_written() -> Path:
+        async def job_running() -> Path:
+            """The job's folder once the job runs: in its memory cgroup, where the manager makes one (it writes the
+            folder first, so killing the manager as soon as the folder shows would leave no cgroup to check)."""
             assert manager.returncode is None, f"the manager exited with {manager.returncode}"
             written = [d for d in jobs.iterdir() if _text(d / "input") == secret]
             assert len(written) == 1
+            assert cgroups is None or _text(cgroups.base / written[0].name / "cgroup.procs")
             return written[0]
 
         # A fresh interpreter imports rockbot and probes its sandbox first: slow on a loaded machine.
-        job_dir = await eventually(job_written, within=90)
+        job_dir = await eventually(job_running, within=90)
         if os.geteuid() == 0:  # another local user tries to read it
             peek = await asyncio.create_subprocess_exec(
                 "setpriv", "--reuid=12345", "--regid=12345", "--clear-groups", "--", "cat", str(job_dir / "input"),
@@ -533,7 +537,6 @@ async def test_job_files_are_private_and_a_killed_managers_are_removed_by_the_ne
         os.killpg(manager.pid, signal.SIGKILL)
         await manager.wait()
     assert job_dir.exists()  # a SIGKILLed manager cleans nothing up
-    cgroups = MemoryCgroups.find()
     assert cgroups is None or (cgroups.base / job_dir.name).exists()
     monkeypatch.setattr(tempfile, "tempdir", str(jobs))
     await LocalBackend.create(settings=make_settings())
