@@ -126,8 +126,16 @@ async def test_memory_grows_by_little_per_agent(kube_api: KubeApiEmulator, clust
 async def test_no_client_side_timeout_while_the_api_server_answers_in_time(
     kube_api: KubeApiEmulator, cluster: KubeClient, render, pods
 ):
-    kube_api.latency = 0.02  # every answer within 20 ms, far inside the operator's 1 s limit
-    operator = start_operator(render, kube_api, pods, broker=None, extra_env={"ROCKBOT_KUBE_TIMEOUT_SECONDS": "1"})
+    """Every answer within 20 ms (plus what the machine stalls either side), 500 times inside the operator's deadline.
+
+    The deadline is not 1 s any more: the operator keeps about a dozen requests on the wire (8 reconcile workers)
+    against its client's 32 turns, so it does not queue requests of its own here, and a 1 s deadline only measured
+    how long a loaded 2-core machine stalled the operator or the emulator. That the client's queue never counts
+    against the deadline is tested, independently of the load, in tests/kubeapi/test_client.py; here, that
+    nothing at scale times out while the server answers.
+    """
+    kube_api.latency = 0.02
+    operator = start_operator(render, kube_api, pods, broker=None, extra_env={"ROCKBOT_KUBE_TIMEOUT_SECONDS": "10"})
     agents = await create_agents(cluster, range(300))
     await settle(kube_api, operator, agents, within=240)
     assert "no answer within" not in operator.process.output()
