@@ -30,7 +30,7 @@ from tests.kubeapi.containers import Container
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestamp
 from tests.scripts_manager.conftest import NS, MakeSettings, kube, make_settings, node, pod_backend  # noqa: F401
 from tests.scripts_manager.test_pods import image_pull_fails
-from tests.waiting import eventually
+from tests.waiting import bounded, eventually
 
 Render = Callable[..., list[Manifest]]
 
@@ -62,10 +62,14 @@ async def exercise_the_manager(
     *, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings
 ) -> None:
     """Every path of the pod backend that talks to the API, once."""
-    released = asyncio.Event()
+    holding, released = asyncio.Event(), asyncio.Event()
+    held_name = ""
 
     async def held_then_run(kubelet: FakeKubelet, pod: RunningPod) -> None:
+        nonlocal held_name
         if pod.pod["metadata"]["annotations"].get("rockbot.dev/request-id") == "held":
+            held_name = pod.name
+            holding.set()  # its binding and status are written: nothing of it changes until released
             await released.wait()
         await run_command(kubelet, pod)
 
@@ -87,19 +91,15 @@ async def exercise_the_manager(
     expired = job_pod(job=job("1", "expired"), settings=settings, now=datetime.now(UTC) - timedelta(hours=1))
     await client.create(PODS, namespace=NS, body=expired)
     async with pod_backend(settings) as backend:
-        async with node(emulator, client, held_then_run) as kubelet:
+        async with node(emulator, client, held_then_run):
             await backend.run(job("print(1)", "plain"))  # create, watch, attach, delete
             held = asyncio.create_task(backend.run(job("print(1)", "held")))
-
-            async def waiting() -> None:
-                assert len(kubelet.seen) == 3  # the expired one, the plain one, the held one
-
-            await eventually(waiting)
+            await bounded(holding.wait(), within=15, what="the held pod bound and its status written")
+            # A change after the held pod's last one: the version its watch resumes from is then older than the
+            # compacted one (a status write of the node's landing after this bump made the resume valid, no 410).
             await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})
             emulator.compact()  # the held pod's watch resumes from a compacted version: 410, then a get
             emulator.end_watches()
-            held_name = next(pod["metadata"]["name"] for pod in kubelet.seen
-                             if pod["metadata"]["annotations"].get("rockbot.dev/request-id") == "held")
 
             async def reread() -> None:  # before the pod runs: once it does, the job's attach may end the watch first
                 assert any(manager_right(request) == Used(right=("", "pods", "get"), namespace=NS)
