@@ -283,14 +283,15 @@ STATEFUL_COMPONENTS = ("rabbitmq", "runstore")
 
 
 def _volume(kubectl: Kubectl, component: str) -> Path:
-    """The storage a cluster gives a StatefulSet's claim (the rig has no provisioner): a hostPath volume."""
+    """The storage a cluster gives a StatefulSet's claim (the rig has no provisioner): a hostPath volume, as large
+    as any claim of the chart's defaults asks (a hostPath enforces no size)."""
     folder = K8SREAL / "volumes" / f"{NAMESPACE}-{component}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     os.chown(folder, 999, 999)  # the uid and gid of the broker's and of PostgreSQL's official images
     kubectl.apply({
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": folder.name},
-        "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"],
+        "spec": {"capacity": {"storage": "64Gi"}, "accessModes": ["ReadWriteOnce"],
                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder), "type": "Directory"},
                  "claimRef": {"namespace": NAMESPACE, "name": f"data-{RELEASE}-{component}-0"}},
     }, namespace="default")  # fmt: skip

@@ -106,6 +106,7 @@ async def test_sigterm_stops_the_agent_within_seconds_when_the_broker_is_gone(ag
     process, probes = agent_pod.start(pods)
     await wait_until(probes.ready, within=30, what="ready", process=process)
     await asyncio.to_thread(late_rabbitmq.stop_server)
+    assert process.running, f"the agent ended before its SIGTERM:\n{process.output()[-6000:]}"
     process.terminate()
     code = await process.exited(within=STOP_WITHIN)
     assert code == 0, f"still running {STOP_WITHIN} s after SIGTERM (exit {code}):\n{process.output()[-3000:]}"
