@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rockbot.settings_fields import CommaSeparated
 
 #: Where the run store lives when nothing else is said: `rockbot local`'s and a developer's SQLite file.
 DEFAULT_DATABASE = Path.home() / ".local" / "state" / "rockbot" / "runs.db"
@@ -33,14 +35,7 @@ class ConsoleSettings(BaseSettings):
     #: Seconds the cluster's answers about tokens and rights are kept (0-60).
     auth_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 10.0
     #: Addresses of an authenticating proxy whose X-Forwarded-User headers are trusted (comma-separated CIDRs).
-    auth_proxy_cidrs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    auth_proxy_cidrs: CommaSeparated = Field(default_factory=list)
     #: A link to a run's trace in the tracing UI, `{trace_id}` filled in (e.g. https://jaeger.example.com/trace/{trace_id}).
     trace_url_template: str | None = None
     log_format: Literal["json", "text"] = "json"
-
-    @field_validator("auth_proxy_cidrs", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value

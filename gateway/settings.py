@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rockbot.settings_fields import CommaSeparated
 
 
 class GatewaySettings(BaseSettings):
@@ -15,7 +17,7 @@ class GatewaySettings(BaseSettings):
     #: The gateway's own broker login (`service.gateway`), made by the operator at its start-up.
     amqp_url: SecretStr | None = None
     #: Namespaces whose Triggers it serves (comma-separated); empty: every namespace.
-    namespaces: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    namespaces: CommaSeparated = Field(default_factory=list)
     #: Whether a Trigger may select Events of namespaces other than its own.
     cross_namespace_events: bool = False
 
@@ -32,13 +34,6 @@ class GatewaySettings(BaseSettings):
     #: How often every Trigger's conditions are checked again (a Secret made after its Trigger).
     resync_seconds: Annotated[float, Field(gt=0)] = 60.0
     log_format: Literal["json", "text"] = "json"
-
-    @field_validator("namespaces", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
 
     @field_validator("public_url")
     @classmethod

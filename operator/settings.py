@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rockbot import __version__
 from rockbot.reachability import check_targets
+from rockbot.settings_fields import CommaSeparated
 
 #: What agent pods must not reach by default (they may reach DNS, the bus and their model endpoint).
 AGENT_FORBIDDEN = {
@@ -24,7 +25,7 @@ class OperatorSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ROCKBOT_", extra="ignore")
 
-    namespaces: Annotated[list[str], NoDecode] = Field(
+    namespaces: CommaSeparated = Field(
         default_factory=list, description="Namespaces to watch (comma-separated); empty watches the whole cluster."
     )
     agent_image: str = Field(default=f"ghcr.io/rockbot-dev/rockbot:{__version__}", description="Default agent image.")
@@ -97,10 +98,3 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _targets(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         return check_targets(value)
-
-    @field_validator("namespaces", mode="before")
-    @classmethod
-    def _split(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot.kube.quantity import parse_quantity
 from rockbot.reachability import check_targets
+from rockbot.settings_fields import CommaSeparated
 
 #: What script and input may add up to: the runner reads a job line of at most 16 MiB, and JSON may
 #: write a byte as six (`\u0001`).
@@ -108,7 +109,7 @@ class ScriptsManagerSettings(BaseSettings):
 
     # Which packages scripts may name in `pip_packages` (empty: none). Pods: they must already be in
     # ROCKBOT_SCRIPTS_IMAGE. Local: installed on first use into a content-addressed cache.
-    scripts_allowed_packages: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    scripts_allowed_packages: CommaSeparated = Field(default_factory=list)
     scripts_pip_index_url: str | None = None
     scripts_pip_find_links: str | None = None
     # Local: only the manager may write it (checked). Unset: /var/cache/rockbot/packages as root, else
@@ -168,13 +169,6 @@ class ScriptsManagerSettings(BaseSettings):
             if url.hostname:
                 targets["broker"] = [f"tcp://{url.hostname}:{url.port or (5671 if url.scheme == 'amqps' else 5672)}"]
         return targets
-
-    @field_validator("scripts_allowed_packages", mode="before")
-    @classmethod
-    def _comma_separated(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [item.strip() for item in value.split(",") if item.strip()]
-        return value
 
     @field_validator("scripts_pool", mode="before")
     @classmethod
