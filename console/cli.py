@@ -7,11 +7,8 @@ most common ones. SIGTERM/SIGINT stop taking run events; those not written yet a
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 
-from rockbot.cli import load_settings
-from rockbot.logs import setup_logging
+from rockbot.cli import serve_service
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,24 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rockbot.console.service import Console
     from rockbot.console.settings import ConsoleSettings
     from rockbot.kube import KubeConfigError
 
-    settings = load_settings(ConsoleSettings, command="console", database_url=args.database_url,
-                             http_port=args.http_port, health_port=args.health_port, log_format=args.log_format)
-    if settings is None:
-        return 2
-    setup_logging(log_format=settings.log_format)
-    try:
-        asyncio.run(_main(settings))
-    except (ValueError, KubeConfigError, OSError) as exc:
-        print(f"rockbot console: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-async def _main(settings: object) -> None:
-    from rockbot.console.service import Console
-    from rockbot.health import serve_until_signalled
-
-    await serve_until_signalled(Console(settings=settings))  # type: ignore[arg-type]
+    return serve_service(ConsoleSettings, lambda settings: Console(settings=settings), command="console",
+                         errors=(ValueError, KubeConfigError, OSError), database_url=args.database_url,
+                         http_port=args.http_port, health_port=args.health_port, log_format=args.log_format)

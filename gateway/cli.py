@@ -7,11 +7,8 @@ the most common ones. SIGTERM/SIGINT stop taking webhooks and finish recording t
 from __future__ import annotations
 
 import argparse
-import asyncio
-import sys
 
-from rockbot.cli import load_settings
-from rockbot.logs import setup_logging
+from rockbot.cli import serve_service
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -23,24 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rockbot.gateway.app import Gateway
     from rockbot.gateway.settings import GatewaySettings
     from rockbot.kube import KubeConfigError
 
-    settings = load_settings(GatewaySettings, command="gateway", webhook_port=args.webhook_port,
-                             public_url=args.public_url, health_port=args.health_port, log_format=args.log_format)
-    if settings is None:
-        return 2
-    setup_logging(log_format=settings.log_format)
-    try:
-        asyncio.run(_main(settings))
-    except (ValueError, KubeConfigError, OSError) as exc:
-        print(f"rockbot gateway: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-async def _main(settings: object) -> None:
-    from rockbot.gateway.app import Gateway
-    from rockbot.health import serve_until_signalled
-
-    await serve_until_signalled(Gateway(settings=settings))  # type: ignore[arg-type]
+    return serve_service(GatewaySettings, lambda settings: Gateway(settings=settings), command="gateway",
+                         errors=(ValueError, KubeConfigError, OSError), webhook_port=args.webhook_port,
+                         public_url=args.public_url, health_port=args.health_port, log_format=args.log_format)

@@ -12,8 +12,11 @@ import argparse
 import importlib
 import pathlib
 import sys
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from rockbot.health import Service
 
 S = TypeVar("S")
 
@@ -73,6 +76,29 @@ def load_settings(cls: type[S], *, command: str, **flags: object) -> S | None:
         problems = "; ".join(f"ROCKBOT_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         print(f"rockbot {command}: invalid settings: {problems}", file=sys.stderr)
         return None
+
+
+def serve_service(
+    settings_cls: type[S], make: Callable[[S], Service], *, command: str,
+    errors: tuple[type[BaseException], ...], **flags: object,
+) -> int:
+    """A service's command: its settings (exit 2 saying what is invalid), its logs as the settings' `log_format`
+    says, then the service until SIGTERM; a start-up error of `errors` is one line on stderr and exit 2."""
+    import asyncio
+
+    from rockbot.health import serve_until_signalled
+    from rockbot.logs import setup_logging
+
+    settings = load_settings(settings_cls, command=command, **flags)
+    if settings is None:
+        return 2
+    setup_logging(log_format=settings.log_format)  # type: ignore[attr-defined]
+    try:
+        asyncio.run(serve_until_signalled(make(settings)))
+    except errors as exc:
+        print(f"rockbot {command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
