@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -69,3 +70,12 @@ def test_built_wheel_imports_all_of_it_from_outside_the_repository(tmp_path):
     assert installed == _packages_on_disk()
     assert (site / "rockbot/console/web/templates/login.html").is_file()  # data files travel with the code
     assert (site / "rockbot/console/web/static/console.css").is_file()
+
+
+@pytest.mark.parametrize("python", sorted({sys.executable, "/usr/bin/python3"}))
+def test_python_run_from_the_root_gets_the_standard_librarys_operator(python):
+    """`python3 -m venv .venv` there puts the root first on sys.path, where the `operator/` folder stands."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONSAFEPATH"}
+    done = subprocess.run([python, "-c", "import collections, operator; print(operator.eq(1, 1), operator.__all__[0])"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "True abs\n", "")
