@@ -37,16 +37,18 @@ class RestAuthSpec(Schema):
     secret_ref: SecretKeyRef
 
 
+#: A REST or A2A backend's `url` is an http:// or https:// URL.
+URL_IS_HTTP = Rule(
+    cel="self.url.startsWith('http://') || self.url.startsWith('https://')",
+    message="url must start with http:// or https://",
+    holds=lambda backend: backend.url.startswith(("http://", "https://")),
+)
+
+
 class RestBackendSpec(Schema):
     """An HTTP call: `{arg}` placeholders in the URL are filled (escaped) from the call's arguments."""
 
-    rules = (
-        Rule(
-            cel="self.url.startsWith('http://') || self.url.startsWith('https://')",
-            message="url must start with http:// or https://",
-            holds=lambda r: r.url.startswith(("http://", "https://")),
-        ),
-    )
+    rules = (URL_IS_HTTP,)
 
     url: Annotated[str, Field(min_length=1, max_length=4096)]
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
@@ -135,13 +137,7 @@ class AgentBackendSpec(Schema):
 class A2ABackendSpec(Schema):
     """Another agent that speaks Agent2Agent (A2A), anywhere: each call is one message to it, its answer the result."""
 
-    rules = (
-        Rule(
-            cel="self.url.startsWith('http://') || self.url.startsWith('https://')",
-            message="url must start with http:// or https://",
-            holds=lambda a: a.url.startswith(("http://", "https://")),
-        ),
-    )
+    rules = (URL_IS_HTTP,)
 
     url: Annotated[str, Field(min_length=1, max_length=4096)] = Field(
         description="The agent's base URL, where /.well-known/agent-card.json is served."
