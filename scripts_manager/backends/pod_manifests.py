@@ -135,11 +135,13 @@ def lease_end(*, settings: ScriptsManagerSettings, now: datetime) -> str:
     return (now + timedelta(seconds=settings.scripts_pool_lease_seconds)).isoformat()
 
 
-def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime) -> K8sObject | None:
-    """The conditional write that makes an idle warm pod this job's, or None if the pod cannot fit it.
+def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime) -> list[K8sObject] | None:
+    """The conditional write (a JSON patch) that makes an idle warm pod this job's, or None if the pod cannot fit it.
 
-    Conditional on the resourceVersion the pod was seen at, so of two managers claiming one pod, one
-    gets 409. It also brings the pod's deadline down to its age plus the job's own bound.
+    Conditional on the pod still being idle with the deadline seen, so of two managers claiming one pod, one gets
+    422 (its test fails); not on the resourceVersion seen, which every lease renewal and status write moves on (a
+    claim lost to those sent the job to a cold pod). It also brings the deadline down to the pod's age plus the
+    job's own bound.
     """
     started = (pod.get("status") or {}).get("startTime")
     current = (pod.get("spec") or {}).get("activeDeadlineSeconds")
@@ -149,17 +151,21 @@ def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime) -> K8sObject |
     deadline = math.ceil(max(age, 0) + job.timeout_seconds) + DEADLINE_SLACK_SECONDS
     if deadline > current:  # too old for this job: the API never raises a deadline
         return None
-    return {
-        "metadata": {
-            "resourceVersion": pod["metadata"]["resourceVersion"],
-            "labels": {STATE_LABEL: CLAIMED},
-            "annotations": {
-                DEADLINE_ANNOTATION: (now + timedelta(seconds=deadline - age)).isoformat(),
-                REQUEST_ANNOTATION: job.request_id,
-            },
-        },
-        "spec": {"activeDeadlineSeconds": deadline},
-    }
+    label, annotation = f"/metadata/labels/{json_pointer(STATE_LABEL)}", "/metadata/annotations/{}"
+    return [
+        {"op": "test", "path": label, "value": IDLE},
+        {"op": "test", "path": "/spec/activeDeadlineSeconds", "value": current},
+        {"op": "replace", "path": label, "value": CLAIMED},
+        {"op": "add", "path": annotation.format(json_pointer(DEADLINE_ANNOTATION)),
+         "value": (now + timedelta(seconds=deadline - age)).isoformat()},
+        {"op": "add", "path": annotation.format(json_pointer(REQUEST_ANNOTATION)), "value": job.request_id},
+        {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": deadline},
+    ]
+
+
+def json_pointer(key: str) -> str:
+    """A map key as a JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def now_utc() -> datetime:

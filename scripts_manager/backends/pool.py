@@ -32,6 +32,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     POOL_SELECTOR,
     STATE_LABEL,
     claim_patch,
+    json_pointer,
     lease_end,
     now_utc,
     pool_pod,
@@ -92,7 +93,8 @@ class WarmPool:
                 continue
             self._claiming.add(name)
             try:
-                claimed = await self._kube.patch(PODS, namespace=self._namespace, name=name, body=patch)
+                claimed = await self._kube.patch(PODS, namespace=self._namespace, name=name, body=patch,
+                                                 patch_type="json")
             except (Conflict, NotFound, Invalid) as exc:  # claimed by another, gone, or changed
                 log.info("could not claim warm pod %s: %s", name, exc.reason)
                 self._metrics.pool_misses.labels(pool.label, "raced").inc()
@@ -169,8 +171,8 @@ class WarmPool:
     async def _renew(self, pod: K8sObject, until: str) -> None:
         """Move the lease on, only while the pod is idle (a JSON patch whose test fails changes nothing)."""
         patch = [
-            {"op": "test", "path": f"/metadata/labels/{_pointer(STATE_LABEL)}", "value": IDLE},
-            {"op": "replace", "path": f"/metadata/annotations/{_pointer(DEADLINE_ANNOTATION)}", "value": until},
+            {"op": "test", "path": f"/metadata/labels/{json_pointer(STATE_LABEL)}", "value": IDLE},
+            {"op": "replace", "path": f"/metadata/annotations/{json_pointer(DEADLINE_ANNOTATION)}", "value": until},
         ]
         try:
             renewed = await self._kube.patch(PODS, namespace=self._namespace, name=pod["metadata"]["name"],
@@ -234,6 +236,3 @@ def _lease_left(pod: K8sObject, *, now: datetime) -> float:
         return 0.0
 
 
-def _pointer(key: str) -> str:
-    """A map key as a JSON Pointer token (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")

@@ -15,14 +15,17 @@ from typing import Any
 
 import pytest
 
-from rockbot.kube import PODS, KubeClient
+from rockbot.kube import PODS, Conflict, Invalid, KubeClient
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import (
+    CLAIMED,
     DEADLINE_SLACK_SECONDS,
     IDLE,
     OWNER_LABEL,
     POOL_SELECTOR,
     STATE_LABEL,
+    claim_patch,
+    now_utc,
     pool_pod,
 )
 from rockbot.scripts_manager.backends.pods import PodBackend
@@ -129,6 +132,26 @@ async def test_two_managers_never_claim_the_same_pod(
     assert max(jobs_run_by(kubelet).values()) == 1
     assert sum(sample(manager, "rockbot_scripts_pool_misses_total", limits_class=first.pool.classes[0].label,
                       reason="raced") for manager in (first, second)) >= 1  # they did reach for one pod
+
+
+async def test_a_claim_holds_against_a_write_made_after_the_manager_looked_but_a_pod_is_claimed_once(
+    one_warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    """The claim's condition is that the pod is still idle, not the version seen: a lease renewal (every third of a
+    lease) or a status write landing in between must not send the job to a cold pod; a second claim must fail."""
+    async with node(kube_api, kube):
+        await pool_full(kube, one_warm, 1)
+        (seen,) = await idle_pods(kube)
+        name = seen["metadata"]["name"]
+        renewal = [{"op": "add", "path": "/metadata/annotations/rockbot.dev~1renewed-by-test", "value": "1"}]
+        await kube.patch(PODS, namespace=NS, name=name, body=renewal, patch_type="json")
+        claim = claim_patch(pod=seen, job=job(), now=now_utc())
+        assert claim is not None
+        claimed = await kube.patch(PODS, namespace=NS, name=name, body=claim, patch_type="json")
+        assert claimed["metadata"]["labels"][STATE_LABEL] == CLAIMED
+        with pytest.raises((Conflict, Invalid)):
+            await kube.patch(PODS, namespace=NS, name=name, body=claim_patch(pod=seen, job=job(request_id="call-2"),
+                                                                             now=now_utc()), patch_type="json")
 
 
 async def test_a_pod_that_dies_as_the_job_arrives_hands_the_job_on_and_it_runs_once(
