@@ -109,7 +109,8 @@ async def test_a_long_stream_that_keeps_sending_is_not_cut_by_the_request_timeou
     assert completion.content == "a long steady answer"
 
 
-async def test_a_silent_endpoint_times_out_per_read():
+async def ask_a_silent_endpoint(*, max_attempts: int) -> tuple[LlmError, int]:
+    """Ask an endpoint that opens its stream and then says nothing: the error raised and the requests it got."""
     release = asyncio.Event()
 
     async def silent(request):
@@ -118,14 +119,20 @@ async def test_a_silent_endpoint_times_out_per_read():
         return response
 
     async with endpoint(silent) as (url, requests):
-        client = LlmClient(base_url=url, model="m", timeout_seconds=0.3, max_attempts=2, backoff_seconds=0.01)
+        client = LlmClient(base_url=url, model="m", timeout_seconds=0.3, max_attempts=max_attempts,
+                           backoff_seconds=0.01)
         try:
             with pytest.raises(LlmError, match=r"did not answer within 0\.3 s") as failed:
                 await client.complete(messages=[{"role": "user", "content": "go"}])
         finally:
             release.set()
             await client.close()
-    assert failed.value.retryable and len(requests) == 2
+    return failed.value, len(requests)
+
+
+async def test_a_silent_endpoint_times_out_per_read():
+    error, requests = await ask_a_silent_endpoint(max_attempts=2)
+    assert error.retryable and requests == 2
 
 
 def chunk(delta: dict, finish_reason: str | None = None) -> bytes:
@@ -221,19 +228,5 @@ async def test_tool_call_deltas_that_repeat_id_and_name_in_every_chunk_make_one_
 
 
 async def test_a_timeout_is_retried_once_not_as_often_as_an_overloaded_endpoint():
-    release = asyncio.Event()
-
-    async def silent(request):
-        response = await streaming(request)
-        await release.wait()
-        return response
-
-    async with endpoint(silent) as (url, requests):
-        client = LlmClient(base_url=url, model="m", timeout_seconds=0.3, max_attempts=4, backoff_seconds=0.01)
-        try:
-            with pytest.raises(LlmError, match=r"did not answer within 0\.3 s") as failed:
-                await client.complete(messages=[{"role": "user", "content": "go"}])
-        finally:
-            release.set()
-            await client.close()
-    assert len(requests) == 2 and "spec.model.requestTimeoutSeconds" in str(failed.value)
+    error, requests = await ask_a_silent_endpoint(max_attempts=4)
+    assert requests == 2 and "spec.model.requestTimeoutSeconds" in str(error)
