@@ -100,7 +100,7 @@ class ScriptSandbox:
             if isinstance(answer, ScriptInvokeResponse) and (run := current_run()) is not None:
                 run.recorder.observe_script(
                     call_id=request_id, exit_code=answer.exit_code, stdout=answer.stdout, stderr=answer.stderr,
-                    duration_seconds=answer.duration_seconds,
+                    duration_seconds=answer.duration_seconds, backend=answer.backend, pod=answer.pod,
                 )
             return answer
         except RequestTimeout:

@@ -62,6 +62,10 @@ class ScriptInvokeResponse(BaseModel):
     oom_killed: bool = False
     output_truncated: bool = False
     duration_seconds: float
+    #: Where it ran, for the run's record: `pods` (a script pod, named in `pod`) or `local/<isolation>`
+    #: (`local/bwrap`, `local/unshare`, `local/unsafe-none`); empty from a manager that does not say.
+    backend: Annotated[str, Field(max_length=64)] = ""
+    pod: Annotated[str, Field(max_length=253)] = ""
 
 
 class ScriptInvokeError(BaseModel):

@@ -249,6 +249,7 @@ class LocalBackend:
             oom_killed=exit_code == OOM_EXIT_CODE or oom_kills > 0,
             output_truncated=stdout.truncated or stderr.truncated,
             duration_seconds=round(duration, 4),
+            backend=f"local/{self.isolation.kind}",
         )
 
 

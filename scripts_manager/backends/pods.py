@@ -253,7 +253,7 @@ class PodBackend:
                 raise
             output = attempt.output
             if output.result is not None:
-                answer = _response(job=job, result=output.result)
+                answer = _response(job=job, result=output.result, pod=name)
             else:
                 if (warm or early) and not output.started and not await self._log_says_started(name, nonce):
                     raise _NeverStarted(f"the attach session ended: {(attempt.status or {}).get('message')}")
@@ -345,7 +345,7 @@ class PodBackend:
             except OutputTooLarge as exc:
                 raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
         if result is not None:
-            return _response(job=job, result=result, oom=oom)
+            return _response(job=job, result=result, oom=oom, pod=name)
         if deadline and not terminated.get("startedAt"):
             raise SandboxUnavailable(
                 f"the script pod {name} reached its deadline before the script started "
@@ -359,6 +359,7 @@ class PodBackend:
         return ScriptInvokeResponse(
             request_id=job.request_id, stdout="", stderr="", timed_out=deadline, oom_killed=oom,
             exit_code=None if deadline else terminated.get("exitCode"), duration_seconds=_ran_for(terminated),
+            backend=self.name, pod=name,
         )  # fmt: skip
 
     def _delete_soon(self, name: str) -> None:
@@ -418,7 +419,8 @@ async def _claimed(claims: AsyncIterator[str]) -> str | None:
     return name
 
 
-def _response(*, job: ScriptJob, result: dict[str, Any], oom: bool = False) -> ScriptInvokeResponse:
+def _response(*, job: ScriptJob, result: dict[str, Any], pod: str, oom: bool = False) -> ScriptInvokeResponse:
+    """The runner's result as the answer, naming the pod it ran in."""
     return ScriptInvokeResponse(
         request_id=job.request_id,
         stdout=result["stdout"],
@@ -428,6 +430,8 @@ def _response(*, job: ScriptJob, result: dict[str, Any], oom: bool = False) -> S
         oom_killed=bool(result["oom_killed"]) or oom,
         output_truncated=bool(result["output_truncated"]),
         duration_seconds=float(result["duration_seconds"]),
+        backend=PodBackend.name,
+        pod=pod,
     )
 
 

@@ -1,5 +1,6 @@
-"""An agent's turns recorded through the console: a chat becomes a run with its messages, model requests and tool
-calls, secrets never stored, and a conversation continues in a new process (a restarted pod, another replica)."""
+"""An agent's turns recorded through the console: a chat becomes a run with its messages, model requests, tool
+calls and script runs (where each ran), secrets never stored, and a conversation continues in a new process (a
+restarted pod, another replica)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ from prometheus_client import CollectorRegistry
 from rockbot.agent.defining import tool
 from rockbot.agent.recording import SessionHistory, bus_publisher
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import CONSOLE, MemoryBroker, Principal
+from rockbot.agent.sandbox import ScriptSandbox
+from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, AmqpBus, MemoryBroker, Principal
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter
+from rockbot.console.runs_cli import describe
 from rockbot.console.store import Store
 from rockbot.console.store_models import RunFilter
 from rockbot.health import Readiness
+from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.buses import login
 from tests.fixtures.llm import ScriptedCall, Turn
+from tests.fixtures.rabbitmq import Vhost
 from tests.waiting import eventually
 
 AGENT = Principal.agent(namespace="team-a", name="helper-bot")
@@ -145,3 +151,37 @@ async def test_an_unreachable_console_never_fails_a_turn(scripted_llm) -> None:
     await agent.close()
     assert result.answer == "still answering"
     assert agent.recorder.not_recorded.labels("bus_error")._value.get() > 0
+
+
+async def test_a_script_run_is_recorded_with_the_sandbox_it_ran_in(vhost: Vhost, store: Store, scripted_llm) -> None:
+    """Through the real broker: the scripts-manager's answer says where the script ran, and the run keeps it."""
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": "print(6 * 7)"})]),
+        Turn(text="42"),
+    )
+    manager = ScriptsManager(settings=ScriptsManagerSettings(
+        scripts_backend="local", health_host="127.0.0.1", health_port=0, amqp_url=await vhost.url(SCRIPTS_MANAGER)))
+    console = await AmqpBus.connect(url=await vhost.url(CONSOLE))
+    writer = RunWriter(store=store, bus=console, readiness=Readiness(), metrics=RecorderMetrics(CollectorRegistry()))
+    await manager.start()
+    await writer.start()
+    try:
+        async with await AmqpBus.connect(url=await vhost.url(AGENT)) as bus:
+            config = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"])
+            agent = AgentRuntime.from_config(
+                config, bus=bus, env={API_KEY_ENV: SECRET}, sandbox=ScriptSandbox.for_agent(bus=bus, config=config),
+                publish_runs=bus_publisher(bus),
+            )  # fmt: skip
+            async with agent:
+                await agent.chat("s1", "What is 6 x 7?", caller="http")
+        runs = await eventually(lambda: _only_run(store))
+        run = await store.get_run(runs[0].run_id)
+    finally:
+        await writer.stop()
+        await console.close()
+        await manager.stop()
+    assert run is not None
+    (script,) = [entry for entry in run.timeline if entry.kind == "script_run"]
+    assert (script.name, script.status, script.data["stdout"]) == ("local/bwrap", "0", "42\n")
+    assert (script.data["backend"], script.data["pod"]) == ("local/bwrap", "")
+    assert "script    exit 0 on local/bwrap" in describe(run)

@@ -37,6 +37,7 @@ async def test_script_round_trip_through_rabbitmq(vhost: Vhost, make_settings: M
     finally:
         await manager.stop()
     assert [(r.request_id, r.stdout) for r in results] == [(f"sq-{n}", f"{n * n}\n") for n in range(6)]
+    assert {(r.backend, r.pod) for r in results} == {("local/bwrap", "")}  # where they ran: no pod, bubblewrap
 
 
 async def test_a_broker_restart_mid_run_still_gets_the_script_answered(

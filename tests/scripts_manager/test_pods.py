@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -281,7 +282,7 @@ async def test_sweeper_reaps_pods_past_their_deadline_and_keeps_live_ones(
 async def test_the_manager_with_the_pod_backend_answers_an_agent(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
 ) -> None:
-    async with manager_and_agent() as (manager_bus, bus), node(kube_api, kube):
+    async with manager_and_agent() as (manager_bus, bus), node(kube_api, kube) as kubelet:
         manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
         await manager.start()
         try:
@@ -291,6 +292,7 @@ async def test_the_manager_with_the_pod_backend_answers_an_agent(
         finally:
             await manager.stop()
     assert isinstance(ok, ScriptInvokeResponse) and ok.stdout == "1024\n", ok
+    assert ok.backend == "pods" and json.loads(kubelet.history[ok.pod].stdin_received)["script"] == "print(2 ** 10)"
     assert isinstance(refused, ScriptInvokeError) and refused.error.code == ErrorCode.REJECTED
     await nothing_left(kube)
 

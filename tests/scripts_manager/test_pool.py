@@ -110,6 +110,7 @@ async def test_a_job_runs_on_a_warm_pod_whose_deadline_is_lowered_and_which_is_r
         await pool_full(kube, one_warm, 1)  # a new idle pod replaces the claimed one
     assert result.stdout == other_class.stdout == "42\n"
     used = kubelet.history[warm["metadata"]["name"]]
+    assert (result.backend, result.pod) == ("pods", used.name)  # the answer names the pod it ran in
     assert json.loads(used.stdin_received)["script"] == "print(6 * 7)"
     assert used.pod["spec"]["activeDeadlineSeconds"] <= 5 + DEADLINE_SLACK_SECONDS + 5  # lowered from 3600
     assert used.name not in {pod["metadata"]["name"] for pod in (await kube.list(PODS, namespace=NS)).items}
