@@ -2,8 +2,8 @@
 
 The operator's container comes from `helm template` with the chart's default values: its arguments,
 environment (JSON logs) and uid. What a cluster would add is given by the test: a kubeconfig for the
-emulated API server in place of the service account (with its own token, so the operator's requests
-can be told apart), the test's broker (its logins and management API) in place of the chart's
+API server (the real one, or the emulator's with its own token, so the operator's requests can be told
+apart) in place of the service account, the test's broker (its logins and management API) in place of the chart's
 Secrets and in-cluster addresses, and a free port for the health server in place of 8080. No node runs
 pods here, so the egress canary (tests/operator/test_egress_canary.py, with a node) is off unless asked for.
 """
@@ -56,11 +56,12 @@ def start_operator(
     values: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
     kubeconfig: str | None = None,
+    namespace: str = NAMESPACE,
 ) -> DeployedOperator:
     """The operator, with `broker` as its broker (None: no broker, so no scheduling and no bus for agents).
 
     It reaches the emulator with `OPERATOR_TOKEN`, or any API server with the text of `kubeconfig` (a real
-    one's, acting as the chart's ServiceAccount).
+    one's); `namespace` is the release's, which it watches.
     """
     if kubeconfig is None:
         assert emulator is not None, "give the emulator or a kubeconfig"
@@ -79,7 +80,7 @@ def start_operator(
         "ROCKBOT_BROKER_AGENT_URL": f"amqp://127.0.0.1:{broker.port}/" if broker else "",
     }
     process = start(
-        chart_pod_spec(render({**CANARY_OFF, **(values or {})}), "operator"),
+        chart_pod_spec(render({**CANARY_OFF, **(values or {})}, namespace=namespace), "operator"),
         values_from=secrets,
         extra_args=["--liveness", f"http://127.0.0.1:{port}/healthz"],
         extra_env={"KUBECONFIG": KUBECONFIG, **addresses, **(extra_env or {})},

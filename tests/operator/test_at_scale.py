@@ -3,6 +3,7 @@
 What a real cluster showed and the emulator now shows too: reconciles failing on a client-side
 timeout while the server answered in time; a restart writing (Tool statuses patched again and again
 while the operator caught up); memory growing by far more per Agent than it holds.
+On the emulator: its answers take a chosen latency, and hundreds of Agents fit the suite's time.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The operator gives every Agent its own broker login, inbox and permissions, and takes them away with the Agent:
-the real operator against the emulated API server and the real broker's management API."""
+the real operator against the real API server and the real broker's management API."""
 
 from __future__ import annotations
 
@@ -15,21 +15,21 @@ from rockbot.bus.topology import agent_inbox, agent_replies
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import AGENTS, DEPLOYMENTS, SECRETS, KubeClient, NotFound
 from rockbot.operator.settings import OperatorSettings
+from tests.fixtures.kube_real import KubeCluster
 from tests.fixtures.rabbitmq import Vhost
-from tests.kubeapi import KubeApiEmulator
-from tests.operator.harness import condition, operator_running
+from tests.operator.audit import AuditLog
+from tests.operator.harness import operator_running
+from tests.operator.kubelet import pods_ready
 from tests.operator.samples import agent_body
-from tests.operator.test_operator_e2e import NS, mark_deployment_ready, secret
+from tests.operator.test_operator_e2e import is_ready, secret
 from tests.waiting import eventually
 
-LEAD, RESEARCHER = Principal.agent(namespace=NS, name="lead"), Principal.agent(namespace=NS, name="researcher")
 
-
-def settings_for(vhost: Vhost, *, resync_seconds: float = 3600) -> OperatorSettings:
+def settings_for(vhost: Vhost, ns: str, *, resync_seconds: float = 3600) -> OperatorSettings:
     """The operator as the chart configures it: its own login, the scripts-manager's, the gateway's, and the admin's
     API."""
     return OperatorSettings(
-        namespaces=[NS], resync_seconds=resync_seconds,
+        namespaces=[ns], resync_seconds=resync_seconds,
         amqp_url=vhost.url_of(OPERATOR), scripts_manager_amqp_url=vhost.url_of(SCRIPTS_MANAGER),
         gateway_amqp_url=vhost.url_of(GATEWAY), console_amqp_url=vhost.url_of(CONSOLE),
         broker_management_url=vhost.broker.management_url, broker_admin_username="guest",
@@ -37,9 +37,9 @@ def settings_for(vhost: Vhost, *, resync_seconds: float = 3600) -> OperatorSetti
     )  # fmt: skip
 
 
-async def bus_url(kube: KubeClient, agent: str) -> str:
+async def bus_url(kube: KubeClient, ns: str, agent: str) -> str:
     """What the agent's pods get: the URL in its own bus Secret."""
-    data = (await kube.get(SECRETS, namespace=NS, name=f"rockbot-{agent}-bus"))["data"]
+    data = (await kube.get(SECRETS, namespace=ns, name=f"rockbot-{agent}-bus"))["data"]
     return base64.b64decode(data["amqp-url"]).decode()
 
 
@@ -48,24 +48,26 @@ async def users(vhost: Vhost) -> set[str]:
 
 
 async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_them_with_the_agent(
-    kube_client: KubeClient, vhost: Vhost
+    kube: KubeClient, kube_namespace: str, as_operator: str, vhost: Vhost
 ) -> None:
-    await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
-    await kube_client.create(AGENTS, namespace=NS, body=agent_body("researcher"))
-    await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead", subAgents=[{"name": "researcher"}]))
-    async with operator_running(settings_for(vhost)):
+    ns = kube_namespace
+    LEAD, RESEARCHER = Principal.agent(namespace=ns, name="lead"), Principal.agent(namespace=ns, name="researcher")
+    await kube.create(SECRETS, namespace=ns, body=secret("llm", apiKey="sk-test"))
+    await kube.create(AGENTS, namespace=ns, body=agent_body("researcher", namespace=ns))
+    await kube.create(AGENTS, namespace=ns, body=agent_body("lead", namespace=ns, subAgents=[{"name": "researcher"}]))
+    async with operator_running(settings_for(vhost, ns)):
         async def provisioned() -> None:
             assert {LEAD.user, RESEARCHER.user, OPERATOR.user, SCRIPTS_MANAGER.user, GATEWAY.user,
                     CONSOLE.user} <= await users(vhost)
             queues = await asyncio.to_thread(vhost.queues)
-            assert {agent_inbox(namespace=NS, name=name).name for name in ("lead", "researcher")} <= set(queues)
+            assert {agent_inbox(namespace=ns, name=name).name for name in ("lead", "researcher")} <= set(queues)
 
         await eventually(provisioned, within=30)
-        deployment = await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-lead"))
+        deployment = await eventually(lambda: kube.get(DEPLOYMENTS, namespace=ns, name="rockbot-lead"), within=30)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item.get("valueFrom") for item in container["env"]}
         assert env["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "rockbot-lead-bus", "key": "amqp-url"}}
-        lead_url, researcher_url = await bus_url(kube_client, "lead"), await bus_url(kube_client, "researcher")
+        lead_url, researcher_url = await bus_url(kube, ns, "lead"), await bus_url(kube, ns, "researcher")
         assert lead_url.startswith(f"amqp://{LEAD.user}:") and lead_url != researcher_url
 
         async with await AmqpBus.connect(url=lead_url) as lead, await AmqpBus.connect(url=researcher_url) as researcher:
@@ -76,72 +78,70 @@ async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_th
                 await researcher.reply(to=delivery, body=InboxReply(
                     request_id=request.request_id, session_id=request.session_id, answer="Lima."))
 
-            await researcher.consume(queue=agent_inbox(namespace=NS, name="researcher"), handler=answer)
+            await researcher.consume(queue=agent_inbox(namespace=ns, name="researcher"), handler=answer)
             request = InboxRequest(kind="agent_call", request_id="r1", session_id="s", content="Capital of Peru?",
-                                   call_chain=("default/lead",))
+                                   call_chain=(f"{ns}/lead",))
             reply = await lead.request(
-                queue=agent_inbox(namespace=NS, name="researcher"), body=request, correlation_id="r1",
-                reply_queue=agent_replies(namespace=NS, name="lead", slot=0), timeout_seconds=15,
+                queue=agent_inbox(namespace=ns, name="researcher"), body=request, correlation_id="r1",
+                reply_queue=agent_replies(namespace=ns, name="lead", slot=0), timeout_seconds=15,
                 responder=RESEARCHER,
             )  # fmt: skip
             assert reply.decode(InboxReply).answer == "Lima."
             with pytest.raises(AccessRefused):  # the researcher calls nobody: not even its caller's inbox
-                await researcher.publish(queue=agent_inbox(namespace=NS, name="lead"), body=request)
+                await researcher.publish(queue=agent_inbox(namespace=ns, name="lead"), body=request)
 
-        await kube_client.delete(AGENTS, namespace=NS, name="researcher")
+        await kube.delete(AGENTS, namespace=ns, name="researcher")
 
         async def forgotten() -> None:
             assert RESEARCHER.user not in await users(vhost)
-            assert agent_inbox(namespace=NS, name="researcher").name not in await asyncio.to_thread(vhost.queues)
+            assert agent_inbox(namespace=ns, name="researcher").name not in await asyncio.to_thread(vhost.queues)
 
         await eventually(forgotten, within=30)
         assert LEAD.user in await users(vhost)
 
 
 async def test_a_settled_agent_costs_no_write_to_the_api_or_the_broker(
-    kube_client: KubeClient, kube_api: KubeApiEmulator, vhost: Vhost, caplog: pytest.LogCaptureFixture
+    kube: KubeClient, kube_namespace: str, kube_cluster: KubeCluster, as_operator: str, vhost: Vhost,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    ns = kube_namespace
     caplog.set_level(logging.INFO, logger="rockbot.operator.broker")
-    await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
-    await kube_client.create(AGENTS, namespace=NS, body=agent_body("lead"))
-    async with operator_running(settings_for(vhost, resync_seconds=0.5)):
-        await eventually(lambda: kube_client.get(DEPLOYMENTS, namespace=NS, name="rockbot-lead"), within=30)
-        await mark_deployment_ready(kube_client, "rockbot-lead")
-
-        async def ready() -> None:
-            agent = await kube_client.get(AGENTS, namespace=NS, name="lead")
-            assert condition(agent, "Ready")["status"] == "True"
-
-        await eventually(ready, within=30)
+    await kube.create(SECRETS, namespace=ns, body=secret("llm", apiKey="sk-test"))
+    await kube.create(AGENTS, namespace=ns, body=agent_body("lead", namespace=ns))
+    async with operator_running(settings_for(vhost, ns, resync_seconds=0.5)), pods_ready(kube, ns):
+        await eventually(lambda: is_ready(kube, ns, "lead"), within=60)
 
         async def two_resyncs_without_a_write() -> None:
             """Settled: two full resyncs (each reads the agent's bus Secret) write nothing, anywhere."""
-            mark, logged = len(kube_api.requests), len(caplog.records)
+            audit = AuditLog(kube_cluster.kubeconfig.parent / "logs" / "audit.log", namespace=ns)
+            logged = len(caplog.records)
 
             async def resynced_twice() -> None:
-                reads = [r for r in kube_api.requests[mark:] if str(r.url).endswith("/secrets/rockbot-lead-bus")]
+                reads = [e for e in audit.read() if e.user == as_operator and e.verb == "get"
+                         and e.resource == "secrets" and e.name == "rockbot-lead-bus"]
                 assert len(reads) >= 2
 
             await eventually(resynced_twice, within=30)
-            assert kube_api.writes_since(mark) == []
+            assert [f"{e.verb} {e.resource} {e.name}" for e in audit.read() if e.user == as_operator and e.write] == []
             assert [r.getMessage() for r in caplog.records[logged:] if r.name == "rockbot.operator.broker"] == []
 
         await eventually(two_resyncs_without_a_write, within=60)
 
 
 async def test_the_users_of_agents_deleted_while_the_operator_was_down_are_swept_at_start(
-    kube_client: KubeClient, vhost: Vhost
+    kube: KubeClient, kube_namespace: str, as_operator: str, vhost: Vhost
 ) -> None:
-    ghost = Principal.agent(namespace=NS, name="ghost")
+    ns = kube_namespace
+    ghost = Principal.agent(namespace=ns, name="ghost")
     elsewhere = Principal.agent(namespace="other-team", name="ghost")  # not this operator's namespace
     await vhost.url(ghost)
     await vhost.url(elsewhere)
-    async with operator_running(settings_for(vhost)):
+    async with operator_running(settings_for(vhost, ns)):
         async def swept() -> None:
             assert ghost.user not in await users(vhost)
-            assert agent_inbox(namespace=NS, name="ghost").name not in await asyncio.to_thread(vhost.queues)
+            assert agent_inbox(namespace=ns, name="ghost").name not in await asyncio.to_thread(vhost.queues)
 
         await eventually(swept, within=30)
     assert elsewhere.user in await users(vhost)
     with pytest.raises(NotFound):
-        await kube_client.get(SECRETS, namespace=NS, name="rockbot-ghost-bus")
+        await kube.get(SECRETS, namespace=ns, name="rockbot-ghost-bus")

@@ -1,4 +1,4 @@
-"""Children against the emulated API server: created, compared with the watched copy, adopted or refused."""
+"""Children on the real API server: created, compared with the watched copy, adopted or refused."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from rockbot.resources import Agent
 from tests.operator.samples import agent_body
 
 
-async def existing_agent(kube: KubeClient) -> Agent:
-    """A stored Agent: children owned by a missing one are garbage-collected, here as on a cluster."""
-    body = agent_body()
+async def existing_agent(kube: KubeClient, namespace: str) -> Agent:
+    """A stored Agent: children owned by a missing one are garbage-collected."""
+    body = agent_body(namespace=namespace)
     del body["metadata"]["uid"], body["metadata"]["generation"]
-    return Agent.model_validate(await kube.create(AGENTS, namespace="default", body=body))
+    return Agent.model_validate(await kube.create(AGENTS, namespace=namespace, body=body))
 
 
 class RacedClient:
@@ -45,23 +45,23 @@ class RacedClient:
         return await self._kube.patch(resource, **kwargs)
 
 
-async def test_a_create_that_loses_the_race_compares_and_patches_the_winner(kube_client: KubeClient):
-    the_agent = await existing_agent(kube_client)
+async def test_a_create_that_loses_the_race_compares_and_patches_the_winner(kube: KubeClient, kube_namespace: str):
+    the_agent = await existing_agent(kube, kube_namespace)
     desired = builders.build_service_account(the_agent)
     racer = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "rockbot-analyst"}}
-    raced = RacedClient(kube_client, first=racer)
+    raced = RacedClient(kube, first=racer)
     children = Children()
     result = await ensure(raced, children, SERVICEACCOUNTS, desired)  # type: ignore[arg-type]
     assert raced.creates == 1
-    live = await kube_client.get(SERVICEACCOUNTS, namespace="default", name="rockbot-analyst")
+    live = await kube.get(SERVICEACCOUNTS, namespace=kube_namespace, name="rockbot-analyst")
     assert live["automountServiceAccountToken"] is False  # the winner, brought in line
     assert live["metadata"]["ownerReferences"][0]["uid"] == the_agent.metadata["uid"]
     assert result.resource_version == live["metadata"]["resourceVersion"]
-    assert children.get(SERVICEACCOUNTS, "default", "rockbot-analyst") == result
+    assert children.get(SERVICEACCOUNTS, kube_namespace, "rockbot-analyst") == result
 
 
-async def test_a_generated_secret_is_built_only_when_it_must_be_created(kube_client: KubeClient):
-    the_agent = await existing_agent(kube_client)
+async def test_a_generated_secret_is_built_only_when_it_must_be_created(kube: KubeClient, kube_namespace: str):
+    the_agent = await existing_agent(kube, kube_namespace)
     builds: list[str] = []
 
     def build() -> dict[str, Any]:
@@ -69,8 +69,8 @@ async def test_a_generated_secret_is_built_only_when_it_must_be_created(kube_cli
         return builders.build_http_token_secret(the_agent, f"token-{len(builds)}")
 
     metadata = builders.http_token_metadata(the_agent)
-    first = await ensure_created(kube_client, SECRETS, metadata=metadata, build=build)
-    again = await ensure_created(kube_client, SECRETS, metadata=metadata, build=build)
+    first = await ensure_created(kube, SECRETS, metadata=metadata, build=build)
+    again = await ensure_created(kube, SECRETS, metadata=metadata, build=build)
     assert builds == ["token"]  # no token made (and thrown away) once the Secret exists
     assert again["data"] == first["data"]
 
@@ -82,12 +82,12 @@ class NoRequests:
         raise AssertionError(f"{verb}: a child that matches its watched copy needs no request")
 
 
-async def test_a_child_matching_its_watched_copy_costs_no_request(kube_client: KubeClient):
-    the_agent = await existing_agent(kube_client)
+async def test_a_child_matching_its_watched_copy_costs_no_request(kube: KubeClient, kube_namespace: str):
+    the_agent = await existing_agent(kube, kube_namespace)
     desired = builders.build_service_account(the_agent)
     children = Children()
-    await ensure(kube_client, children, SERVICEACCOUNTS, desired)
-    live = await kube_client.get(SERVICEACCOUNTS, namespace="default", name="rockbot-analyst")
+    await ensure(kube, children, SERVICEACCOUNTS, desired)
+    live = await kube.get(SERVICEACCOUNTS, namespace=kube_namespace, name="rockbot-analyst")
     assert children.seen(SERVICEACCOUNTS, live) is False  # the echo of our own create: no news
     await ensure(NoRequests(), children, SERVICEACCOUNTS, desired)  # type: ignore[arg-type]
 
@@ -137,25 +137,25 @@ def test_a_deployment_status_change_is_news_only_when_the_rollout_moves():
                                        "status": touched}) is False
 
 
-async def test_an_adopted_config_map_keeps_none_of_a_strangers_keys(kube_client: KubeClient):
-    the_agent = await existing_agent(kube_client)
+async def test_an_adopted_config_map_keeps_none_of_a_strangers_keys(kube: KubeClient, kube_namespace: str):
+    the_agent = await existing_agent(kube, kube_namespace)
     stranger = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "rockbot-analyst-config", "labels": {"team": "x"}},
                 "data": {builders.CONFIG_KEY: "{}", "extra.json": '{"evil": true}'}}
-    await kube_client.create(CONFIGMAPS, namespace="default", body=stranger)
-    await ensure(kube_client, Children(), CONFIGMAPS, builders.build_config_map(the_agent, '{"ours": 1}'))
-    live = await kube_client.get(CONFIGMAPS, namespace="default", name="rockbot-analyst-config")
+    await kube.create(CONFIGMAPS, namespace=kube_namespace, body=stranger)
+    await ensure(kube, Children(), CONFIGMAPS, builders.build_config_map(the_agent, '{"ours": 1}'))
+    live = await kube.get(CONFIGMAPS, namespace=kube_namespace, name="rockbot-analyst-config")
     assert live["data"] == {builders.CONFIG_KEY: '{"ours": 1}'}  # nothing of the stranger's can be mounted
     assert live["metadata"]["ownerReferences"][0]["uid"] == the_agent.metadata["uid"]
     assert live["metadata"]["labels"]["team"] == "x"  # its own metadata is left alone
 
 
-async def test_a_token_secret_the_agent_does_not_control_is_refused_not_used(kube_client: KubeClient):
-    the_agent = await existing_agent(kube_client)
+async def test_a_token_secret_the_agent_does_not_control_is_refused_not_used(kube: KubeClient, kube_namespace: str):
+    the_agent = await existing_agent(kube, kube_namespace)
     planted = builders.build_http_token_secret(the_agent, "known-to-someone")
     del planted["metadata"]["ownerReferences"]
-    await kube_client.create(SECRETS, namespace="default", body=planted)
+    await kube.create(SECRETS, namespace=kube_namespace, body=planted)
     metadata = builders.http_token_metadata(the_agent)
     with pytest.raises(ForeignOwner, match="is not controlled by this Agent: delete it so the operator can generate"):
-        await ensure_created(kube_client, SECRETS, metadata=metadata,
+        await ensure_created(kube, SECRETS, metadata=metadata,
                              build=lambda: builders.build_http_token_secret(the_agent, "fresh"))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from rockbot.kube import AGENTS, CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, SERVICES, KubeClient
 from rockbot.kube.resources import Resource
 from rockbot.operator import builders
@@ -26,11 +24,6 @@ from tests.operator.test_children import NoRequests
 SETTINGS = OperatorSettings(agent_image="registry.example/rockbot:1.0", agent_otlp_endpoint="http://otel:4318")
 #: Quantities as a person writes them, which the API server stores in its canonical form (500m, 512Mi, 1).
 RESOURCES = {"requests": {"cpu": "0.5", "memory": "0.5Gi"}, "limits": {"cpu": "1000m", "memory": "1Gi"}}
-
-
-@pytest.fixture
-def kube(real_kube_client: KubeClient) -> KubeClient:
-    return real_kube_client
 
 
 async def stored_agent(kube: KubeClient, namespace: str, **spec: Any) -> Agent:

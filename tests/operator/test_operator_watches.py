@@ -1,6 +1,7 @@
 """The operator across an API server restart: every watch ends and the history is compacted (410 Gone on
 resume), as after an etcd compaction and a rolling upgrade of the control plane. Changes made afterwards
-must still be reconciled."""
+must still be reconciled. On the emulator: a real API server cannot be made to end every watch and compact its
+history at a chosen moment."""
 
 from __future__ import annotations
 

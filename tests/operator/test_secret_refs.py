@@ -6,7 +6,7 @@ from rockbot.kube import AGENTS, DEPLOYMENTS, SECRETS, KubeClient, NotFound
 from rockbot.operator.secret_refs import forbidden_references, secret_references
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent, agent_body, tool_body
-from tests.operator.test_operator_e2e import NS, SETTINGS, secret
+from tests.operator.test_operator_e2e import secret, settings
 from tests.waiting import eventually
 
 BROKER_ADMIN = {"metadata": {"name": "rockbot-rabbitmq", "labels": {"app.kubernetes.io/part-of": "rockbot"}}}
@@ -49,14 +49,15 @@ def test_a_secret_labelled_as_part_of_rockbot_is_refused_unless_the_agent_owns_i
 
 
 async def test_an_agent_naming_another_agents_login_is_refused_in_status_and_never_deployed(
-    kube_client: KubeClient,
+    kube: KubeClient, kube_namespace: str, as_operator: str
 ) -> None:
-    await kube_client.create(SECRETS, namespace=NS, body=secret("llm", apiKey="sk-test"))
+    ns = kube_namespace
+    await kube.create(SECRETS, namespace=ns, body=secret("llm", apiKey="sk-test"))
     env = [{"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": "rockbot-analyst-bus", "key": "amqp-url"}}}]
-    await kube_client.create(AGENTS, namespace=NS, body=agent_body("mallory", env=env))
-    async with operator_running(SETTINGS):
+    await kube.create(AGENTS, namespace=ns, body=agent_body("mallory", namespace=ns, env=env))
+    async with operator_running(settings(ns)):
         async def refused() -> dict:
-            ready = condition(await kube_client.get(AGENTS, namespace=NS, name="mallory"), "Ready")
+            ready = condition(await kube.get(AGENTS, namespace=ns, name="mallory"), "Ready")
             assert ready["status"] == "False"
             return ready
 
@@ -64,7 +65,7 @@ async def test_an_agent_naming_another_agents_login_is_refused_in_status_and_nev
     assert ready["message"].startswith('spec.env[0].valueFrom.secretKeyRef names Secret "rockbot-analyst-bus"')
     for name in ("rockbot-mallory", "rockbot-mallory-http-token"):
         try:
-            await kube_client.get(DEPLOYMENTS if name == "rockbot-mallory" else SECRETS, namespace=NS, name=name)
+            await kube.get(DEPLOYMENTS if name == "rockbot-mallory" else SECRETS, namespace=ns, name=name)
         except NotFound:
             continue
         raise AssertionError(f"{name} was made for a refused Agent")
