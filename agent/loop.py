@@ -8,9 +8,10 @@ were made, so any provider accepts the next request. Unknown and blacklisted too
 with an error without running anything (the registry decides). A result longer than
 `max_result_chars` is split into working memory and the model gets an index of keys; the reader
 `get_from_working_memory` is installed then if the `memory` set did not already offer it, so any
-tool's large result can be read back. Only if the reader is blacklisted is the result cut with a
-notice. The loop ends with the first
-answer without tool calls (one the model cut at its output token limit says so at its end), or
+tool's large result can be read back; and so it is before a turn whose history holds such an index
+(written by another replica or an earlier pod: the chunks are the run store's). Only if the reader
+is blacklisted is the result cut with a notice. The loop ends with the first answer without tool
+calls (one the model cut at its output token limit says so at its end), or
 after `max_iterations` rounds with a final message saying so.
 
 Before each model request the loop asks `admit` (the daily token budget): refused before the first,
@@ -33,7 +34,7 @@ from rockbot.agent.approvals import ApprovalGate
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted, emit
 from rockbot.agent.llm import LlmClient, ToolCall, Usage
-from rockbot.agent.memory import WorkingMemory
+from rockbot.agent.memory import WorkingMemory, is_index
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
 from rockbot.agent.toolsets.memory import reader
 
@@ -104,6 +105,8 @@ class ToolLoop:
             wrote["this round"] = True
             await emit(on_event, TextDelta(text=text))
 
+        if any(is_index(message) for message in history):
+            self._offer_reader()
         called: list[str] = []
         usage = Usage()
         prefix = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -158,11 +161,17 @@ class ToolLoop:
         limit = self.settings.max_result_chars
         if len(content) <= limit:
             return content
-        if not self.registry.is_blacklisted(READER):
-            if READER not in self.registry:
-                self.registry.register(reader(self.memory))
+        if self._offer_reader():
             return self.memory.offload(session_id=session_id, tool_name=outcome.name, content=content, threshold=limit)
         return f"{content[:limit]}\n[result truncated: {len(content) - limit} characters omitted]"
+
+    def _offer_reader(self) -> bool:
+        """Offer the working-memory reader unless it is blacklisted; whether it is offered."""
+        if self.registry.is_blacklisted(READER):
+            return False
+        if READER not in self.registry:
+            self.registry.register(reader(self.memory))
+        return True
 
     async def _run_tools(
         self, calls: list[ToolCall], *, session_id: str, call_chain: tuple[str, ...], on_event: EventSink | None

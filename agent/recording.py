@@ -38,11 +38,13 @@ from rockbot.agent.registry import ToolOutcome
 from rockbot.bus.identity import CONSOLE
 from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS
 from rockbot.contracts.recording import (
+    MAX_BATCH_BYTES,
     MAX_EVENTS_PER_MESSAGE,
     ApprovalRecorded,
     ApprovalState,
     HistoryReply,
     HistoryRequest,
+    MemoryStored,
     MessageRecorded,
     ModelRequested,
     RecordMode,
@@ -154,7 +156,7 @@ class RunRecorder:
         self._linger = linger_seconds
         self.not_recorded = Counter(
             "rockbot_runs_not_recorded_total", "Run events dropped before reaching the console, by reason "
-            "(buffer_full, bus_error).", ["reason"], registry=registry,
+            "(buffer_full, bus_error, too_large).", ["reason"], registry=registry,
         )  # fmt: skip
 
     # -- a turn --------------------------------------------------------------------------------
@@ -240,6 +242,16 @@ class RunRecorder:
             backend=backend[:256], pod=pod[:256],
         ))  # fmt: skip
 
+    def observe_memory(self, *, session_id: str, key: str, value: str, ttl_seconds: float) -> None:
+        """A working-memory chunk the turn stored: kept under the run's conversation for its later turns on any
+        replica (a `Full` run's only: a chunk is all text)."""
+        run = _current.get()
+        if run is None or self.record != "Full":
+            return
+        content, content_cut = self.text(value)
+        self.add(MemoryStored(id=_id(), run_id=run.run_id, at=_now(), key=key[:64], content=content,
+                              content_cut=content_cut, ttl_seconds=max(1, min(int(ttl_seconds), 86_400))))  # fmt: skip
+
     # -- plumbing -------------------------------------------------------------------------------
 
     def text(self, value: object) -> tuple[str, int]:
@@ -281,12 +293,26 @@ class RunRecorder:
         self._sender = None
 
     async def _send_forever(self) -> None:
+        """Batches of what a moment brings, each within the console's limits (events and bytes per message: working
+        memory chunks are large), else the console would refuse the whole message unread."""
         assert self._publish is not None
+        carried: RunEvent | None = None  # taken from the buffer, but the next message's first
         while True:
-            events = [await self._buffer.get()]
-            await asyncio.sleep(self._linger)  # one message for what a moment brings, not one per event
+            first, carried = carried or await self._buffer.get(), None
+            size = _size(first)
+            if size > _MESSAGE_BYTES:
+                self.not_recorded.labels("too_large").inc()
+                self._buffer.task_done()
+                continue
+            events = [first]
+            await asyncio.sleep(self._linger)
             while len(events) < MAX_EVENTS_PER_MESSAGE and not self._buffer.empty():
-                events.append(self._buffer.get_nowait())
+                event = self._buffer.get_nowait()
+                size += _size(event)
+                if size > _MESSAGE_BYTES:
+                    carried = event
+                    break
+                events.append(event)
             try:
                 await self._publish(RunEvents(events=events))
             except Exception as exc:  # whatever the bus says, the turn must not notice
@@ -297,15 +323,27 @@ class RunRecorder:
                     self._buffer.task_done()
 
 
+#: The most bytes of events one message carries, leaving room for the message's own fields within `MAX_BATCH_BYTES`.
+_MESSAGE_BYTES = MAX_BATCH_BYTES - 4096
+
+
+def _size(event: RunEvent) -> int:
+    return len(event.__pydantic_serializer__.to_json(event))
+
+
 class HistorySource(Protocol):
-    """Where a runtime reads a session's recorded history: the console over the bus, or `rockbot local`'s store."""
+    """Where a runtime reads a session's recorded history and working memory: the console over the bus, or
+    `rockbot local`'s store."""
 
     async def fetch(self, *, caller: str, session_id: str, max_messages: int) -> HistoryReply | None: ...
 
+    async def memory(self, *, caller: str, session_id: str, key: str) -> HistoryReply | None: ...
+
 
 class SessionHistory:
-    """A session's history as the console recorded it (every replica's turns, across restarts), asked over the bus
-    with a short timeout; None when it cannot say (the turn then goes on with what this process holds)."""
+    """A session's history and working memory as the console recorded them (every replica's turns, across restarts),
+    asked over the bus with a short timeout; None when it cannot say (the turn then goes on with what this process
+    holds)."""
 
     def __init__(
         self, *, bus: Any, timeout_seconds: float = 2.0, quiet_seconds: float = 60.0
@@ -316,17 +354,24 @@ class SessionHistory:
         self._asleep_until = 0.0
 
     async def fetch(self, *, caller: str, session_id: str, max_messages: int) -> HistoryReply | None:
-        """The recorded history; None at once for `quiet_seconds` after the console did not answer (no wait per turn
-        while it is down or not installed)."""
+        """The recorded history."""
+        return await self._ask(HistoryRequest(session_id=session_id[:256], caller=caller[:256],
+                                              max_messages=min(max_messages, 1000)))  # fmt: skip
+
+    async def memory(self, *, caller: str, session_id: str, key: str) -> HistoryReply | None:
+        """The recorded working-memory chunk `key` of the session (in `memory`)."""
+        return await self._ask(HistoryRequest(session_id=session_id[:256], caller=caller[:256], memory_key=key[:64]))
+
+    async def _ask(self, request: HistoryRequest) -> HistoryReply | None:
+        """The console's answer; None at once for `quiet_seconds` after it did not answer (no wait per turn while it
+        is down or not installed)."""
         now = asyncio.get_running_loop().time()
         if now < self._asleep_until:
             return None
         try:
             reply = await self._bus.request(
-                queue=CONSOLE_HISTORY, body=HistoryRequest(session_id=session_id[:256], caller=caller[:256],
-                                                           max_messages=min(max_messages, 1000)),
-                reply_queue=await self._bus.own_replies(), correlation_id=f"history-{_id()}",
-                timeout_seconds=self._timeout, responder=CONSOLE,
+                queue=CONSOLE_HISTORY, body=request, reply_queue=await self._bus.own_replies(),
+                correlation_id=f"history-{_id()}", timeout_seconds=self._timeout, responder=CONSOLE,
             )  # fmt: skip
             return reply.decode(HistoryReply)
         except Exception as exc:  # no history from the store is never a failed turn

@@ -146,7 +146,8 @@ class AgentRuntime:
         runtime: AgentRuntime
         kit = ToolKit(
             config=config,
-            memory=WorkingMemory(),
+            memory=WorkingMemory(observers=[recorder.observe_memory],
+                                 recall=lambda session, key: runtime._recall(session_key=session, key=key)),
             guides=Guides(),
             http=lambda: runtime._http_session(),
             env=env,
@@ -267,6 +268,18 @@ class AgentRuntime:
             return held
         last = self._last_runs.get(key)
         return list(recorded.messages) if last is None or last in recorded.run_ids else held
+
+    async def _recall(self, *, session_key: str, key: str) -> str | None:
+        """A working-memory chunk of the conversation that this process does not hold, from the store (another
+        replica's turn, an earlier pod's), or None."""
+        if self.history is None or self.recorder.record != "Full":
+            return None
+        conversation = ConversationKey.from_id(session_key)
+        reply = await self.history.memory(caller=conversation.caller, session_id=conversation.session_id, key=key)
+        if reply is None or reply.memory is None:
+            return None
+        return reply.memory + (f"\n[{reply.memory_cut} more characters of this chunk were not kept]"
+                               if reply.memory_cut else "")  # fmt: skip
 
     async def complete(
         self, messages: list[dict[str, Any]], *, session_id: str, on_event: EventSink | None = None

@@ -11,7 +11,8 @@ is bounded: a message over `MAX_BATCH_BYTES` is refused unread, and an agent pas
 agent cannot flood the store or crowd out the others.
 
 History (`console.history`): an agent gets the messages of its own runs only (the conversation key:
-the sender agent, the caller it names, the session id), answered on its own reply queue.
+the sender agent, the caller it names, the session id), or one chunk of that conversation's working
+memory, answered on its own reply queue.
 """
 
 from __future__ import annotations
@@ -201,11 +202,13 @@ class HistoryAnswerer:
                 f"own reply queues, not {delivery.reply_to!r}"
             )
         request = delivery.decode(HistoryRequest, max_bytes=_HISTORY_REQUEST_BYTES)
+        conversation = {"namespace": agent.namespace, "agent": agent.name, "caller": request.caller,
+                        "session_id": request.session_id}  # fmt: skip
         try:
-            reply = await self._store.session_history(
-                namespace=agent.namespace, agent=agent.name, caller=request.caller, session_id=request.session_id,
-                max_messages=request.max_messages,
-            )  # fmt: skip
+            if request.memory_key:
+                reply = await self._store.session_memory(**conversation, key=request.memory_key)
+            else:
+                reply = await self._store.session_history(**conversation, max_messages=request.max_messages)
         except StoreUnavailable as exc:  # the agent falls back to what it holds; an empty answer would erase that
             log.warning("cannot answer %s's history request: %s", agent, exc)
             return

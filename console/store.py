@@ -45,10 +45,11 @@ from rockbot.console.store_models import (
     decode_cursor,
     encode_cursor,
 )
-from rockbot.console.store_schema import run_events, runs
+from rockbot.console.store_schema import run_events, runs, working_memory
 from rockbot.contracts.recording import (
     ApprovalRecorded,
     HistoryReply,
+    MemoryStored,
     MessageRecorded,
     ModelRequested,
     RunEnded,
@@ -212,7 +213,7 @@ class Store:
         timeline = [
             _event_row(e, record=owned[e.run_id])
             for e in batch.events
-            if e.run_id in owned and not isinstance(e, RunStarted | RunEnded)
+            if e.run_id in owned and not isinstance(e, RunStarted | RunEnded | MemoryStored)
         ]
         if timeline:
             statement = self._insert(run_events).on_conflict_do_nothing(index_elements=["run_id", "event_id"])
@@ -220,6 +221,17 @@ class Store:
             new = len(inserted.all())
             counts.written += new
             counts.duplicates += len(timeline) - new
+        memory = [  # text, so only a Full run's
+            {"run_id": e.run_id, "key": e.key, "content": e.content, "content_cut": e.content_cut, "stored_at": e.at,
+             "expires_at": e.at + datetime.timedelta(seconds=e.ttl_seconds)}
+            for e in batch.events if isinstance(e, MemoryStored) and owned.get(e.run_id) == "Full"
+        ]  # fmt: skip
+        if memory:
+            statement = self._insert(working_memory).on_conflict_do_nothing(index_elements=["run_id", "key"])
+            inserted = await connection.execute(statement.returning(working_memory.c.key), memory)
+            new = len(inserted.all())
+            counts.written += new
+            counts.duplicates += len(memory) - new
         ended = [
             {"ended_run": e.run_id, "ended_at": e.at, "outcome": e.outcome, "error": e.error,
              "prompt_tokens": e.prompt_tokens, "completion_tokens": e.completion_tokens, "tool_calls": e.tool_calls}
@@ -325,10 +337,48 @@ class Store:
         run_ids = list(dict.fromkeys(row.run_id for row in rows))
         return HistoryReply(session_id=session_id, messages=messages[start:], run_ids=run_ids)
 
+    async def session_memory(
+        self, *, namespace: str, agent: str, caller: str, session_id: str, key: str,
+        now: datetime.datetime | None = None,
+    ) -> HistoryReply:  # fmt: skip
+        """A working-memory chunk of the conversation (agent, caller, session) not yet expired, and how many of its
+        characters were not kept (`memory` None: it has none under `key`)."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        query = (
+            select(working_memory.c.content, working_memory.c.content_cut)
+            .join(runs, runs.c.run_id == working_memory.c.run_id)
+            .where(
+                working_memory.c.key == key, working_memory.c.expires_at > now, runs.c.namespace == namespace,
+                runs.c.agent == agent, runs.c.caller == caller, runs.c.session_id == session_id,
+                runs.c.record == "Full",
+            )
+            .order_by(working_memory.c.stored_at.desc()).limit(1)
+        )  # fmt: skip
+        async with self._connection() as connection:
+            row = (await connection.execute(query)).first()
+        if row is None:
+            return HistoryReply(session_id=session_id)
+        return HistoryReply(session_id=session_id, memory=row.content, memory_cut=row.content_cut)
+
     # -- retention --------------------------------------------------------------------------------
 
     async def delete_expired(self, *, now: datetime.datetime, batch_size: int = 1000) -> int:
-        """Delete runs past their retention, `batch_size` runs per short transaction; how many were deleted."""
+        """Delete runs past their retention, and working-memory chunks past theirs, `batch_size` runs (or chunks) per
+        short transaction; how many runs were deleted."""
+        while True:
+            async with self._connection() as connection, connection.begin():
+                expired = (
+                    await connection.execute(
+                        select(working_memory.c.run_id, working_memory.c.key)
+                        .where(working_memory.c.expires_at < now).limit(batch_size)
+                    )
+                ).all()  # fmt: skip
+                if expired:
+                    await connection.execute(delete(working_memory).where(
+                        tuple_(working_memory.c.run_id, working_memory.c.key).in_([tuple(row) for row in expired])))
+            if len(expired) < batch_size:
+                break
+            await asyncio.sleep(0)  # let the writer's transactions in between
         deleted = 0
         while True:
             async with self._connection() as connection, connection.begin():
@@ -338,9 +388,10 @@ class Store:
                 if not ids:
                     return deleted
                 await connection.execute(delete(run_events).where(run_events.c.run_id.in_(ids)))
+                await connection.execute(delete(working_memory).where(working_memory.c.run_id.in_(ids)))
                 await connection.execute(delete(runs).where(runs.c.run_id.in_(ids)))
             deleted += len(ids)
-            await asyncio.sleep(0)  # let the writer's transactions in between
+            await asyncio.sleep(0)
 
     # -- plumbing ---------------------------------------------------------------------------------
 

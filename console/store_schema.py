@@ -1,6 +1,6 @@
 """The run store's tables (SQLAlchemy Core), the same on PostgreSQL and SQLite; Alembic's migrations create them.
 
-Two tables:
+Three tables:
 - `runs`: one row per agent turn, keyed by the run id the agent chose; which agent it belongs to
   (`namespace`, `agent`) is set by its first event from the broker-validated sender and never
   changes, so no other agent can write to it. Listing reads it alone (newest first, by
@@ -9,6 +9,9 @@ Two tables:
   unique by (run, event id) so a redelivered event is written once. What differs per kind lives
   in `body` (JSON); what a list or a filter needs (`kind`, `name`, `status`, `duration_seconds`) has
   columns of its own.
+- `working_memory`: the chunks of large tool results a run stored (agent/memory.py), unique by (run,
+  key). Whose they are is the run's conversation (its agent, caller and session), so a later turn of
+  that conversation reads them by joining `runs`; each has its own, short expiry.
 Times are stored as UTC without a zone (SQLite keeps none) and read back as aware UTC times.
 """
 
@@ -102,4 +105,17 @@ run_events = Table(
     Column("body", JSON(), nullable=False),
     UniqueConstraint("run_id", "event_id", name="run_events_once"),
     Index("run_events_timeline", "run_id", "at", "id"),
+)
+
+working_memory = Table(
+    "working_memory",
+    metadata,
+    Column("run_id", String(64), ForeignKey("runs.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("key", String(64), primary_key=True),
+    Column("content", Text(), nullable=False),
+    Column("content_cut", Integer(), nullable=False, server_default="0"),
+    Column("stored_at", UtcDateTime(), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Index("working_memory_by_key", "key"),
+    Index("working_memory_by_expiry", "expires_at"),
 )

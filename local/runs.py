@@ -1,5 +1,6 @@
 """`rockbot local` records its agents' runs in a SQLite run store directly: the same recorder as in a cluster,
-publishing into the console's store instead of onto the bus, and reading sessions' histories from it."""
+publishing into the console's store instead of onto the bus, and reading sessions' histories and working memory
+from it."""
 
 from __future__ import annotations
 
@@ -28,3 +29,7 @@ class StoreHistory:
     async def fetch(self, *, caller: str, session_id: str, max_messages: int) -> HistoryReply | None:
         return await self._store.session_history(namespace=self._namespace, agent=self._agent, caller=caller,
                                                  session_id=session_id, max_messages=max_messages)  # fmt: skip
+
+    async def memory(self, *, caller: str, session_id: str, key: str) -> HistoryReply | None:
+        return await self._store.session_memory(namespace=self._namespace, agent=self._agent, caller=caller,
+                                                session_id=session_id, key=key)  # fmt: skip

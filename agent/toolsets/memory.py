@@ -38,7 +38,7 @@ def reader(memory: WorkingMemory) -> Tool:
         key: Annotated[str, Field(description="A key from the index, e.g. `ab12cd-0`.")],
         context: ToolContext,
     ) -> str:
-        value = memory.get(session_id=context.session_id, key=key)
+        value = await memory.read(session_id=context.session_id, key=key)
         if value is None:
             known = memory.keys(session_id=context.session_id)
             hint = f"keys available now: {', '.join(known[:20])}" if known else "this session has no stored chunks"

@@ -33,6 +33,12 @@ class ConversationKey(BaseModel):
     #: The session id the caller chose; meaningful only together with `caller`.
     session_id: Annotated[str, Field(min_length=1)]
 
+    @classmethod
+    def from_id(cls, key_id: str) -> ConversationKey:
+        """The key an `id` names (`agent|caller|session`: the session id may hold `|`, the first two never do)."""
+        agent, caller, session_id = key_id.split("|", 2)
+        return cls(agent=agent, caller=caller, session_id=session_id)
+
     @property
     def id(self) -> str:
         """One string for the whole key (`agent|caller|session`); unambiguous: the first two hold no `|`."""

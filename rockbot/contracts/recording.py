@@ -6,7 +6,9 @@ redelivered batch is harmless) and names its run. Which agent a run belongs to i
 the console takes it from the broker-validated sender (`Delivery.user_id`).
 
 A run is one turn of an agent: `RunStarted`, then its timeline (`MessageRecorded`,
-`ModelRequested`, `ToolCalled`, `ScriptRan`), then `RunEnded`. Text fields are cut at
+`ModelRequested`, `ToolCalled`, `ScriptRan`), then `RunEnded`. `MemoryStored` keeps a chunk of the
+turn's working memory under the run's conversation (agent, caller, session), for any later turn of
+it on any replica; it is no timeline entry. Text fields are cut at
 `MAX_TEXT_CHARS` by the sender (the console cuts again, so a hostile sender gains nothing), and the
 characters cut are recorded beside the text (`*_cut`).
 """
@@ -110,6 +112,17 @@ class ScriptRan(_Event):
     pod: Label = ""
 
 
+class MemoryStored(_Event):
+    """A working-memory chunk (see `agent/memory.py`) the run stored, readable by the conversation's later turns."""
+
+    kind: Literal["memory"] = "memory"
+    key: Id
+    content: Text = ""
+    content_cut: int = 0
+    #: How long it is kept from `at` (at most a day: working memory is for a conversation's follow-up questions).
+    ttl_seconds: Annotated[int, Field(ge=1, le=86_400)]
+
+
 ApprovalState = Literal["WaitingForApproval", "Approved", "Denied", "TimedOut"]
 
 
@@ -139,7 +152,8 @@ class RunEnded(_Event):
 
 
 RunEvent = Annotated[
-    RunStarted | MessageRecorded | ModelRequested | ToolCalled | ScriptRan | ApprovalRecorded | RunEnded,
+    RunStarted | MessageRecorded | ModelRequested | ToolCalled | ScriptRan | ApprovalRecorded | MemoryStored
+    | RunEnded,
     Field(discriminator="kind"),
 ]
 TimelineEvent = MessageRecorded | ModelRequested | ToolCalled | ScriptRan | ApprovalRecorded
@@ -155,7 +169,8 @@ class RunEvents(BaseModel):
 
 
 class HistoryRequest(BaseModel):
-    """An agent asks the console for a session's messages (request/reply on `console.history`).
+    """An agent asks the console for a session's messages, or one chunk of its working memory (request/reply on
+    `console.history`).
 
     The agent is the sender; `caller` is the principal the session belongs to (who talked to the
     agent). The console answers only from that agent's own runs of that caller and session.
@@ -167,10 +182,13 @@ class HistoryRequest(BaseModel):
     session_id: Annotated[str, Field(min_length=1, max_length=256)]
     caller: Label = ""
     max_messages: Annotated[int, Field(ge=1, le=1000)] = 200
+    #: Asks for this working-memory chunk (`MemoryStored.key`) instead of the messages.
+    memory_key: Annotated[str, Field(max_length=64)] = ""
 
 
 class HistoryReply(BaseModel):
-    """The session's messages (OpenAI chat format, oldest first) from runs recorded in `Full`, and their run ids."""
+    """The session's messages (OpenAI chat format, oldest first) from runs recorded in `Full`, and their run ids; or
+    the working-memory chunk asked for."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -178,3 +196,7 @@ class HistoryReply(BaseModel):
     session_id: str
     messages: list[dict[str, Any]] = Field(default_factory=list)
     run_ids: list[str] = Field(default_factory=list)
+    #: The working-memory chunk asked for (None: not kept, expired, or another conversation's), and how many of
+    #: its characters were not kept.
+    memory: str | None = None
+    memory_cut: int = 0

@@ -1,13 +1,15 @@
 """An agent's turns recorded through the console: a chat becomes a run with its messages, model requests, tool
-calls and script runs (where each ran), secrets never stored, and a conversation continues in a new process (a
-restarted pod, another replica)."""
+calls and script runs (where each ran), secrets never stored, and a conversation and its working memory continue in
+a new process (a restarted pod, another replica)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy import func, select
 
 from rockbot.agent.defining import tool
 from rockbot.agent.recording import SessionHistory, bus_publisher
@@ -18,6 +20,7 @@ from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWrite
 from rockbot.console.runs_cli import describe
 from rockbot.console.store import Store
 from rockbot.console.store_models import RunFilter
+from rockbot.console.store_schema import working_memory
 from rockbot.health import Readiness
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -37,10 +40,21 @@ async def add(a: int, b: int) -> int:
     return a + b
 
 
+#: A result long enough to go to working memory (over the agent's 1,000-character threshold), in sections.
+REPORT = "".join(f"# Section {n}\n" + f"line {n} " * 120 + "\n" for n in range(6))
+
+
+@tool
+async def report() -> str:
+    """Fetch the long report."""
+    return REPORT
+
+
 class Tools:
     @staticmethod
     async def install(*, registry, kit):
         registry.register(add)
+        registry.register(report)
 
 
 @pytest.fixture
@@ -116,6 +130,62 @@ async def test_a_conversation_continues_in_a_new_process(console, scripted_llm) 
 
     sent = [m.get("content") for m in scripted_llm.requests[1].messages]
     assert sent[1:] == ["I am Ann.", "Nice to meet you, Ann.", "Who am I?"]
+
+
+async def test_working_memory_continues_in_a_new_process_for_that_conversation_only(console, scripted_llm) -> None:
+    broker, store = console
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="report", arguments={})]), Turn(text="I have the report."))
+    first = await _agent(broker, scripted_llm, model={"max_result_chars": 1000})
+    await first.chat("s1", "Fetch the report.", caller="agent.team-a.boss")
+    await first.close()
+    index = scripted_llm.requests[1].messages[-1]["content"]
+    key = re.search(r"keys `([0-9a-f]+-0)`", index)[1]  # the first chunk's key, as the model saw it
+    await eventually(lambda: _only_run(store))
+
+    def read_back(answer: str) -> tuple[Turn, Turn]:
+        asked = Turn(tool_calls=[ScriptedCall(name="get_from_working_memory", arguments={"key": key})])
+        return asked, Turn(text=answer)
+
+    scripted_llm.play(*read_back("Section 0 says line 0."), *read_back("No such chunk."))
+    second = await _agent(broker, scripted_llm, model={"max_result_chars": 1000})  # a restarted pod, another replica
+    await second.chat("s1", "What does section 0 say?", caller="agent.team-a.boss")
+    await second.chat("s1", "And for me?", caller="agent.team-a.intruder")  # the same session id, another caller
+    await second.close()
+
+    chunk = scripted_llm.requests[3].messages[-1]["content"]
+    assert chunk.startswith("# Section 0\nline 0 ") and REPORT.startswith(chunk)
+    refused = scripted_llm.requests[5].messages[-1]["content"]
+    assert f"no working-memory entry {key!r}" in refused and "line 0" not in refused
+
+
+async def test_a_result_chunked_past_a_messages_size_limit_is_stored_whole(console, scripted_llm) -> None:
+    """64 chunks of 16,000 two-byte characters are twice what the console reads in one message: the recorder sends
+    them in several, and every chunk is stored."""
+    broker, store = console
+
+    @tool
+    async def huge() -> str:
+        """Fetch a huge text."""
+        return "é" * 1_200_000
+
+    class Huge:
+        @staticmethod
+        async def install(*, registry, kit):
+            registry.register(huge)
+
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="huge", arguments={})]), Turn(text="Huge."))
+    bus = await login(broker, AGENT)
+    agent = AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url), bus=bus, env={API_KEY_ENV: SECRET},
+                                     tool_sets=[Huge], publish_runs=bus_publisher(bus))  # fmt: skip
+    async with agent:
+        await agent.chat("s1", "Fetch it.", caller="http")
+
+    async def stored() -> None:
+        async with store.engine.connect() as connection:
+            assert await connection.scalar(select(func.count()).select_from(working_memory)) == 64
+
+    await eventually(stored)
+    assert agent.recorder.not_recorded.labels("too_large")._value.get() == 0
 
 
 async def test_metadata_agents_record_no_text_and_none_records_nothing(console, scripted_llm) -> None:

@@ -1,4 +1,5 @@
-"""The run store on PostgreSQL and SQLite: written once per event, owned by its agent, listed, opened, forgotten."""
+"""The run store on PostgreSQL and SQLite: written once per event, owned by its agent, listed, opened, forgotten;
+and the working memory of each conversation."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from sqlalchemy import func, select
 
 from rockbot.console.store import Batch, Store, StoreUnavailable
 from rockbot.console.store_models import BadCursor, RunFilter
-from rockbot.console.store_schema import run_events, runs
-from tests.console.events import typical_run
+from rockbot.console.store_schema import run_events, runs, working_memory
+from rockbot.contracts.recording import MemoryStored
+from tests.console.events import event_id, typical_run
 
 T0 = datetime.datetime(2026, 11, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -164,6 +166,31 @@ async def test_expired_runs_are_deleted_in_batches_with_their_timelines(store: S
     assert deleted == 5
     assert await _count(store, runs) == 1
     assert await _count(store, run_events) == len(kept) - 2
+
+
+async def test_working_memory_is_kept_per_conversation_and_forgotten_when_it_expires(store: Store) -> None:
+    def chunk(run_id: str, key: str, text: str) -> MemoryStored:
+        return MemoryStored(id=event_id(), run_id=run_id, at=T0, key=key, content=text, ttl_seconds=1200)
+
+    boss = typical_run(at=T0, session_id="s1", caller="agent.team-a.boss", tools=0)
+    quiet = typical_run(at=T0, session_id="s2", caller="agent.team-a.boss", tools=0, record="Metadata")
+    stored = [chunk(boss[0].run_id, "ab12cd-0", "# Part one"), chunk(quiet[0].run_id, "ef34ab-0", "private")]
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=[*boss, *quiet, *stored])])
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=stored)])  # a redelivery
+
+    def read(*, agent: str = "triage", caller: str = "agent.team-a.boss", session_id: str = "s1", key: str = "ab12cd-0",
+             now: datetime.datetime = T0):
+        return store.session_memory(namespace="team-a", agent=agent, caller=caller, session_id=session_id, key=key,
+                                    now=now)  # fmt: skip
+
+    assert ((await read()).memory, (await read()).memory_cut) == ("# Part one", 0)
+    assert await _count(store, working_memory) == 1  # once, and nothing of the Metadata run
+    assert (await read(caller="http")).memory is None  # the conversation's key only
+    assert (await read(agent="writer")).memory is None
+    assert (await read(session_id="s2", key="ef34ab-0")).memory is None
+    assert (await read(now=T0 + datetime.timedelta(seconds=1201))).memory is None
+    await store.delete_expired(now=T0 + datetime.timedelta(seconds=1201))
+    assert await _count(store, working_memory) == 0 and await _count(store, runs) == 2
 
 
 async def test_migrations_run_once_when_several_processes_start_together(store_url: str) -> None:
