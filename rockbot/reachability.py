@@ -15,6 +15,7 @@ import datetime
 import json
 import urllib.parse
 from importlib.resources import files
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, ConfigDict
@@ -33,6 +34,8 @@ ENFORCE_FIX = (
 )
 #: How long one target may take to answer.
 PROBE_TIMEOUT_SECONDS = 3.0
+#: The annotation of each script canary's Event that holds its proof (`PublishedProof`, JSON) for `rockbot status`.
+PROOF_ANNOTATION = "rockbot.dev/isolation-proof"
 
 Targets = dict[str, list[str]]
 
@@ -117,6 +120,24 @@ class Proof(BaseModel):
         tried = ", ".join(f.describe() for f in self.findings)
         return ConditionUpdate(type=CONDITION, status="True", reason="NothingReached",
                                message=f"{pods} reached none of {tried} {when}")
+
+
+class PublishedProof(BaseModel):
+    """One proof as the scripts-manager publishes it (an Event's annotation) and `rockbot status` reads it."""
+
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str
+    at: datetime.datetime
+    reached: list[str] = []
+    enforce: bool
+    #: When the next proof is due (seconds after `at`): a reader tells a stopped canary from a quiet one.
+    interval_seconds: float
+
+    @classmethod
+    def of(cls, proof: Proof, condition: ConditionUpdate, *, enforce: bool, interval_seconds: float) -> PublishedProof:
+        return cls(status=condition.status, reason=condition.reason, message=condition.message, at=proof.at,
+                   reached=[f.target for f in proof.reached], enforce=enforce, interval_seconds=interval_seconds)
 
 
 def probe_input(targets: Targets, *, timeout: float = PROBE_TIMEOUT_SECONDS) -> str:

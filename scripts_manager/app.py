@@ -11,16 +11,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from rockbot.bus import AmqpBus, Bus, NoRoute
 from rockbot.conditions import ConditionUpdate
 from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.reachability import CONDITION, IsolationMetrics
 from rockbot.scripts_manager.backends import ScriptBackend
-from rockbot.scripts_manager.canary import CANARY_SECONDS, LOCAL_FIX, IsolationCanary, host_listeners, resolved
+from rockbot.scripts_manager.canary import (
+    CANARY_SECONDS,
+    LOCAL_FIX,
+    IsolationCanary,
+    PostEvent,
+    host_listeners,
+    resolved,
+)
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+if TYPE_CHECKING:
+    from rockbot.kube.client import KubeClient
 
 log = logging.getLogger("rockbot.scripts_manager")
 
@@ -41,21 +52,17 @@ async def create_backend(
     backend: ScriptBackend
     if backend_name(settings) == "pods":
         from rockbot.kube.client import KubeClient
-        from rockbot.kube.events import EventPoster
         from rockbot.scripts_manager.backends.pods import PodBackend
+        from rockbot.scripts_manager.policy_watch import PolicyWatch
 
         kube = await KubeClient.from_environment()
         backend = PodBackend(kube=kube, settings=settings, metrics=metrics)
-        post = EventPoster(kube, component="rockbot-scripts-manager")
-        namespace = {"apiVersion": "v1", "kind": "Namespace",
-                     "metadata": {"name": settings.scripts_namespace, "namespace": settings.scripts_namespace}}
-
-        async def post_event(kind: str, reason: str, message: str) -> None:
-            await post(namespace, kind, reason, message)  # type: ignore[arg-type]
-
         targets = settings.isolation_targets
         return backend, IsolationCanary(
-            backend=backend, targets=lambda: resolved(targets), post_event=post_event,
+            backend=backend, targets=lambda: resolved(targets),
+            post_event=namespace_events(kube, namespace=settings.scripts_namespace),
+            changes=PolicyWatch(kube=kube, namespace=settings.scripts_namespace),
+            debounce_seconds=settings.scripts_isolation_debounce_seconds,
             first_proof_seconds=settings.scripts_pod_start_seconds + 2 * CANARY_SECONDS, **common,
         )  # fmt: skip
     from rockbot.scripts_manager.backends.local import LocalBackend
@@ -63,6 +70,19 @@ async def create_backend(
     backend = await LocalBackend.create(settings=settings)
     return backend, IsolationCanary(backend=backend, targets=host_listeners, first_proof_seconds=2 * CANARY_SECONDS,
                                     sandboxes="local scripts", fix=LOCAL_FIX, **common)
+
+
+def namespace_events(kube: KubeClient, *, namespace: str) -> PostEvent:
+    """The canary's Events, on the scripts namespace itself (the manager's Role allows events create there)."""
+    from rockbot.kube.events import EventPoster
+
+    post = EventPoster(kube, component="rockbot-scripts-manager")
+    about = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "namespace": namespace}}
+
+    async def post_event(kind: str, reason: str, message: str, annotations: dict[str, str]) -> None:
+        await post(about, kind, reason, message, annotations)  # type: ignore[arg-type]
+
+    return post_event
 
 
 class ScriptsManager:

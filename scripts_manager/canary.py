@@ -8,13 +8,16 @@ each, all at once); names in `tcp://` targets are resolved by the manager first,
 cannot hide an open route. The local sandbox tries a TCP listener and a DNS responder the manager
 opens on 127.0.0.1 for the run: reaching either means the sandbox shares the host's network.
 
-It runs at start-up, then every ROCKBOT_SCRIPTS_ISOLATION_INTERVAL_SECONDS (the pod template comes
-from the settings, so a changed template is a new manager, whose start-up runs it again). The last
-proof is the `EgressRestricted` condition of `/readyz`, the gauges `rockbot_isolation_reachable` and
-`rockbot_isolation_last_proof_timestamp_seconds`, and (pods) an Event on the scripts namespace when
-the outcome changes. Fail closed: while the last canary reached anything, or could not run, scripts are
-refused naming what was reached and the fix, unless ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false (then they
-run and every canary logs a warning). A request that arrives before the first proof waits for it.
+It runs at start-up, then every ROCKBOT_SCRIPTS_ISOLATION_INTERVAL_SECONDS, and (pods) after the scripts
+namespace's NetworkPolicies change (`policy_watch.py`; changes within ROCKBOT_SCRIPTS_ISOLATION_DEBOUNCE_SECONDS
+of each other are one proof). The pod template comes from the settings, so a changed template is a new
+manager, whose start-up runs it again. The last proof is the `EgressRestricted` condition of `/readyz`,
+the gauges `rockbot_isolation_reachable` and `rockbot_isolation_last_proof_timestamp_seconds`, and
+(pods) an Event on the scripts namespace per proof, its proof as JSON in an annotation
+(`PROOF_ANNOTATION`) for `rockbot status`. Fail closed: while the last canary reached anything, or
+could not run, scripts are refused naming what was reached and the fix, unless
+ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false (then they run and every canary logs a warning). A request
+that arrives before the first proof waits for it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import socket
 import struct
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Protocol
 
 from rockbot.conditions import ConditionUpdate
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -37,8 +40,10 @@ from rockbot.reachability import (
     ENFORCE_FIX,
     PROBE,
     PROBE_TIMEOUT_SECONDS,
+    PROOF_ANNOTATION,
     IsolationMetrics,
     Proof,
+    PublishedProof,
     Targets,
     findings,
     now,
@@ -49,8 +54,8 @@ from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
-#: Posts an Event about the proof: (type, reason, message).
-PostEvent = Callable[[str, str, str], Awaitable[None]]
+#: Posts an Event about the proof: (type, reason, message, annotations).
+PostEvent = Callable[[str, str, str, dict[str, str]], Awaitable[None]]
 #: What the local sandbox needs when its canary reached the host.
 LOCAL_FIX = (
     "the local sandbox shares this host's network: install bubblewrap (apt-get install -y bubblewrap) and leave "
@@ -58,6 +63,16 @@ LOCAL_FIX = (
 )
 #: The canary's own bound on a run once its sandbox is up (the probe's timeout, the runner's answer).
 CANARY_SECONDS = PROBE_TIMEOUT_SECONDS + 10.0
+#: How long the first proof waits for the first list of what would make it stale (ChangeWatch.listed).
+LISTED_SECONDS = 10.0
+
+
+class ChangeWatch(Protocol):
+    """Something whose changes make the last proof stale (the scripts namespace's NetworkPolicies)."""
+
+    listed: asyncio.Event
+
+    async def run(self, on_change: Callable[[str], None]) -> None: ...
 
 
 class IsolationCanary:
@@ -75,6 +90,8 @@ class IsolationCanary:
         sandboxes: str = "script pods",
         fix: str = ENFORCE_FIX,
         post_event: PostEvent | None = None,
+        changes: ChangeWatch | None = None,
+        debounce_seconds: float = 0.0,
     ) -> None:
         self._sandboxes = sandboxes
         self._fix = fix
@@ -85,19 +102,56 @@ class IsolationCanary:
         self._metrics = metrics
         self._first_proof_seconds = first_proof_seconds
         self._post_event = post_event
+        self._changes = changes
+        self._debounce = debounce_seconds
         self.last: Proof | None = None
         self._proven = asyncio.Event()
+        self._again = asyncio.Event()
+        self._why = ""
 
     async def run(self) -> None:
-        """Run the canary now and every interval, until cancelled."""
-        while True:
-            await self.run_once()
-            await asyncio.sleep(self._interval)
+        """Run the canary now, then every interval and after each change `changes` reports, until cancelled."""
+        watching = None
+        try:
+            if self._changes is not None:
+                watching = asyncio.create_task(self._changes.run(self.again), name="isolation canary's change watch")
+                with contextlib.suppress(TimeoutError):  # a change after the list is seen, so none is missed
+                    async with asyncio.timeout(LISTED_SECONDS):
+                        await self._changes.listed.wait()
+            while True:
+                await self.run_once()
+                why = await self._next()
+                log.info("isolation canary again: %s", why)
+        finally:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+
+    def again(self, why: str) -> None:
+        """Prove again soon: something that may open or close a route changed. Changes less than
+        `debounce_seconds` apart are one proof (a `helm upgrade` rewriting several policies)."""
+        self._why = why
+        self._again.set()
+
+    async def _next(self) -> str:
+        """Why to prove again: the interval passed, or a change followed by a quiet `debounce_seconds`."""
+        try:
+            async with asyncio.timeout(self._interval):
+                await self._again.wait()
+        except TimeoutError:
+            return f"{self._interval:g} s since the last proof"
+        while True:  # a change from here on asks for the proof after this one
+            self._again.clear()
+            try:
+                async with asyncio.timeout(self._debounce):
+                    await self._again.wait()
+            except TimeoutError:
+                return self._why
 
     async def run_once(self) -> Proof:
         async with self._targets() as targets:
             proof = await self._try(targets) if any(targets.values()) else Proof(at=now())
-        previous, self.last = self.last, proof
+        self.last = proof
         self._proven.set()
         self._metrics.record(proof)
         update = self._describe(proof)
@@ -110,8 +164,10 @@ class IsolationCanary:
         else:
             log.warning("isolation canary: %s; scripts run anyway (ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false)",
                         update.message)
-        if self._post_event is not None and _news(previous, proof):
-            await self._post_event("Normal" if proof.isolated else "Warning", _reason(proof), update.message)
+        if self._post_event is not None:  # every proof: `rockbot status` reads the last one
+            published = PublishedProof.of(proof, update, enforce=self.enforce, interval_seconds=self._interval)
+            await self._post_event("Normal" if proof.isolated and not proof.off else "Warning", _reason(proof),
+                                   update.message, {PROOF_ANNOTATION: published.model_dump_json()})
         return proof
 
     async def _try(self, targets: Targets) -> Proof:
@@ -169,17 +225,11 @@ class IsolationCanary:
         return ErrorInfo(code=ErrorCode.REJECTED, message=f"scripts are refused: {self.condition().message}{fix}")
 
 
-def _news(previous: Proof | None, proof: Proof) -> bool:
-    """Worth an Event: the first proof, or one whose outcome differs from the last."""
-    def outcome(p: Proof) -> tuple[Any, ...]:
-        return (p.error is None, tuple(f.target for f in p.reached))
-
-    return previous is None or outcome(previous) != outcome(proof)
-
-
 def _reason(proof: Proof) -> str:
     if proof.error is not None:
         return "IsolationCanaryFailed"
+    if proof.off:
+        return "IsolationCanaryOff"
     return "IsolationBreached" if proof.reached else "IsolationProven"
 
 

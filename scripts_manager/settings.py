@@ -137,10 +137,12 @@ class ScriptsManagerSettings(BaseSettings):
     # Isolation canary (canary.py): what a script must not reach, by probe (an empty list turns a probe
     # off; `broker` defaults to ROCKBOT_AMQP_URL's address), how often, and whether to refuse scripts
     # while the last canary reached anything or could not run. Pods only: the local sandbox's canary
-    # tries listeners the manager opens on 127.0.0.1.
+    # tries listeners the manager opens on 127.0.0.1. A change of the scripts namespace's NetworkPolicies
+    # proves again once no other change came for debounce seconds (policy_watch.py).
     scripts_isolation_targets: dict[str, list[str]] = Field(default_factory=lambda: dict(DEFAULT_TARGETS))
     scripts_isolation_interval_seconds: Annotated[float, Field(gt=0)] = 600.0
     scripts_isolation_enforce: bool = True
+    scripts_isolation_debounce_seconds: Annotated[float, Field(ge=0)] = 5.0
 
     # Local backend.
     scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"

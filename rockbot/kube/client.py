@@ -84,21 +84,27 @@ class KubeClient:
             raise ValueError(f"request_timeout must be a positive number of seconds, not {request_timeout!r}")
         self._api = api_client
         self._request_timeout = request_timeout
+        #: The namespace the kubeconfig's context names (None: it names none, or in a cluster).
+        self.context_namespace: str | None = None
         self._turns = asyncio.Semaphore(max_in_flight)
         _settle_proxy(api_client)
 
     @classmethod
-    async def from_environment(cls, *, request_timeout: float | None = None) -> Self:
+    async def from_environment(
+        cls, *, request_timeout: float | None = None, config_file: str | None = None, context: str | None = None
+    ) -> Self:
         """Connect as the pod's service account when in a cluster, else with the current kubeconfig context.
 
         `$KUBECONFIG` and `$ROCKBOT_KUBE_TIMEOUT_SECONDS` are read now (not when kubernetes_asyncio
-        was imported), so tests and tools that point them elsewhere at runtime are honoured.
+        was imported), so tests and tools that point them elsewhere at runtime are honoured; a command's
+        `--kubeconfig` and `--context` (`config_file`, `context`) win over both, as with kubectl.
         `KubeConfigError` says what is missing or broken and how to fix it.
         """
         if request_timeout is None:
             request_timeout = _timeout_from_environment()
         configuration = k8s_client.Configuration()
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        namespace = None
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and config_file is None and context is None:
             try:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             except k8s_config.ConfigException as exc:
@@ -107,23 +113,26 @@ class KubeClient:
                     "or unset KUBERNETES_SERVICE_HOST to use a kubeconfig"
                 ) from exc
         else:
-            config_file = os.environ.get("KUBECONFIG") or "~/.kube/config"
+            config_file = config_file or os.environ.get("KUBECONFIG") or "~/.kube/config"
             if not await asyncio.to_thread(_any_file, config_file):
                 raise KubeConfigError(
                     f"no kubeconfig file at {config_file}: set KUBECONFIG to your cluster's kubeconfig "
                     "(or run inside a cluster, with a service account)"
                 )
             try:
-                await k8s_config.load_kube_config(
-                    config_file=config_file, client_configuration=configuration, persist_config=False
+                loader = await k8s_config.load_kube_config(
+                    config_file=config_file, context=context, client_configuration=configuration, persist_config=False
                 )
+                namespace = ((loader.current_context or {}).get("context") or {}).get("namespace")
             except (k8s_config.ConfigException, yaml.YAMLError, ValueError, OSError) as exc:
                 raise KubeConfigError(
                     f"the kubeconfig {config_file} is not usable ({' '.join(str(exc).split())}): "
                     "fix it, or set KUBECONFIG to another"
                 ) from exc
         configuration.connection_pool_maxsize = 0  # no limit: see the module docstring
-        return cls(api_client=k8s_client.ApiClient(configuration), request_timeout=request_timeout)
+        client = cls(api_client=k8s_client.ApiClient(configuration), request_timeout=request_timeout)
+        client.context_namespace = namespace
+        return client
 
     async def __aenter__(self) -> Self:
         return self

@@ -32,14 +32,18 @@ class EventPoster:
         self._component = component
         self._instance = socket.gethostname()
 
-    async def __call__(self, body: dict[str, Any], event_type: EventType, reason: str, message: str) -> None:
-        """An Event about `body` (any object with apiVersion, kind and metadata)."""
+    async def __call__(
+        self, body: dict[str, Any], event_type: EventType, reason: str, message: str,
+        annotations: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """An Event about `body` (any object with apiVersion, kind and metadata); `annotations` carry data for tools."""
         metadata = body["metadata"]
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"]},
+            "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata["namespace"],
+                         **({"annotations": annotations} if annotations else {})},
             "involvedObject": {
                 "apiVersion": body["apiVersion"],
                 "kind": body["kind"],

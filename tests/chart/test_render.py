@@ -304,6 +304,7 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
         "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
         "ROCKBOT_SCRIPTS_ISOLATION_ENFORCE": "true",
         "ROCKBOT_SCRIPTS_ISOLATION_INTERVAL_SECONDS": "600",
+        "ROCKBOT_SCRIPTS_ISOLATION_DEBOUNCE_SECONDS": "5",
     }
 
 

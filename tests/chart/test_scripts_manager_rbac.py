@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from rockbot.kube import NAMESPACES, PODS, KubeClient
+from rockbot.kube import NAMESPACES, NETWORKPOLICIES, PODS, KubeClient
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import job_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.policy_watch import PolicyWatch
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import SCRIPTS_MANAGER_SA, Right, grants_of, refused_by_the_api_server
@@ -115,6 +116,24 @@ async def exercise_the_manager(
             with pytest.raises(SandboxFailure, match="ImagePullBackOff"):  # a Warning Event on the pod
                 await backend.run(job("print(1)", "unpullable"))
         await backend.sweep()  # list, delete
+    await exercise_the_policy_watch(client=client)
+
+
+async def exercise_the_policy_watch(*, client: KubeClient) -> None:
+    """The isolation canary's watch of the scripts namespace's NetworkPolicies (list, watch), as the manager."""
+    changed = asyncio.Event()
+    async with await KubeClient.from_environment() as own:  # the manager's identity: the kubeconfig's token
+        watch = PolicyWatch(kube=own, namespace=NS)
+        watching = asyncio.create_task(watch.run(lambda why: changed.set()))
+        try:
+            await bounded(watch.listed.wait(), within=15, what="the NetworkPolicies listed")
+            await client.create(NETWORKPOLICIES, namespace=NS, body={
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "deny"},
+                "spec": {"podSelector": {}, "policyTypes": ["Egress"]}})  # fmt: skip
+            await bounded(changed.wait(), within=15, what="the watch seeing the new NetworkPolicy")
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
 
 
 async def exercise_the_pool(*, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings) -> None:
