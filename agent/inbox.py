@@ -12,8 +12,10 @@ Who asks is the message's sender (`user_id`, checked by the broker): answers go 
 sender's own reply queues (a request asking for replies elsewhere is dead-lettered unanswered); an
 `agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
 operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), a `user_message`
-from a platform service; a request over `MAX_REQUEST_BYTES` is refused before it is parsed. Those
-refusals are answered, then dead-lettered.
+from a platform service, and one that speaks for a person (`on_behalf_of`, recorded as the caller
+`console:<user>`) only from the console; a request over `MAX_REQUEST_BYTES` is refused before it is
+parsed. Those refusals are answered, then dead-lettered. A request that asks for `progress` gets the
+turn's events (text deltas, tool calls starting and ending) on its reply queue before the reply.
 
 A request is known by its sender and request id: a redelivered or duplicated copy joins the run in
 flight or gets the remembered reply, so the model is not asked (and tools not called) twice, while
@@ -28,10 +30,13 @@ import hashlib
 import logging
 
 from rockbot.agent.budget import BudgetExhausted
+from rockbot.agent.events import EventSink
 from rockbot.agent.llm import LlmAuthError, LlmError
+from rockbot.agent.progress import ProgressRelay
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.delegation import refusal
 from rockbot.bus import (
+    CONSOLE,
     GATEWAY,
     LOCAL,
     OPERATOR,
@@ -48,6 +53,7 @@ from rockbot.bus import (
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.permissions import is_reply_queue_of
 from rockbot.bus.topology import agent_inbox
+from rockbot.contracts.conversations import console_caller
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
 
@@ -81,10 +87,13 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
             await _answer(bus, delivery, InboxReply(request_id=request_id, session_id=request.session_id, error=error))
             raise Refused(problem)
         fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
+        caller = console_caller(request.on_behalf_of) if request.on_behalf_of else sender.user
+        relay = (ProgressRelay(bus=bus, reply_to=delivery.reply_to, request_id=request.request_id)
+                 if request.progress and delivery.reply_to else None)  # fmt: skip
         try:
             reply = await once.run(
                 key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
-                work=lambda: _remembered(runtime, request, agent_id=agent_id, caller=sender),
+                work=lambda: _remembered(runtime, request, agent_id=agent_id, caller=caller, on_event=relay),
             )  # fmt: skip
         except _Retryable as retryable:
             reply = retryable.reply
@@ -95,6 +104,9 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
                 "send each request with a fresh request_id",
             )
             reply = InboxReply(request_id=request.request_id, session_id=request.session_id, error=error)
+        finally:
+            if relay is not None:
+                await relay.close()  # every progress message before the reply
         await _answer(bus, delivery, reply)
 
     return await bus.consume(
@@ -112,6 +124,8 @@ def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
         return f"Trigger runs come from the gateway, not from {sender}"
     if request.kind == "user_message" and sender.kind != "service":
         return f"user messages come through a platform service, not from {sender}; agents send agent_call"
+    if request.on_behalf_of is not None and sender != CONSOLE:
+        return f"only the console speaks for a person (on_behalf_of), not {sender}"
     return None
 
 
@@ -123,14 +137,16 @@ class _Retryable(Exception):
         self.reply = reply
 
 
-async def _remembered(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: Principal) -> InboxReply:
-    reply = await _handle(runtime, request, agent_id=agent_id, caller=caller)
+async def _remembered(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: str,
+                      on_event: EventSink | None) -> InboxReply:
+    reply = await _handle(runtime, request, agent_id=agent_id, caller=caller, on_event=on_event)
     if reply.error is not None and reply.error.retryable:
         raise _Retryable(reply)
     return reply
 
 
-async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: Principal) -> InboxReply:
+async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str, caller: str,
+                  on_event: EventSink | None) -> InboxReply:
     def failed(code: ErrorCode, message: str, *, retryable: bool = False) -> InboxReply:
         return InboxReply(
             request_id=request.request_id,
@@ -144,7 +160,7 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
             return failed(ErrorCode.REJECTED, reason)
     try:
         result = await runtime.chat(
-            request.session_id, request.content, caller=caller.user, call_chain=request.call_chain,
+            request.session_id, request.content, caller=caller, call_chain=request.call_chain, on_event=on_event,
             source=request.kind, request_id=request.request_id,
             parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
         )  # fmt: skip

@@ -1,5 +1,6 @@
 """The `rockbot console` process: the run store, its writer and history answers on the bus, and the HTTP side
-(the console's pages and the runs' read API, behind one gate), with health and metrics on a port of their own.
+(the console's pages, chat, approvals and the runs' read API, behind one gate), with health and metrics on a
+port of their own.
 
 In a cluster the console reviews tokens and rights with the API server (its ServiceAccount); the
 database and the broker may come up after it: until they do, readiness says which it waits for.
@@ -21,6 +22,7 @@ from rockbot.console.approvals import ApprovalDesk, event_on_agent
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import ProxyHeaders, TokenReviewer
 from rockbot.console.authorization import AccessReviewer
+from rockbot.console.chat import ChatRelay
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter, WriterLimits
 from rockbot.console.settings import ConsoleSettings
 from rockbot.console.store import Store, StoreUnavailable, redacted
@@ -45,6 +47,7 @@ class Console:
         self._writer: RunWriter | None = None
         self._history: HistoryAnswerer | None = None
         self.desk: ApprovalDesk | None = None
+        self.chat: ChatRelay | None = None
         self._http: web.AppRunner | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -70,7 +73,9 @@ class Console:
             await self._history.start()
             if self.desk is not None:
                 await self.desk.start(bus=self.bus)
-        log.info("console ready (pages, read API and approvals: %s)", "on" if settings.serve_http else "off")
+            if self.chat is not None:
+                await self.chat.start(bus=self.bus)
+        log.info("console ready (pages, read API, approvals and chat: %s)", "on" if settings.serve_http else "off")
 
     async def _serve_http(self) -> None:
         """The console's pages, approvals and the runs' read API, behind one gate that asks the cluster who and what."""
@@ -83,8 +88,10 @@ class Console:
         )  # fmt: skip
         authorizer = AccessReviewer(kube=self.kube, ttl=settings.auth_cache_seconds)
         self.desk = ApprovalDesk(on_pending=event_on_agent(self.kube))
+        if settings.amqp_url is not None:  # chat goes over the bus, as the console's own login
+            self.chat = ChatRelay(timeout_seconds=settings.chat_timeout_seconds)
         app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store,
-                        trace_url_template=settings.trace_url_template)
+                        trace_url_template=settings.trace_url_template, chat=self.chat)
         add_run_routes(app, store=self.store, authorizer=authorizer)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
@@ -97,6 +104,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._history.stop(), what="the history answers")
         if self.desk is not None:
             await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
+        if self.chat is not None:
+            await stop_within(STOP_STEP_SECONDS, self.chat.stop(), what="the chat relay")
         if self.bus is not None:
             await stop_within(STOP_STEP_SECONDS, self.bus.close(), what="closing the broker connection")
         if self._sweeper is not None:

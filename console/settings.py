@@ -38,4 +38,6 @@ class ConsoleSettings(BaseSettings):
     auth_proxy_cidrs: CommaSeparated = Field(default_factory=list)
     #: A link to a run's trace in the tracing UI, `{trace_id}` filled in (e.g. https://jaeger.example.com/trace/{trace_id}).
     trace_url_template: str | None = None
+    #: How long a chat turn may take (tools and approvals included) before the person is told it did not answer.
+    chat_timeout_seconds: Annotated[float, Field(gt=0)] = 900.0
     log_format: Literal["json", "text"] = "json"

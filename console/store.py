@@ -456,7 +456,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def _conditions(filters: RunFilter) -> list[Any]:
     columns = {"namespace": runs.c.namespace, "agent": runs.c.agent, "source": runs.c.source,
-               "outcome": runs.c.outcome, "session_id": runs.c.session_id}  # fmt: skip
+               "outcome": runs.c.outcome, "session_id": runs.c.session_id, "caller": runs.c.caller}  # fmt: skip
     conditions = [column == getattr(filters, name) for name, column in columns.items() if getattr(filters, name)]
     if filters.since is not None:
         conditions.append(runs.c.started_at >= filters.since)

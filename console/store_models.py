@@ -31,6 +31,8 @@ class RunFilter(BaseModel):
     source: RunSource | None = None
     outcome: RunOutcome | None = None
     session_id: str | None = None
+    #: Who asked (a bus principal, `http`, or `console:<user>` for a person chatting in the console).
+    caller: str | None = None
     #: Runs that started at or after `since` and before `until`.
     since: datetime.datetime | None = None
     until: datetime.datetime | None = None

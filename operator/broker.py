@@ -4,7 +4,7 @@ Per Agent: a Secret `rockbot-<agent>-bus` owned by the Agent (the password gener
 `amqp-url`, the broker's address for agents with the agent's own login), wired into that agent's
 pods only; the broker user `agent.<namespace>.<name>` with the permissions `permissions_for` derives
 from the agents it calls (its resolved config) and the principals that call it (the operator, the
-gateway, the Agents whose resolved configs call it); and its queues, with fixed arguments (agents
+gateway, the console, the Agents whose resolved configs call it); and its queues, with fixed arguments (agents
 declare nothing themselves): its inbox, declared before the agent starts so nothing sent to it is
 lost, and the reply slots its replicas claim (`topology.reply_slots`). Everything is compared before
 it is written: a settled Agent costs reads only, no Kubernetes write and no broker write.
@@ -188,7 +188,8 @@ class BusIdentities:
                 await self.forget(namespace=principal.namespace, name=principal.name)
 
     def _callers(self, principal: Principal) -> list[Principal]:
-        return [OPERATOR, GATEWAY, *sorted(caller for caller, calls in self._calls.items() if principal in calls)]
+        calling = sorted(caller for caller, calls in self._calls.items() if principal in calls)
+        return [OPERATOR, GATEWAY, CONSOLE, *calling]  # the console: people's chats, answered on its own queues
 
     async def _update_permissions(self, principal: Principal) -> None:
         """Recompute a reconciled agent's permissions from what is known now (its callers changed)."""

@@ -15,10 +15,12 @@ from aiohttp import web
 from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.console.auth_sessions import COOKIE_NAME, IDLE_SECONDS
 from rockbot.console.authentication import Unauthenticated
-from rockbot.console.authorization import APPROVE, VIEW, Authorizer
+from rockbot.console.authorization import APPROVE, CHAT, VIEW, Authorizer
+from rockbot.console.chat import ChatRelay
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import RunFilter
 from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
+from rockbot.console.web.chat import ChatPages
 from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
 from rockbot.console.web.pages import HERE, TEMPLATES, Pages, templates
 from rockbot.console.web.runs import RunPages
@@ -46,15 +48,21 @@ LAST_RUNS = 10
 def build_app(
     *, gate: Gate, authorizer: Authorizer, kube: KubeClient, desk: ApprovalDesk | None = None,
     store: Store | None = None, trace_url_template: str | None = None, secure_cookie: bool = True,
+    chat: ChatRelay | None = None,
 ) -> web.Application:
     """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`,
-    the Runs pages the run `store`."""
+    the Runs pages the run `store`, the chat page the `chat` relay (the console's bus login)."""
     app = web.Application(middlewares=[_security_headers, gate.middleware()], client_max_size=64 * 1024)
     app[TEMPLATES] = templates()
     app[TEMPLATES].globals["approvals_on"] = desk is not None
     app[TEMPLATES].globals["runs_on"] = store is not None
     app[TEMPLATES].globals["trace_url_template"] = trace_url_template
+    app[TEMPLATES].globals["chat_on"] = chat is not None
     views = _Views(gate=gate, authorizer=authorizer, kube=kube, store=store, secure_cookie=secure_cookie)
+    if chat is not None:
+        chats = ChatPages(pages=views, relay=chat, store=store)
+        app.router.add_get("/agents/{namespace}/{name}/chat", chats.page)
+        app.router.add_post("/agents/{namespace}/{name}/chat", chats.send)
     if desk is not None:
         approvals = _Approvals(views=views, desk=desk)
         app.router.add_get("/approvals", approvals.list)
@@ -146,7 +154,8 @@ class _Views(Pages):
                                                          limit=LAST_RUNS)).runs
             except StoreUnavailable as exc:
                 log.warning("the Agent page of %s/%s shows no runs: %s", namespace, name, exc)
-        return self.render(request, "agent.html", page=page, last_runs=last_runs)
+        may_chat = await self.authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=CHAT)
+        return self.render(request, "agent.html", page=page, last_runs=last_runs, may_chat=may_chat)
 
 
 class _Approvals:

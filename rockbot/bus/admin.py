@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from rockbot.bus.identity import Principal
+from rockbot.bus.identity import CONSOLE, Principal
 from rockbot.bus.permissions import Limits, Permissions, limits_for, permissions_for
 from rockbot.bus.topology import MAX_REPLY_SLOTS, Queue, agent_replies, inbox_of, reply_slots
 from rockbot.contracts.agent_config import AgentBackend, AgentConfig
@@ -131,11 +131,13 @@ async def provision_agents(
 ) -> None:
     """Users for a set of agents that know each other's resolved configs (`rockbot local`, tests) and their scheduler.
 
-    Each agent may call what its config calls and answer its callers and `scheduler`, which may
-    send work to every one of them.
+    Each agent may call what its config calls and answer its callers, `scheduler`, which may send work
+    to every one of them, and the console (`service.console`: people's chats).
     """
     calls = {Principal.agent(namespace=config.namespace, name=config.name): callees(config) for config in configs}
     await ensure_principal(admin, scheduler, password=password(scheduler), calls=calls)
+    await ensure_principal(admin, CONSOLE, password=password(CONSOLE))
     for me, called in calls.items():
         callers = [other for other, theirs in calls.items() if me in theirs]
-        await ensure_principal(admin, me, password=password(me), calls=called, called_by=[scheduler, *callers])
+        await ensure_principal(admin, me, password=password(me), calls=called,
+                               called_by=[scheduler, CONSOLE, *callers])

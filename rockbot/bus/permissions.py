@@ -23,7 +23,10 @@ runs, and reads only `gateway.runs`, where agents answer them: it already reads 
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
 would protect nothing. Only the console (`service.console`) reads `console.runs`, `console.history` and
 `console.approvals`, and it answers history requests and approvals on agents' reply queues (it checks each
-is the asking agent's own).
+is the asking agent's own). It also puts people's chat turns on any agent's inbox (a `user_message` that
+names the person, which agents take only from the console) and reads the progress and answers on reply
+queues of its own (`service.console.replies.<instance>`), which every agent may write to (the console
+takes a message there only from the agent it asked).
 Every expression is anchored, so none matches more than the names it spells out.
 """
 
@@ -101,7 +104,7 @@ def is_reply_queue_of(principal: Principal, queue_name: str) -> bool:
 
 def _declared(principal: Principal) -> list[str]:
     """Queues the principal declares and binds itself: a service's per-process reply queues; agents none."""
-    if principal.kind == "agent" or principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY, CONSOLE):
+    if principal.kind == "agent" or principal in (OPERATOR, SCRIPTS_MANAGER, GATEWAY):
         return []
     return [reply_queues(principal)]
 
@@ -133,7 +136,9 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
         return [_ANY_INBOX, _ANY_REPLY_SLOT]
     if principal == GATEWAY:  # Trigger runs to any inbox
         return [_ANY_INBOX]
-    if principal in (SCRIPTS_MANAGER, CONSOLE):  # answers, to the asking agent's own reply queue (checked per request)
+    if principal == CONSOLE:  # people's chat turns to any inbox; answers to the asking agent's own reply queue
+        return [_ANY_INBOX, _ANY_REPLY_SLOT]
+    if principal == SCRIPTS_MANAGER:  # answers, to the asking agent's own reply queue (checked per request)
         return [_ANY_REPLY_SLOT]
     return inboxes
 

@@ -21,6 +21,12 @@ HTTP_CALLER = "http"
 _NO_BAR = r"^[^|]+$"
 
 
+def console_caller(user: str) -> str:
+    """The caller of a console user's turns: the person the console validated, never a bus principal's name
+    (`console:` cannot start a broker user), so nobody else's conversation can be theirs."""
+    return f"console:{user}"
+
+
 class ConversationKey(BaseModel):
     """One conversation of one agent with one caller."""
 

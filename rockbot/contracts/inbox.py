@@ -45,6 +45,12 @@ class InboxRequest(BaseModel):
     call_chain: tuple[str, ...] = ()
     #: The calling agent's run (an agent_call's), so the run store shows the call as a child of it.
     parent_run_id: Annotated[str, Field(max_length=64)] | None = None
+    #: The person a console user_message speaks for, as the console validated them (TokenReview, proxy): only
+    #: `service.console` may name one (the agent refuses it from anyone else), and the run's caller is then
+    #: `console:<user>` (`console_caller`), so each person's conversations are their own.
+    on_behalf_of: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^|]+$")] | None = None
+    #: Send `TurnProgress` messages (text deltas, tool calls starting and ending) to `reply_to` while the turn runs.
+    progress: bool = False
 
     @property
     def depth(self) -> int:
@@ -54,6 +60,8 @@ class InboxRequest(BaseModel):
     def _agent_calls_name_their_caller(self) -> InboxRequest:
         if self.kind == "agent_call" and not self.call_chain:
             raise ValueError("call_chain: an agent_call must list at least the calling agent ('namespace/name')")
+        if self.on_behalf_of is not None and self.kind != "user_message":
+            raise ValueError("on_behalf_of: only a user_message speaks for a person")
         return self
 
 

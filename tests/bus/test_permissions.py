@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rockbot.bus import GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal, permissions_for
+from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal, permissions_for
 from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_USAGE
 
 TRIAGE = Principal.agent(namespace="team-a", name="triage")
@@ -32,3 +32,18 @@ def test_agents_report_their_token_usage_and_only_the_operator_reads_the_reports
     for other in (TRIAGE, SCRIPTS_MANAGER, GATEWAY, Principal.service("local")):
         assert not permissions_for(other).allows("read", OPERATOR_USAGE.name), other
     assert not permissions_for(GATEWAY).allows("topic_write", OPERATOR_USAGE.name)
+
+
+def test_the_console_puts_chat_turns_on_inboxes_and_only_it_reads_its_own_reply_queues() -> None:
+    console = permissions_for(CONSOLE)
+    assert console.allows("topic_write", "agent.team-a.triage.inbox")
+    assert console.allows("configure", "service.console.replies.a1b2") and console.allows("read",
+                                                                                          "service.console.replies.a1b2")
+    for elsewhere in ("script.invoke", "operator.scheduling", "gateway.runs", "service.gateway.replies.x"):
+        assert not console.allows("topic_write", elsewhere), elsewhere
+    agent = permissions_for(TRIAGE, called_by=[OPERATOR, GATEWAY, CONSOLE])
+    assert agent.allows("topic_write", "service.console.replies.a1b2")  # its progress and answers
+    assert not agent.allows("read", "service.console.replies.a1b2") and not agent.allows("topic_read",
+                                                                                          "service.console.replies.a1b2")
+    for other in (TRIAGE, GATEWAY, Principal.service("local")):
+        assert not permissions_for(other).allows("read", "service.console.replies.a1b2"), other

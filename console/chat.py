@@ -1,0 +1,126 @@
+"""People chat with agents through the console: a turn goes to the agent's inbox as `service.console`, naming
+the person the console validated, and the agent's progress comes back on the console's own reply queue.
+
+The console never holds an agent's HTTP token: it talks to agents the way the platform's services do, over
+the bus with its own broker login. The agent takes `on_behalf_of` only from that login (the broker checks
+`user_id`), so no agent or other service can speak for a person, and it records the run's caller as
+`console:<user>`: the conversation (kept in the run store) is that person's alone. The console takes a
+message on its reply queue only from the agent it asked and only under the turn's random request id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from rockbot.bus import Bus, Delivery, Principal, Subscription
+from rockbot.bus.errors import BadMessage, BusError
+from rockbot.bus.topology import Queue, agent_inbox, service_replies
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.contracts.progress import Event, TurnProgress
+
+log = logging.getLogger(__name__)
+
+#: The longest a progress message or reply the console reads (a reply holds a whole answer).
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+#: A turn nobody took from the inbox by then is dropped there (the person is told, not kept waiting).
+PICKUP_SECONDS = 60.0
+#: Progress messages held for a slow browser at most; past that they are dropped (the answer still comes).
+MAX_BUFFERED = 10_000
+
+Step = Event | InboxReply
+
+
+class ChatFailed(Exception):
+    """The turn could not be sent, or its answer did not come in time."""
+
+
+@dataclass(kw_only=True)
+class _Turn:
+    agent: Principal
+    steps: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(maxsize=MAX_BUFFERED))
+    answer: asyncio.Future[InboxReply] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class ChatRelay:
+    """Sends people's turns to agents and hands back, in order, what each agent streams and its answer."""
+
+    def __init__(self, *, instance: str | None = None, timeout_seconds: float = 900.0) -> None:
+        self._bus: Bus | None = None
+        self._replies = service_replies(service="console", instance=instance or uuid.uuid4().hex[:12])
+        self._timeout = timeout_seconds
+        self._turns: dict[str, _Turn] = {}
+        self._subscription: Subscription | None = None
+
+    @property
+    def replies(self) -> Queue:
+        return self._replies
+
+    async def start(self, *, bus: Bus) -> None:
+        """Declare this console's reply queue on `bus` (the console's own login) and take what agents send there."""
+        self._subscription = await bus.consume(queue=self._replies, handler=self._received, prefetch=256)
+        self._bus = bus
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await self._subscription.close()
+            self._subscription = None
+
+    async def turn(self, *, namespace: str, agent: str, user: str, session_id: str,
+                   content: str) -> AsyncIterator[Step]:
+        """Send `content` as `user`'s turn in `session_id` and yield the agent's events, then its `InboxReply`.
+
+        `ChatFailed` when the inbox refuses the message or nothing more comes within the timeout."""
+        if self._bus is None:
+            raise ChatFailed("the console is not connected to the bus yet: try again in a moment")
+        bus = self._bus
+        request_id = uuid.uuid4().hex
+        target = Principal.agent(namespace=namespace, name=agent)
+        held = self._turns[request_id] = _Turn(agent=target)
+        try:
+            request = InboxRequest(kind="user_message", request_id=request_id, session_id=session_id,
+                                   content=content, reply_to=self._replies.name, on_behalf_of=user, progress=True)
+            try:
+                await bus.publish(queue=agent_inbox(namespace=namespace, name=agent), body=request,
+                                        message_id=request_id, correlation_id=request_id,
+                                        reply_to=self._replies.name, expires_after_seconds=PICKUP_SECONDS)
+            except BusError as exc:
+                raise ChatFailed(f"the message could not be given to {namespace}/{agent}: {exc}") from exc
+            async with asyncio.timeout(self._timeout):
+                while not (held.answer.done() and held.steps.empty()):
+                    step = asyncio.ensure_future(held.steps.get())
+                    await asyncio.wait({step, held.answer}, return_when=asyncio.FIRST_COMPLETED)
+                    if step.done():
+                        yield step.result()
+                    else:
+                        step.cancel()
+                yield held.answer.result()
+        except TimeoutError:
+            raise ChatFailed(f"{namespace}/{agent} did not answer within {self._timeout:g} s") from None
+        finally:
+            self._turns.pop(request_id, None)
+
+    async def _received(self, delivery: Delivery) -> None:
+        held = self._turns.get(delivery.correlation_id or "")
+        if held is None:
+            log.info("dropping a message on %s that no chat waits for (%s)", delivery.queue, delivery.correlation_id)
+            return
+        if delivery.sender != held.agent:
+            log.warning("dropping a message on %s from %s: the turn went to %s", delivery.queue, delivery.user_id,
+                        held.agent)
+            return
+        # no await from here on: handlers of one queue then finish in the order the agent sent
+        try:
+            if delivery.message_type == TurnProgress.__name__:
+                event = delivery.decode(TurnProgress, max_bytes=MAX_REPLY_BYTES).event
+                if held.steps.full():
+                    log.warning("dropping progress of %s: its browser reads too slowly", delivery.correlation_id)
+                else:
+                    held.steps.put_nowait(event)
+            elif not held.answer.done():
+                held.answer.set_result(delivery.decode(InboxReply, max_bytes=MAX_REPLY_BYTES))
+        except BadMessage as exc:
+            log.warning("dropping an unreadable message from %s: %s", delivery.user_id, exc)
