@@ -1,4 +1,5 @@
-"""The scheduler against the API emulator and an in-memory bus, on a driven clock; a scripted agent."""
+"""The scheduler against the real API server (each test in its own namespace) and an in-memory bus, on a driven
+clock; a scripted agent."""
 
 from __future__ import annotations
 
@@ -21,8 +22,7 @@ from rockbot.operator.builders import HTTP_TOKEN_KEY as TOKEN_KEY
 from rockbot.operator.scheduling.agent_requests import token_secret_name
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.buses import login
-from tests.fixtures.kubeapi import client_for
-from tests.kubeapi import KubeApiEmulator
+from tests.fixtures.kube_real import KubeCluster
 from tests.scheduling.faulty_link import FaultyLink
 
 T = TypeVar("T")
@@ -64,14 +64,16 @@ class FakeAgent:
 
 
 class Cluster:
-    """The API emulator as seen by a test: create agents (with their token Secrets) and tasks, read tasks back."""
+    """The API server as seen by a test in its namespace: create agents (with their token Secrets) and tasks, read
+    tasks back."""
 
-    def __init__(self, *, kube: KubeClient, emulator: KubeApiEmulator) -> None:
+    def __init__(self, *, kube: KubeClient, namespace: str) -> None:
         self.kube = kube
-        self.emulator = emulator
+        self.ns = namespace
         self.tokens: dict[str, str] = {}  # agent name -> its token, as the reconciler would generate it
 
-    async def agent(self, name: str = "helper", *, ready: bool = True, namespace: str = "default") -> dict[str, Any]:
+    async def agent(self, name: str = "helper", *, ready: bool = True, namespace: str | None = None) -> dict[str, Any]:
+        namespace = namespace or self.ns
         body = await self.kube.create(AGENTS, namespace=namespace, body={
             "apiVersion": "rockbot.dev/v1alpha1", "kind": "Agent",
             "metadata": {"name": name},
@@ -85,13 +87,15 @@ class Cluster:
         await self.read_token(name, namespace=namespace)
         return await self.set_agent_ready(name, ready=ready, namespace=namespace) if ready else body
 
-    async def read_token(self, name: str, *, namespace: str = "default") -> str:
+    async def read_token(self, name: str, *, namespace: str | None = None) -> str:
         """The agent's token as the API stores it now (after the Secret was replaced, too)."""
+        namespace = namespace or self.ns
         secret = await self.kube.get(SECRETS, namespace=namespace, name=token_secret_name(agent=name))
         self.tokens[name] = base64.b64decode(secret["data"][TOKEN_KEY]).decode()
         return self.tokens[name]
 
-    async def set_agent_ready(self, name: str, *, ready: bool, namespace: str = "default") -> dict[str, Any]:
+    async def set_agent_ready(self, name: str, *, ready: bool, namespace: str | None = None) -> dict[str, Any]:
+        namespace = namespace or self.ns
         condition = {"type": "Ready", "status": "True" if ready else "False",
                      "reason": "DeploymentReady" if ready else "DeploymentProgressing",
                      "message": "1/1 replicas ready" if ready else "0/1 replicas ready",
@@ -99,36 +103,46 @@ class Cluster:
         return await self.kube.patch(AGENTS, namespace=namespace, name=name, subresource="status",
                                      body={"status": {"conditions": [condition]}})
 
-    async def task(self, name: str = "report", *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    async def task(self, name: str = "report", *, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
+        namespace = namespace or self.ns
         return await self.kube.create(SCHEDULED_TASKS, namespace=namespace, body={
             "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask",
             "metadata": {"name": name},
             "spec": {"agentRef": {"name": "helper"}, "schedule": "0 * * * *", "prompt": "Write the report."} | spec,
         })
 
-    async def edit(self, name: str = "report", *, namespace: str = "default", **spec: Any) -> dict[str, Any]:
+    async def edit(self, name: str = "report", *, namespace: str | None = None, **spec: Any) -> dict[str, Any]:
+        namespace = namespace or self.ns
         return await self.kube.patch(SCHEDULED_TASKS, namespace=namespace, name=name, body={"spec": spec})
 
-    async def status(self, name: str = "report", *, namespace: str = "default") -> dict[str, Any]:
+    async def get_task(self, name: str) -> dict[str, Any]:
+        return await self.kube.get(SCHEDULED_TASKS, namespace=self.ns, name=name)
+
+    async def task_names(self) -> list[str]:
+        return [task["metadata"]["name"] for task in (await self.kube.list(SCHEDULED_TASKS, namespace=self.ns)).items]
+
+    async def status(self, name: str = "report", *, namespace: str | None = None) -> dict[str, Any]:
+        namespace = namespace or self.ns
         return (await self.kube.get(SCHEDULED_TASKS, namespace=namespace, name=name)).get("status") or {}
 
 
 @pytest.fixture
-async def cluster(kube_api: KubeApiEmulator) -> AsyncIterator[Cluster]:
-    async with client_for(kube_api) as kube:
-        yield Cluster(kube=kube, emulator=kube_api)
+def cluster(real_kube_client: KubeClient, kube_namespace: str) -> Cluster:
+    return Cluster(kube=real_kube_client, namespace=kube_namespace)
 
 
 @pytest.fixture
-async def faulty_link(kube_api: KubeApiEmulator) -> AsyncIterator[FaultyLink]:
-    """A relay in front of the emulator that drops connections on demand (see `FaultyLink`)."""
-    async with FaultyLink(target_port=urllib.parse.urlsplit(str(kube_api.url)).port or 80).running() as link:
+async def faulty_link(kube_cluster: KubeCluster) -> AsyncIterator[FaultyLink]:
+    """A relay in front of the real API server that drops connections on demand (see `FaultyLink`)."""
+    port = urllib.parse.urlsplit(kube_cluster.server).port
+    assert port is not None
+    async with FaultyLink(target_port=port, upstream_tls=kube_cluster.admin_tls()).running() as link:
         yield link
 
 
 @pytest.fixture
 async def faulty_kube(faulty_link: FaultyLink) -> AsyncIterator[KubeClient]:
-    """A client that reaches the emulator through `faulty_link`."""
+    """A client that reaches the API server through `faulty_link` (as the admin)."""
     configuration = k8s_client.Configuration(host=faulty_link.url)
     async with KubeClient(api_client=k8s_client.ApiClient(configuration)) as client:
         yield client
@@ -158,22 +172,24 @@ async def operator_bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
 
 
 @pytest.fixture
-async def bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
-    """The connection of agent default/helper, which the operator sends tasks to."""
-    async with await login(broker, Principal.agent(namespace="default", name="helper"), called_by=[OPERATOR]) as memory:
+async def bus(broker: MemoryBroker, kube_namespace: str) -> AsyncIterator[MemoryBus]:
+    """The connection of agent helper (of the test's namespace), which the operator sends tasks to."""
+    helper = Principal.agent(namespace=kube_namespace, name="helper")
+    async with await login(broker, helper, called_by=[OPERATOR]) as memory:
         yield memory
 
 
 @pytest.fixture
-async def other_bus(broker: MemoryBroker) -> AsyncIterator[MemoryBus]:
-    """The connection of agent default/other."""
-    async with await login(broker, Principal.agent(namespace="default", name="other"), called_by=[OPERATOR]) as memory:
+async def other_bus(broker: MemoryBroker, kube_namespace: str) -> AsyncIterator[MemoryBus]:
+    """The connection of agent other."""
+    other = Principal.agent(namespace=kube_namespace, name="other")
+    async with await login(broker, other, called_by=[OPERATOR]) as memory:
         yield memory
 
 
 @pytest.fixture
-async def agent(bus: MemoryBus) -> AsyncIterator[FakeAgent]:
-    fake = await FakeAgent(bus=bus, namespace="default", name="helper").start()
+async def agent(bus: MemoryBus, kube_namespace: str) -> AsyncIterator[FakeAgent]:
+    fake = await FakeAgent(bus=bus, namespace=kube_namespace, name="helper").start()
     yield fake
     await fake.stop()
 
@@ -186,7 +202,7 @@ async def start_scheduler(
     started: list[Scheduler] = []
 
     async def start(*, kube: KubeClient | None = None) -> Scheduler:
-        scheduler = Scheduler(kube=kube or cluster.kube, bus=operator_bus, clock=clock)
+        scheduler = Scheduler(kube=kube or cluster.kube, bus=operator_bus, clock=clock, namespaces=[cluster.ns])
         await scheduler.start()
         started.append(scheduler)
         return scheduler

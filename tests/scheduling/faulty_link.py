@@ -1,8 +1,9 @@
-"""A TCP relay on 127.0.0.1 in front of the API emulator that can break connections on demand.
+"""A relay on 127.0.0.1 in front of the real API server that can break connections on demand.
 
-The emulator's `fail()` answers with an HTTP error; a real API server (or a load balancer in front
-of it) also just drops connections, which the HTTP client reports as `aiohttp.ClientError`s that
-are not `ApiError`s. This relay makes both kinds of drop happen for real, on loopback:
+A real API server (or a load balancer in front of it) drops connections, which the HTTP client
+reports as `aiohttp.ClientError`s that are not `ApiError`s. Clients speak plain HTTP to the relay, so
+it can read their request lines; it speaks TLS to the API server as the admin (`upstream_tls`). It
+makes both kinds of drop happen for real, on loopback:
 
 - `drop_requests(method=...)`: the matching request is never forwarded (nothing changed);
 - `drop_responses(method=...)`: the request is forwarded and served, its answer is thrown away
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -32,8 +34,9 @@ class _Fault:
 class FaultyLink:
     """Relays HTTP/1.1 connections to `target_port`; `url` is where clients connect instead."""
 
-    def __init__(self, *, target_port: int) -> None:
+    def __init__(self, *, target_port: int, upstream_tls: ssl.SSLContext | None = None) -> None:
         self._target_port = target_port
+        self._upstream_tls = upstream_tls
         self._faults: list[_Fault] = []
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
@@ -72,7 +75,8 @@ class FaultyLink:
         pump = asyncio.current_task()
         assert pump is not None
         self._pumps.add(pump)
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target_port,
+                                                                         ssl=self._upstream_tls)
         losing: list[_Fault] = []
         try:
             await asyncio.gather(

@@ -73,13 +73,13 @@ def helper_bus(bus: MemoryBus) -> RecordingBus:
 async def helper(
     scripted_llm, helper_bus: RecordingBus, cluster: Cluster, operator_side: None
 ) -> AsyncIterator[AgentRuntime]:
-    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["helper"]) as runtime:
+    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["helper"], namespace=cluster.ns) as runtime:
         yield runtime
 
 
-def _runtime(scripted_llm, *, bus: Any, token: str | None) -> AgentRuntime:
-    """The agent runtime of `default/helper`, holding `token` as its pod would (None: not wired)."""
-    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
+def _runtime(scripted_llm, *, bus: Any, token: str | None, namespace: str) -> AgentRuntime:
+    """The agent runtime of `<namespace>/helper`, holding `token` as its pod would (None: not wired)."""
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace=namespace, builtin_tools=["scheduling"])
     env = {API_KEY_ENV: "k"} | ({HTTP_TOKEN_ENV: token} if token is not None else {})
     return AgentRuntime.from_config(config, env=env, bus=bus)
 
@@ -112,7 +112,7 @@ async def test_a_scheduled_task_is_created_listed_fired_into_the_inbox_and_cance
                       time_zone="Europe/Berlin")
     assert made.ok, made.error
     assert "next run: 2024-05-01 18:00:00 CEST" in made.content
-    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+    task = await cluster.get_task("helper.digest")
     assert task["spec"] == {"agentRef": {"name": "helper"}, "schedule": "0 18 * * *", "timeZone": "Europe/Berlin",
                             "prompt": "Send the digest.", "runOnce": False} | {
                                 key: task["spec"][key] for key in task["spec"]
@@ -134,7 +134,7 @@ async def test_a_scheduled_task_is_created_listed_fired_into_the_inbox_and_cance
     clock.set(datetime.datetime(2024, 5, 1, 16, 0, tzinfo=datetime.UTC))
 
     async def succeeded() -> dict:
-        status = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest"))["status"]
+        status = (await cluster.get_task("helper.digest"))["status"]
         assert [(r["outcome"], r["summary"]) for r in status.get("history", [])] == [("Succeeded", "Digest sent.")]
         return status
 
@@ -145,7 +145,7 @@ async def test_a_scheduled_task_is_created_listed_fired_into_the_inbox_and_cance
     cancelled = await call(helper, "cancel_scheduled_task", name="digest")
     assert cancelled.ok and "Cancelled task 'digest'" in cancelled.content
     with pytest.raises(NotFound):
-        await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+        await cluster.get_task("helper.digest")
     again = await call(helper, "cancel_scheduled_task", name="digest")
     assert again.error.code == "InvalidArguments"
     assert again.error.message == "you have no task named 'digest'; you have no scheduled tasks"
@@ -155,7 +155,7 @@ async def test_scheduling_a_name_again_updates_the_task(helper: AgentRuntime, cl
     await call(helper, "schedule_task", name="ping", cron="0 9 * * *", prompt="one")
     updated = await call(helper, "schedule_task", name="ping", cron="*/10 * * * *", prompt="two", run_once=True)
     assert updated.ok, updated.error
-    spec = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.ping"))["spec"]
+    spec = (await cluster.get_task("helper.ping"))["spec"]
     assert (spec["schedule"], spec["prompt"], spec["runOnce"]) == ("*/10 * * * *", "two", True)
 
 
@@ -166,7 +166,7 @@ async def test_scheduling_a_completed_run_once_task_again_fires_it_again(
     assert made.ok, made.error
 
     async def status_is(**expected: object) -> None:
-        task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.remind")
+        task = await cluster.get_task("helper.remind")
         status = task.get("status") or {}
         assert {key: status.get(key) for key in expected} == expected
 
@@ -192,7 +192,7 @@ async def test_bad_requests_are_answered_with_the_field_to_fix(
     outcome = await call(helper, "schedule_task", **({"name": "x", "cron": "0 9 * * *", "prompt": "p"} | arguments))
     assert outcome.error is not None and outcome.error.code == code
     assert words in outcome.error.message
-    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items == []
+    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace=cluster.ns)).items == []
 
 
 async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime, cluster: Cluster) -> None:
@@ -203,7 +203,7 @@ async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime,
     assert "other.mine" not in listing.content
     refused = await call(helper, "cancel_scheduled_task", name="by-a-person")
     assert refused.error.code == "InvalidArguments" and "no task named 'by-a-person'" in refused.error.message
-    await cluster.kube.create(SCHEDULED_TASKS, namespace="default", body={
+    await cluster.kube.create(SCHEDULED_TASKS, namespace=cluster.ns, body={
         "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask",
         "metadata": {"name": "helper.sneaky"},
         "spec": {"agentRef": {"name": "helper"}, "schedule": "0 * * * *", "prompt": "p"},
@@ -212,31 +212,33 @@ async def test_an_agent_cannot_touch_tasks_it_does_not_own(helper: AgentRuntime,
     assert refused.error.code == "Rejected" and "not created by you" in refused.error.message
     overwrite = await call(helper, "schedule_task", name="sneaky", cron="0 9 * * *", prompt="mine now")
     assert overwrite.error.code == "Rejected"
-    assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.sneaky"))["spec"]["prompt"] == "p"
+    assert (await cluster.get_task("helper.sneaky"))["spec"]["prompt"] == "p"
 
 
 async def test_a_request_answered_elsewhere_than_its_own_queue_is_dead_lettered_unanswered(
     bus: MemoryBus, other_bus: MemoryBus, broker: MemoryBroker, cluster: Cluster, operator_side: None
 ) -> None:
-    reply_queue = agent_replies(namespace="default", name="other", slot=0)
+    reply_queue = agent_replies(namespace=cluster.ns, name="other", slot=0)
     answers: list[Delivery] = []
     await other_bus.consume(queue=reply_queue, handler=lambda delivery: _append(answers, delivery))
-    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(),
+    request = signed(token=cluster.tokens["helper"], agent=f"{cluster.ns}/helper", operation=ListTasks(),
                      reply_to=reply_queue, correlation_id="c1")
     await bus.publish(queue=OPERATOR_SCHEDULING, body=request, correlation_id="c1", reply_to=reply_queue.name)
     letters = await eventually(lambda: _one(broker.dead_letters()))
     assert [(d.queue, d.reason, d.user_id) for d in letters] == [
-        ("operator.scheduling", "rejected", "agent.default.helper")]
+        ("operator.scheduling", "rejected", f"agent.{cluster.ns}.helper")]
     assert answers == []
 
 
-async def test_a_request_for_an_unknown_agent_is_refused(broker: MemoryBroker, operator_side: None) -> None:
-    ghost = Principal.agent(namespace="default", name="ghost")  # a broker user whose Agent is gone
-    reply_queue = agent_replies(namespace="default", name="ghost", slot=0)
-    request = signed(token="guessed", agent="default/ghost", operation=ListTasks(), reply_to=reply_queue,
+async def test_a_request_for_an_unknown_agent_is_refused(
+    broker: MemoryBroker, cluster: Cluster, operator_side: None
+) -> None:
+    ghost = Principal.agent(namespace=cluster.ns, name="ghost")  # a broker user whose Agent is gone
+    reply_queue = agent_replies(namespace=cluster.ns, name="ghost", slot=0)
+    request = signed(token="guessed", agent=f"{cluster.ns}/ghost", operation=ListTasks(), reply_to=reply_queue,
                      correlation_id="c2")
     reply = await send(await login(broker, ghost), request, reply_to=reply_queue, correlation_id="c2")
-    assert reply.error is not None and reply.error.message == "there is no Agent default/ghost"
+    assert reply.error is not None and reply.error.message == f"there is no Agent {cluster.ns}/ghost"
 
 
 async def test_another_agent_claiming_to_be_this_one_is_refused_and_changes_nothing(
@@ -245,19 +247,20 @@ async def test_another_agent_claiming_to_be_this_one_is_refused_and_changes_noth
     made = await call(helper, "schedule_task", name="digest", cron="0 18 * * *", prompt="Send the digest.")
     assert made.ok, made.error
     # `other` is compromised: it holds its own bus login and token, and claims to be helper.
-    own_queue = agent_replies(namespace="default", name="other", slot=1)
-    forged = signed(token=cluster.tokens["other"], agent="default/helper", operation=CancelTask(name="digest"),
+    own_queue = agent_replies(namespace=cluster.ns, name="other", slot=1)
+    forged = signed(token=cluster.tokens["other"], agent=f"{cluster.ns}/helper", operation=CancelTask(name="digest"),
                     reply_to=own_queue, correlation_id="forged-1")
     reply = await send(other_bus, forged, reply_to=own_queue, correlation_id="forged-1")
     assert reply.error is not None and reply.error.code == "Rejected" and not reply.error.retryable
-    assert reply.error.message.startswith("this request comes from agent default/other, not default/helper")
+    assert reply.error.message.startswith(
+        f"this request comes from agent {cluster.ns}/other, not {cluster.ns}/helper")
     # The same, as an agent process of helper's name that holds the wrong key: no task is created either.
-    async with _runtime(scripted_llm, bus=bus, token=cluster.tokens["other"]) as impostor:
+    async with _runtime(scripted_llm, bus=bus, token=cluster.tokens["other"], namespace=cluster.ns) as impostor:
         refused = await call(impostor, "schedule_task", name="sneaky", cron="0 9 * * *", prompt="p")
     assert refused.error is not None and refused.error.code == "Rejected"
-    names = [task["metadata"]["name"] for task in (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items]
+    names = await cluster.task_names()
     assert names == ["helper.digest"]
-    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest")
+    task = await cluster.get_task("helper.digest")
     assert task["spec"]["prompt"] == "Send the digest."
 
 
@@ -273,14 +276,15 @@ async def test_a_request_replayed_after_the_window_is_refused_and_changes_nothin
     reply = (await bus.request(**captured)).decode(SchedulingReply)
     assert reply.error is not None and reply.error.code == "Rejected" and not reply.error.retryable
     assert "off the operator's clock (at most 300 s)" in reply.error.message
-    assert (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.digest"))["spec"]["prompt"] == "p"
+    assert (await cluster.get_task("helper.digest"))["spec"]["prompt"] == "p"
 
 
 async def test_a_request_dated_ahead_of_the_window_is_refused(
     bus: MemoryBus, cluster: Cluster, wall_clock: ManualClock, operator_side: None
 ) -> None:
-    queue = agent_replies(namespace="default", name="helper", slot=0)
-    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
+    queue = agent_replies(namespace=cluster.ns, name="helper", slot=0)
+    request = signed(token=cluster.tokens["helper"], agent=f"{cluster.ns}/helper", operation=ListTasks(),
+                     reply_to=queue,
                      correlation_id="ahead-1", issued_at=wall_clock.now() + datetime.timedelta(minutes=6))
     reply = await send(bus, request, reply_to=queue, correlation_id="ahead-1")
     assert reply.error is not None and "is 360 s off the operator's clock" in reply.error.message
@@ -289,14 +293,15 @@ async def test_a_request_dated_ahead_of_the_window_is_refused(
 async def test_the_signature_covers_the_correlation_id_and_the_operation(
     bus: MemoryBus, cluster: Cluster, operator_side: None
 ) -> None:
-    queue = agent_replies(namespace="default", name="helper", slot=1)
-    request = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
+    queue = agent_replies(namespace=cluster.ns, name="helper", slot=1)
+    request = signed(token=cluster.tokens["helper"], agent=f"{cluster.ns}/helper", operation=ListTasks(),
+                     reply_to=queue,
                      correlation_id="original")
     moved = await send(bus, request, reply_to=queue, correlation_id="another")
-    assert moved.error is not None and "not signed with agent default/helper's token" in moved.error.message
+    assert moved.error is not None and f"not signed with agent {cluster.ns}/helper's token" in moved.error.message
     swapped = request.model_copy(update={"operation": CancelTask(name="digest")})
     reply = await send(bus, swapped, reply_to=queue, correlation_id="original")
-    assert reply.error is not None and "not signed with agent default/helper's token" in reply.error.message
+    assert reply.error is not None and f"not signed with agent {cluster.ns}/helper's token" in reply.error.message
     assert (await send(bus, request, reply_to=queue, correlation_id="original")).error is None
 
 
@@ -305,24 +310,25 @@ async def test_a_replaced_token_secret_counts_at_once(
 ) -> None:
     assert (await call(helper, "list_scheduled_tasks")).ok
     name = token_secret_name(agent="helper")
-    await cluster.kube.delete(SECRETS, namespace="default", name=name)
+    await cluster.kube.delete(SECRETS, namespace=cluster.ns, name=name)
     missing = await call(helper, "list_scheduled_tasks")
     assert missing.error is not None and missing.error.code == "Rejected"
     assert missing.error.message.startswith(
-        "agent default/helper has no token to check its request against (Secret 'rockbot-helper-http-token'")
-    await cluster.kube.create(SECRETS, namespace="default", body={
+        f"agent {cluster.ns}/helper has no token to check its request against (Secret 'rockbot-helper-http-token'")
+    await cluster.kube.create(SECRETS, namespace=cluster.ns, body={
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
         "stringData": {TOKEN_KEY: secrets.token_urlsafe(32)}})
     stale = await call(helper, "list_scheduled_tasks")
-    assert stale.error is not None and "not signed with agent default/helper's token" in stale.error.message
-    async with _runtime(scripted_llm, bus=bus, token=await cluster.read_token("helper")) as restarted:
+    assert stale.error is not None and f"not signed with agent {cluster.ns}/helper's token" in stale.error.message
+    async with _runtime(scripted_llm, bus=bus, token=await cluster.read_token("helper"),
+                        namespace=cluster.ns) as restarted:
         assert (await call(restarted, "list_scheduled_tasks")).ok
 
 
 async def test_an_agent_without_its_token_is_told_what_the_tools_need(
-    scripted_llm, helper_bus: RecordingBus, operator_side: None
+    scripted_llm, helper_bus: RecordingBus, cluster: Cluster, operator_side: None
 ) -> None:
-    async with _runtime(scripted_llm, bus=helper_bus, token=None) as runtime:
+    async with _runtime(scripted_llm, bus=helper_bus, token=None, namespace=cluster.ns) as runtime:
         outcome = await call(runtime, "list_scheduled_tasks")
     assert outcome.error is not None and outcome.error.code == "Rejected"
     assert outcome.error.message == (
@@ -346,8 +352,8 @@ class UnsignedRequest(BaseModel):
 async def test_an_unsigned_request_of_the_old_schema_is_refused_clearly(
     bus: MemoryBus, cluster: Cluster, operator_side: None
 ) -> None:
-    queue = agent_replies(namespace="default", name="helper", slot=0)
-    reply = await send(bus, UnsignedRequest(agent="default/helper", operation={"action": "list"}),
+    queue = agent_replies(namespace=cluster.ns, name="helper", slot=0)
+    reply = await send(bus, UnsignedRequest(agent=f"{cluster.ns}/helper", operation={"action": "list"}),
                        reply_to=queue, correlation_id="old-1")
     assert reply.error is not None and reply.error.code == "Rejected"
     assert reply.error.message == (
@@ -366,11 +372,12 @@ async def test_neither_the_token_nor_a_signature_reaches_logs_or_replies(
         await call(helper, "list_scheduled_tasks"),
         await call(helper, "cancel_scheduled_task", name="nothing-here"),
     ]
-    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["other"]) as impostor:
+    async with _runtime(scripted_llm, bus=helper_bus, token=cluster.tokens["other"],
+                        namespace=cluster.ns) as impostor:
         outcomes.append(await call(impostor, "list_scheduled_tasks"))
-    queue = agent_replies(namespace="default", name="helper", slot=0)
-    malformed = signed(token=cluster.tokens["helper"], agent="default/helper", operation=ListTasks(), reply_to=queue,
-                       correlation_id="bad-1").model_dump() | {"signature": "not hex"}
+    queue = agent_replies(namespace=cluster.ns, name="helper", slot=0)
+    malformed = signed(token=cluster.tokens["helper"], agent=f"{cluster.ns}/helper", operation=ListTasks(),
+                       reply_to=queue, correlation_id="bad-1").model_dump() | {"signature": "not hex"}
     for body in [*(sent["body"] for sent in helper_bus.sent), RawBody(malformed)]:
         replies.append((await bus.request(queue=OPERATOR_SCHEDULING, body=body, reply_queue=queue,
                                           correlation_id=secrets.token_hex(4), timeout_seconds=5,
@@ -396,7 +403,7 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
     await cluster.task("nightly", schedule="0 11 * * *", prompt="Write the nightly report.")
 
     async def planned() -> None:
-        task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="nightly")
+        task = await cluster.get_task("nightly")
         assert (task.get("status") or {}).get("nextScheduleTime") == "2024-05-01T11:00:00Z"
 
     await eventually(planned)
@@ -406,7 +413,7 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
         taken.append(delivery)
         await asyncio.Event().wait()  # never acks: the consumer dies first
 
-    dying = await bus.consume(queue=agent_inbox(namespace="default", name="helper"), handler=die_holding)
+    dying = await bus.consume(queue=agent_inbox(namespace=cluster.ns, name="helper"), handler=die_holding)
     clock.set(datetime.datetime(2024, 5, 1, 11, 0, tzinfo=datetime.UTC))
     await eventually(lambda: _assert_len(taken, 1))
     inbox = await serve_inbox(runtime=helper, bus=bus)
@@ -414,7 +421,7 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
     await dying.close()
 
     async def succeeded() -> None:
-        status = (await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="nightly")).get("status") or {}
+        status = (await cluster.get_task("nightly")).get("status") or {}
         assert [(r["outcome"], r["summary"]) for r in status.get("history", [])] == [
             ("Succeeded", "Nightly report written.")
         ]
@@ -423,7 +430,7 @@ async def test_a_trigger_redelivered_after_its_consumer_died_runs_the_agent_once
     caplog.set_level(logging.INFO, logger="rockbot.bus.once")
     copy = taken[0].decode(InboxRequest)
     await operator_bus.publish(
-        queue=agent_inbox(namespace="default", name="helper"), body=copy, correlation_id=copy.request_id,
+        queue=agent_inbox(namespace=cluster.ns, name="helper"), body=copy, correlation_id=copy.request_id,
         reply_to=OPERATOR_RUNS.name,
     )
 
@@ -444,14 +451,14 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
     cluster: Cluster, clock: ManualClock, scripted_llm, vhost: Vhost
 ) -> None:
     await cluster.agent()
-    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace="default", builtin_tools=["scheduling"])
-    helper = Principal.agent(namespace="default", name="helper")
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace=cluster.ns, builtin_tools=["scheduling"])
+    helper = Principal.agent(namespace=cluster.ns, name="helper")
     async with (
         await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
         await AmqpBus.connect(url=await vhost.url(helper, called_by=[OPERATOR])) as bus,
     ):
         requests = SchedulingRequests(kube=cluster.kube, bus=operator_bus, clock=clock)
-        scheduler = Scheduler(kube=cluster.kube, bus=operator_bus, clock=clock)
+        scheduler = Scheduler(kube=cluster.kube, bus=operator_bus, clock=clock, namespaces=[cluster.ns])
         await requests.start()
         await scheduler.start()
         try:
@@ -463,7 +470,7 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
                 assert "next run: 2024-05-02 09:00:00 CEST" in made.content
 
                 async def planned() -> None:
-                    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.standup")
+                    task = await cluster.get_task("helper.standup")
                     assert (task.get("status") or {}).get("nextScheduleTime") == "2024-05-02T07:00:00Z"
 
                 await eventually(planned)
@@ -472,7 +479,7 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
                 clock.set(datetime.datetime(2024, 5, 2, 7, 0, tzinfo=datetime.UTC))
 
                 async def succeeded() -> None:
-                    task = await cluster.kube.get(SCHEDULED_TASKS, namespace="default", name="helper.standup")
+                    task = await cluster.get_task("helper.standup")
                     history = (task.get("status") or {}).get("history", [])
                     assert [(r["outcome"], r["summary"]) for r in history] == [("Succeeded", "Notes posted.")]
 
@@ -483,7 +490,7 @@ async def test_the_tools_schedule_fire_and_cancel_over_rabbitmq(
         finally:
             await scheduler.stop()
             await requests.stop()
-    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace="default")).items == []
+    assert (await cluster.kube.list(SCHEDULED_TASKS, namespace=cluster.ns)).items == []
 
 
 async def _append(into: list[Delivery], delivery: Delivery) -> None:

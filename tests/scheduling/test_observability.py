@@ -25,13 +25,14 @@ async def test_a_fired_run_is_a_span_with_its_run_id_and_the_agents_work_is_its_
     status = await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
     run = spans.one("scheduled run")
     assert run.attributes["rockbot.run.id"] == status["history"][0]["runId"]
-    assert run.attributes["rockbot.scheduledtask"] == "default/report" and not run.attributes["rockbot.run.resent"]
+    assert run.attributes["rockbot.scheduledtask"] == f"{cluster.ns}/report"
+    assert not run.attributes["rockbot.run.resent"]
     handled = next(span for span in await spans.ended("process InboxRequest") if span.context.trace_id
                    == run.context.trace_id)
     assert spans.ancestors(handled) == ["publish InboxRequest", "scheduled run"]
     assert sample(scheduler, "rockbot_scheduled_runs_total", outcome="Succeeded") == 1
     assert sample(scheduler, "rockbot_scheduled_run_lag_seconds_count") == 1
-    assert (await cluster.kube.list(EVENTS, namespace="default")).items == []  # a success is no news
+    assert (await cluster.kube.list(EVENTS, namespace=cluster.ns)).items == []  # a success is no news
 
 
 async def test_a_missed_and_a_failed_run_are_warning_events_on_the_task(
@@ -50,7 +51,7 @@ async def test_a_missed_and_a_failed_run_are_warning_events_on_the_task(
     status = await outcomes(cluster, [("2024-05-01T12:00:00Z", "Missed"), ("2024-05-01T11:00:00Z", "Failed")])
 
     async def posted() -> list[dict]:
-        events = (await cluster.kube.list(EVENTS, namespace="default")).items
+        events = (await cluster.kube.list(EVENTS, namespace=cluster.ns)).items
         assert len(events) == 2
         return events
 

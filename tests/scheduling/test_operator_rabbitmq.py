@@ -30,9 +30,9 @@ class _Runtime:
 
 
 async def test_every_second_schedule_fires_over_rabbitmq_and_completes(
-    cluster: Cluster, kubeconfig: Path, vhost: Vhost
+    cluster: Cluster, real_kubeconfig: Path, vhost: Vhost
 ) -> None:
-    runtime = _Runtime(OperatorSettings(amqp_url=await vhost.url(OPERATOR), namespaces=["default"]))
+    runtime = _Runtime(OperatorSettings(amqp_url=await vhost.url(OPERATOR), namespaces=[cluster.ns]))
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -47,11 +47,11 @@ async def test_every_second_schedule_fires_over_rabbitmq_and_completes(
 
     await cluster.agent()
     await cluster.task(schedule="*/2 * * * * *", concurrencyPolicy="Allow", successfulRunsHistoryLimit=10)
-    helper = Principal.agent(namespace="default", name="helper")
+    helper = Principal.agent(namespace=cluster.ns, name="helper")
     async with await AmqpBus.connect(url=await vhost.url(helper, called_by=[OPERATOR])) as bus:
-        agent = await FakeAgent(bus=bus, namespace="default", name="helper").start()
+        agent = await FakeAgent(bus=bus, namespace=cluster.ns, name="helper").start()
         try:
-            async with run_kopf(registry=registry, namespaces=["default"]):
+            async with run_kopf(registry=registry, namespaces=[cluster.ns]):
 
                 async def three_succeeded() -> dict:
                     status = await cluster.status()

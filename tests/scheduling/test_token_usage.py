@@ -1,5 +1,5 @@
 """Agents' token usage: reported over the bus, added up by the operator into Agent.status.usage, and the
-daily budget held over replicas and restarts (API emulator, in-memory bus)."""
+daily budget held over replicas and restarts (the real API server, in-memory bus)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from tests.buses import login
 from tests.scheduling.conftest import Cluster
 from tests.waiting import eventually
 
-HELPER = Principal.agent(namespace="default", name="helper")
 TODAY = datetime.datetime.now(datetime.UTC).date()
 
 
@@ -34,6 +33,7 @@ class Operator:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self.helper = Principal.agent(namespace=cluster.ns, name="helper")
         self.broker = MemoryBroker()
         self.ledger: UsageLedger | None = None
 
@@ -48,12 +48,13 @@ class Operator:
 
     async def replica(self, *, limit: int | None = 100) -> tuple[TokenBudget, UsageReporter]:
         budget = TokenBudget(tokens_per_day=limit, reported=True, first_total_seconds=5)
-        reporter = UsageReporter(budget=budget, bus=await login(self.broker, HELPER), namespace="default",
+        reporter = UsageReporter(budget=budget, bus=await login(self.broker, self.helper), namespace=self.cluster.ns,
                                  name="helper", answer_seconds=5)
         return budget, reporter
 
     async def usage(self) -> dict:
-        return ((await self.cluster.kube.get(AGENTS, namespace="default", name="helper")).get("status") or {})["usage"]
+        agent = await self.cluster.kube.get(AGENTS, namespace=self.cluster.ns, name="helper")
+        return (agent.get("status") or {})["usage"]
 
 
 @pytest.fixture
@@ -105,8 +106,8 @@ async def test_a_restarted_agent_or_operator_goes_on_from_the_days_total_in_the_
 async def test_a_new_day_starts_the_total_afresh_and_a_late_report_of_yesterday_is_dropped(
     operator: Operator,
 ) -> None:
-    bus = await login(operator.broker, HELPER)
-    replies = agent_replies(namespace="default", name="helper", slot=0)
+    bus = await login(operator.broker, operator.helper)
+    replies = agent_replies(namespace=operator.cluster.ns, name="helper", slot=0)
 
     async def report(day: datetime.date, tokens: int) -> UsageTotal:
         delivery = await bus.request(queue=OPERATOR_USAGE, body=UsageReport(day=day, prompt_tokens=tokens),
@@ -124,17 +125,18 @@ async def test_only_an_existing_agent_reporting_for_itself_is_counted(operator: 
     with pytest.raises(AccessRefused):  # no service may even send one
         await (await login(operator.broker, SCRIPTS_MANAGER)).publish(
             queue=OPERATOR_USAGE, body=UsageReport(day=TODAY, prompt_tokens=5))
-    ghost = Principal.agent(namespace="default", name="ghost")  # a login, but no Agent (deleted)
-    for sender, reply_to in ((ghost, "agent.default.ghost.scheduling-replies.t1"),
-                             (HELPER, "agent.default.ghost.scheduling-replies.t1")):  # answer to someone else
+    ns = operator.cluster.ns
+    ghost = Principal.agent(namespace=ns, name="ghost")  # a login, but no Agent (deleted)
+    for sender, reply_to in ((ghost, f"agent.{ns}.ghost.scheduling-replies.t1"),
+                             (operator.helper, f"agent.{ns}.ghost.scheduling-replies.t1")):  # answer to someone else
         await (await login(operator.broker, sender)).publish(
             queue=OPERATOR_USAGE, body=UsageReport(day=TODAY, prompt_tokens=5), reply_to=reply_to)
 
     async def both_refused() -> None:
         refused = await operator.broker.dead_letters()
-        assert sorted(letter.user_id for letter in refused) == ["agent.default.ghost", "agent.default.helper"]
+        assert sorted(letter.user_id for letter in refused) == [f"agent.{ns}.ghost", f"agent.{ns}.helper"]
 
     await eventually(both_refused)
     await operator.ledger.flush()
-    status = (await operator.cluster.kube.get(AGENTS, namespace="default", name="helper")).get("status") or {}
+    status = (await operator.cluster.kube.get(AGENTS, namespace=ns, name="helper")).get("status") or {}
     assert "usage" not in status
