@@ -32,6 +32,8 @@ import collections
 import contextlib
 import os
 import secrets
+import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -362,6 +364,7 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
     idle_rss, _ = operator.process.memory()
 
     mark, cpu_before, began = api.mark(), operator.process.cpu_seconds(), time.perf_counter()
+    profiler = profile(operator.process.pid, args.profile) if args.profile else None
     await create_agents(api, range(count), tools)
     names = [f"agent-{index}" for index in range(count)]
     try:
@@ -372,6 +375,8 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
     converge_seconds = time.perf_counter() - began
     await quiet(api)
     cpu = operator.process.cpu_seconds() - cpu_before
+    if profiler is not None:
+        await stop_profile(profiler, args.profile)
     made = api.operator_requests(mark)
     rss, peak = operator.process.memory()
     timeouts = operator.process.output().count("no answer within")
@@ -425,6 +430,18 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
         await refused_phase(args, api, operator)
 
 
+def profile(pid: int, output: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling the operator (without pausing it) until `stop_profile`; collapsed stacks in `output`."""
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50", "--nonblocking",
+                             "--format", "raw", "--output", output], stdout=subprocess.DEVNULL)
+
+
+async def stop_profile(profiler: subprocess.Popen[bytes], output: str) -> None:
+    profiler.send_signal(signal.SIGINT)
+    await asyncio.to_thread(profiler.wait, 60)
+    print(f"profile of the converge phase (py-spy, collapsed stacks): {output}")
+
+
 async def _converged(api: Api, names: list[str]) -> bool:
     return not await api.lagging(names)
 
@@ -465,5 +482,6 @@ if __name__ == "__main__":
     parser.add_argument("--within", type=float, default=600.0, help="give up waiting after this many seconds")
     parser.add_argument("--no-broker", action="store_true", help="run without RabbitMQ (scheduling off)")
     parser.add_argument("--refused", type=int, default=0, help="real: this many more Agents whose Service is refused")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy the operator while it converges (py-spy on PATH)")
     parser.add_argument("--refused-minutes", type=float, default=3.0, help="how long to watch them")
     asyncio.run(main(parser.parse_args()))

@@ -134,7 +134,7 @@ class BusIdentities:
             await ensure_principal(self._admin, principal, password=login.password or "")
         log.info("broker provisioned: exchange, work queues, dead letters, service users")
 
-    async def secret(self, agent: Agent) -> K8sObject:
+    async def secret(self, agent: Agent, *, likely_new: bool = False) -> K8sObject:
         """The agent's bus Secret, made once with a new password and never rewritten.
 
         Its URL keeps the broker's address of that moment: after moving the broker, delete the Agents'
@@ -144,6 +144,7 @@ class BusIdentities:
         return await ensure_created(
             self._kube, SECRETS, metadata=_metadata(agent),
             build=lambda: build_bus_secret(agent, self._login(principal, secrets.token_urlsafe(32))),
+            likely_new=likely_new,
         )  # fmt: skip
 
     async def ensure(self, agent: Agent, *, config: AgentConfig, secret: K8sObject) -> None:

@@ -164,6 +164,10 @@ class Children:
         finally:
             self._writing.pop(key, None)
 
+    def has_any(self, namespace: str, name: str, *, kinds: tuple[Resource, ...]) -> bool:
+        """Whether a child of one of these kinds is named `name` in `namespace`."""
+        return any((kind.plural, namespace, name) in self._items for kind in kinds)
+
     def forget(self, resource: Resource, namespace: str, name: str) -> None:
         self._items.pop((resource.plural, namespace, name), None)
 
@@ -221,21 +225,26 @@ async def ensure(kube: KubeClient, children: Children, resource: Resource, desir
 
 
 async def ensure_created(
-    kube: KubeClient, resource: Resource, *, metadata: K8sObject, build: Callable[[], K8sObject]
+    kube: KubeClient,
+    resource: Resource,
+    *,
+    metadata: K8sObject,
+    build: Callable[[], K8sObject],
+    likely_new: bool = False,
 ) -> K8sObject:
     """Create the object once and never rewrite it (generated secrets): `build` runs only to create it.
 
     Read first (these are not watched): on a restart the object exists, and a create refused with
-    409 would still be a write. An object the Agent does not control is refused, never adopted: a
-    token someone else chose must not guard the agent.
+    409 would still be a write. When it is `likely_new` (an Agent none of whose children exist yet),
+    created first and read only if that create is refused: a new Agent costs no read. An object the
+    Agent does not control is refused, never adopted: a token someone else chose must not guard the agent.
     """
     namespace, name = metadata["namespace"], metadata["name"]
-    try:
-        live = await kube.get(resource, namespace=namespace, name=name)
-    except errors.NotFound:
+    live = None if likely_new else await _read(kube, resource, namespace=namespace, name=name)
+    if live is None:
         try:
             created = await kube.create(resource, namespace=namespace, body=build())
-        except errors.Conflict:  # created meanwhile: use that one, if it is ours
+        except errors.Conflict:  # there already (or created meanwhile): use that one, if it is ours
             live = await kube.get(resource, namespace=namespace, name=name)
         else:
             logger.debug("created %s %s/%s", resource.kind, namespace, name)
@@ -248,3 +257,10 @@ async def ensure_created(
             "delete it so the operator can generate its own"
         )
     return live
+
+
+async def _read(kube: KubeClient, resource: Resource, *, namespace: str, name: str) -> K8sObject | None:
+    try:
+        return await kube.get(resource, namespace=namespace, name=name)
+    except errors.NotFound:
+        return None

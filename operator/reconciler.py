@@ -47,6 +47,8 @@ EventPoster = Callable[[K8sObject, str, str, str], Awaitable[None]]
 logger = logging.getLogger(__name__)
 #: Longest condition and event message we write (events are cut at 1024 anyway).
 MAX_MESSAGE = 1000
+#: The children named as their Agent (`rockbot-<agent>`): an Agent none of which exist is new, or made anew.
+CHILD_RESOURCES = (SERVICEACCOUNTS, SERVICES, DEPLOYMENTS)
 #: Reasons of a condition not True that are a step on the way (or what a person asked for), not news worth an Event.
 UNEVENTFUL = {"DeploymentProgressing", SCALED_TO_ZERO, "CanaryPending"}
 
@@ -124,6 +126,7 @@ class AgentReconciler:
             name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
         )
         references = secret_references(agent, tools=inputs.tools)
+        new = not self._children.has_any(namespace, builders.child_name(agent), kinds=CHILD_RESOURCES)
         found: dict[str, SecretFacts] = {}
         for name in sorted({name for _, name in references}):
             facts = await self._secrets.facts(namespace, name, fresh_after=inputs.fresh_after)
@@ -134,7 +137,7 @@ class AgentReconciler:
         bus_ref, bus_secret, bus_login = None, None, None
         if self.bus is not None and not forbidden:
             bus_ref = bus_secret_ref(agent)
-            bus_secret, bus_login = await self._bus_secret(agent, fresh_after=inputs.fresh_after)
+            bus_secret, bus_login = await self._bus_secret(agent, fresh_after=inputs.fresh_after, likely_new=new)
             secret_keys[bus_ref.name] = set(bus_secret.keys or ())
         resolution = resolve_agent(
             agent=agent,
@@ -155,7 +158,7 @@ class AgentReconciler:
         # What the pods use (their identity, config, Service and token) at once, then the pods: a request's
         # wait is not multiplied by the children, and a pod never runs with a stranger's object of those.
         outcomes = await asyncio.gather(
-            self._token_checksum(agent, fresh_after=inputs.fresh_after),
+            self._token_checksum(agent, fresh_after=inputs.fresh_after, likely_new=new),
             ensure(self._kube, self._children, SERVICEACCOUNTS, builders.build_service_account(agent)),
             ensure(self._kube, self._children, CONFIGMAPS, builders.build_config_map(agent, config_text)),
             ensure(self._kube, self._children, SERVICES, builders.build_service(agent, self._settings)),
@@ -181,7 +184,9 @@ class AgentReconciler:
             await self._ensure_bus(agent, resolution, login=bus_login)
         await self._write_status(body, agent, resolution, blocking=blocking, rollout=rollout, now=now)
 
-    async def _bus_secret(self, agent: Agent, *, fresh_after: float) -> tuple[SecretFacts, K8sObject | None]:
+    async def _bus_secret(
+        self, agent: Agent, *, fresh_after: float, likely_new: bool
+    ) -> tuple[SecretFacts, K8sObject | None]:
         """The agent's bus Secret (made once by `BusIdentities`): read, with its login, only when the Agent has
         news (then its broker user is ensured too); else what is known of it."""
         namespace, name = agent.metadata["namespace"], bus_secret_ref(agent).name
@@ -190,7 +195,7 @@ class AgentReconciler:
             return known, None
         assert self.bus is not None
         started = asyncio.get_running_loop().time()
-        login = await self.bus.secret(agent)
+        login = await self.bus.secret(agent, likely_new=likely_new)
         return self._secrets.saw(namespace, login, read_at=started), login
 
     async def _ensure_bus(self, agent: Agent, resolution: Resolution, *, login: K8sObject) -> None:
@@ -198,7 +203,7 @@ class AgentReconciler:
         assert self.bus is not None
         await self.bus.ensure(agent, config=resolution.config, secret=login)
 
-    async def _token_checksum(self, agent: Agent, *, fresh_after: float) -> str:
+    async def _token_checksum(self, agent: Agent, *, fresh_after: float, likely_new: bool) -> str:
         """The checksum of the agent's HTTP token Secret, created first if missing (generated once).
 
         Read only when the Agent has news (a recreated Secret must roll its pods); else what is known.
@@ -214,6 +219,7 @@ class AgentReconciler:
             SECRETS,
             metadata=metadata,
             build=lambda: builders.build_http_token_secret(agent, secrets.token_urlsafe(32)),
+            likely_new=likely_new,
         )
         return self._secrets.saw(namespace, token, read_at=started).checksum or ""
 
@@ -238,7 +244,7 @@ class AgentReconciler:
         except Exception as report_error:
             logger.warning("could not report the failure on Agent %s: %s", body["metadata"]["name"], report_error)
             return
-        await self._post_event(body, "Warning", update.reason, message)
+        await self._tell(body, "Warning", update.reason, message)
 
     async def _write_status(
         self,
@@ -294,7 +300,15 @@ class AgentReconciler:
             if previous == update.status or (update.status != "True" and update.reason in UNEVENTFUL):
                 continue
             event_type = "Normal" if update.status == "True" else "Warning"
-            await self._post_event(body, event_type, update.reason, update.message)
+            await self._tell(body, event_type, update.reason, update.message)
+
+    async def _tell(self, body: K8sObject, event_type: str, reason: str, message: str) -> None:
+        """An Event on the Agent, and the same news as a log record naming the Agent (`object` in JSON logs)."""
+        metadata = body["metadata"]
+        about = {"apiVersion": body["apiVersion"], "kind": body["kind"], "namespace": metadata["namespace"],
+                 "name": metadata["name"], "uid": metadata.get("uid")}  # fmt: skip
+        logger.info("%s %s: %s", event_type, reason, message, extra={"k8s_ref": about})
+        await self._post_event(body, event_type, reason, message)
 
     async def _patch_status(self, body: K8sObject, status: K8sObject) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

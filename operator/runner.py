@@ -37,14 +37,11 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # No persistence settings: kopf keeps progress and diff-base annotations only for change
-        # handlers (on.create/update/delete/resume) and adds finalizers only for mandatory delete
-        # handlers, timers and daemons. We register none, so kopf never writes to our objects.
+        # kopf runs start-up and clean-up only: no resource handler, so it watches none of our kinds and
+        # keeps no progress or diff-base annotations or finalizers on them (the watches are ours, see handlers).
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        # The first list of Agents and Tools a page at a time: never every body in memory at once.
-        settings.watching.chunk_size = 250
 
     handlers.register(registry, runtime)
     register_broker(registry, runtime, readiness=readiness)  # before scheduling, which logs in as the operator

@@ -415,18 +415,24 @@ class KubeClient:
         content_type: str = "application/json",
         client_timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
-        # call_api adds the bearer token (refreshing it when needed) and honours TLS, proxy and SNI
-        # settings; _preload_content=False hands back the raw response so we read JSON ourselves.
-        return await self._api.call_api(
-            path,
-            method,
-            query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=client_timeout,
-        )
+        # kubernetes_asyncio's auth settings give the bearer token (refreshed when needed); its session holds the
+        # TLS settings, its rest client the proxy and SNI. Its call_api is skipped: that walks every body to
+        # "sanitize" it (a copy of a plain dict) before encoding it, the dearest part of a request here.
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        query = list(query or [])
+        await self._api.update_params_for_auth(headers, query, ["BearerToken"])
+        url = f"{self._api.configuration.host}{path}"
+        if query:
+            url += "?" + urlencode(query)
+        rest = self._api.rest_client
+        extra: dict[str, Any] = {}
+        if rest.proxy:
+            extra.update(proxy=rest.proxy, proxy_headers=rest.proxy_headers)
+        if rest.server_hostname:
+            extra["server_hostname"] = rest.server_hostname
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        session: aiohttp.ClientSession = rest.pool_manager
+        return await session.request(method, url, headers=headers, data=data, timeout=client_timeout, **extra)
 
 
 def _settle_proxy(api_client: k8s_client.ApiClient) -> None:

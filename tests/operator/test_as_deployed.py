@@ -66,7 +66,7 @@ async def test_json_logs_keep_every_per_object_record(kube: KubeClient, kube_nam
     records = operator.process.records()  # every line is one JSON object
     assert not [line for line in operator.process.lines() if "Logging error" in line]
     about_the_agent = [r for r in records if (r.get("object") or {}).get("name") == "analyst"]
-    assert about_the_agent, "kopf's records about the Agent are in the log, with the object they are about"
+    assert about_the_agent, "records about the Agent are in the log, with the object they are about"
     assert all(r["object"]["kind"] == "Agent" and r["object"]["namespace"] == ns for r in about_the_agent)
 
 

@@ -146,6 +146,22 @@ async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(
     assert not [key for key in agent["metadata"].get("annotations") or {} if "kopf" in key or "rockbot.dev" in key]
 
 
+async def test_a_new_agent_creates_its_generated_secret_without_reading_it_first(
+    kube: KubeClient, kube_namespace: str, kube_cluster: KubeCluster, as_operator: str
+):
+    """A read before the create is for a restart, when the Secret exists: an Agent with no children yet has none."""
+    ns = kube_namespace
+    await create_basics(kube, ns)
+    await kube.create(AGENTS, namespace=ns, body=agent_body(namespace=ns))
+    audit = AuditLog(kube_cluster.kubeconfig.parent / "logs" / "audit.log", namespace=ns)
+    async with operator_running(settings(ns)), pods_ready(kube, ns):
+        await eventually(lambda: is_ready(kube, ns), within=60)
+    reads = [e for e in audit.read() if e.user == as_operator and e.verb == "get" and e.resource == "secrets"
+             and e.name == "rockbot-analyst-http-token"]  # fmt: skip
+    assert reads == []
+    await kube.get(SECRETS, namespace=ns, name="rockbot-analyst-http-token")  # made all the same
+
+
 async def test_children_deleted_or_edited_by_hand_are_put_back(kube: KubeClient, kube_namespace: str, ready_agent):
     ns = kube_namespace
     await kube.delete(DEPLOYMENTS, namespace=ns, name="rockbot-analyst")
