@@ -9,22 +9,31 @@ The gateway logs in with the kubeconfig's token; the test's own client sends non
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from rockbot.kube import KubeClient
+from rockbot.kube import NAMESPACES, KubeClient
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import GATEWAY_SA, Right, grants_of, refused_by_the_api_server
 from tests.chart.test_operator_rbac import operator_requests
 from tests.fixtures.kube_real import KubeCluster
+from tests.fixtures.kubeapi import client_for
 from tests.fixtures.llm import Turn
-from tests.gateway.conftest import NS, Cluster, StartGateway, cluster, send, start_gateway, triage  # noqa: F401
+from tests.gateway.conftest import NS, Cluster, StartGateway, send, start_gateway, triage  # noqa: F401
 from tests.kubeapi import KubeApiEmulator
 
 pytestmark = pytest.mark.slow  # runs go over a real RabbitMQ broker
 
 Render = Callable[..., list[Manifest]]
+
+
+@pytest.fixture
+async def cluster(kube_api: KubeApiEmulator) -> AsyncIterator[Cluster]:
+    """The agents' namespace on the emulator, which records each request with the token it carried."""
+    async with client_for(kube_api) as kube:
+        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield Cluster(kube, NS)
 
 
 async def test_every_request_the_gateway_makes_is_granted_by_the_chart(

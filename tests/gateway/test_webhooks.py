@@ -10,7 +10,7 @@ from rockbot.bus.topology import GATEWAY_RUNS
 from rockbot.contracts.inbox import InboxReply
 from rockbot.kube import TRIGGERS
 from tests.fixtures.llm import Turn
-from tests.gateway.conftest import ISSUE, NS, PUBLIC_URL, TRIAGE, Cluster, StartGateway, send
+from tests.gateway.conftest import ISSUE, PUBLIC_URL, Cluster, StartGateway, send
 from tests.waiting import eventually
 
 
@@ -21,7 +21,7 @@ async def test_a_signed_webhook_starts_one_run_and_the_answer_lands_in_the_histo
     await cluster.webhook_trigger()
     gateway = await start_gateway()
     status = await cluster.ready()
-    assert status["webhookUrl"] == f"{PUBLIC_URL}/hooks/{NS}/issues"
+    assert status["webhookUrl"] == f"{PUBLIC_URL}/hooks/{cluster.ns}/issues"
     answer = await send(gateway, delivery="72d3162e-cc78-11e3-81ab-4c9367dc0958")
     assert answer.status == 202, answer
     (record,) = await cluster.history(["Succeeded"])
@@ -121,14 +121,14 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
     cluster: Cluster, vhost, start_gateway: StartGateway
 ) -> None:
     await cluster.webhook_trigger()
-    await vhost.url(TRIAGE, called_by=[GATEWAY])  # its inbox, where the run waits: no agent takes it here
+    await vhost.url(cluster.triage, called_by=[GATEWAY])  # its inbox, where the run waits: no agent takes it here
     gateway = await start_gateway()
     await cluster.ready()
     sent = await send(gateway, delivery="d-1")
     assert sent.status == 202, sent
     run = sent.body["runId"]
-    request_id = f"trigger/{NS}/issues/{run}"
-    mallory = Principal.agent(namespace=NS, name="mallory")  # another agent the gateway may send runs to
+    request_id = f"trigger/{cluster.ns}/issues/{run}"
+    mallory = Principal.agent(namespace=cluster.ns, name="mallory")  # another agent the gateway may send runs to
 
     async def answer(principal: Principal, text: str) -> None:
         async with await AmqpBus.connect(url=await vhost.url(principal, called_by=[GATEWAY])) as bus:
@@ -142,7 +142,7 @@ async def test_an_answer_from_another_agent_does_not_complete_the_run(
     await eventually(taken)
     status = await cluster.status()
     assert [active["runId"] for active in status["active"]] == [run] and status.get("history", []) == []
-    await answer(TRIAGE, "Labelled bug.")
+    await answer(cluster.triage, "Labelled bug.")
     (record,) = await cluster.history(["Succeeded"])
     assert record["summary"] == "Labelled bug." and record["agentRun"] == "triage-1"  # rockbot runs show triage-1
 
@@ -153,7 +153,7 @@ async def test_a_template_edited_into_one_that_does_not_compile_makes_the_trigge
     await cluster.webhook_trigger()
     gateway = await start_gateway()
     await cluster.ready()
-    await cluster.kube.patch(TRIGGERS, namespace=NS, name="issues", body={"spec": {"prompt": "{% for %}"}})
+    await cluster.kube.patch(TRIGGERS, namespace=cluster.ns, name="issues", body={"spec": {"prompt": "{% for %}"}})
 
     async def not_ready() -> None:
         status = await cluster.status()
