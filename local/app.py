@@ -21,6 +21,7 @@ from rockbot.local.scheduler import LocalScheduler, Report
 from rockbot.local.triggers import LocalTriggers, TriggerReport
 from rockbot.resources import ScheduledTask
 from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.limits import FixedLimits
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 #: Where `rockbot local` serves its webhook Triggers (127.0.0.1 only: nothing outside this machine).
@@ -62,7 +63,9 @@ async def running(
         async def connected(principal: Principal):
             return await stack.enter_async_context(await connect(principal))
 
-        manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER))
+        limits = FixedLimits({Principal.agent(namespace=a.config.namespace, name=name): a.config.script_limits
+                              for name, a in agents.items()})  # the loaded Agents', as the cluster's manager has them
+        manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER), limits=limits)
         await manager.start()
         stack.push_async_callback(manager.stop)
         local = await connected(LOCAL)  # the scheduler's and the webhooks' (one login, their own reply queues)

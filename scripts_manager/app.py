@@ -26,6 +26,7 @@ from rockbot.scripts_manager.canary import (
     host_listeners,
     resolved,
 )
+from rockbot.scripts_manager.limits import AgentLimits, FixedLimits, MirroredAgents
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -86,10 +87,15 @@ def namespace_events(kube: KubeClient, *, namespace: str) -> PostEvent:
 
 
 class ScriptsManager:
-    """Everything one `rockbot scripts-manager` process runs; `bus` is given in tests and local mode."""
+    """Everything one `rockbot scripts-manager` process runs; `bus` is given in tests and local mode, `limits`
+    (each agent's script limits) by `rockbot local`, else they come from ROCKBOT_SCRIPTS_AGENT_LIMITS."""
 
-    def __init__(self, *, settings: ScriptsManagerSettings, bus: Bus | None = None) -> None:
+    def __init__(
+        self, *, settings: ScriptsManagerSettings, bus: Bus | None = None, limits: AgentLimits | None = None
+    ) -> None:
         self.settings = settings
+        self._limits = limits
+        self._mirror: MirroredAgents | None = None
         self.metrics = ScriptMetrics(backend=backend_name(settings))
         self._bus = bus
         self._own_bus = bus is None
@@ -123,13 +129,26 @@ class ScriptsManager:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the scripts-manager needs the broker's URL")
             url = settings.amqp_url.get_secret_value()
             self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
+        limits = self._limits or await self._agent_limits()
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics,
-                                      isolation=self.canary)
+                                      limits=limits, isolation=self.canary)
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
         )
         log.info("scripts-manager consuming with backend %s, concurrency %d, health on port %s",
                  self.metrics.backend, settings.scripts_concurrency, self.health.port)
+
+    async def _agent_limits(self) -> AgentLimits:
+        """ROCKBOT_SCRIPTS_AGENT_LIMITS: the Agents' own (mirrored before any request is taken), or the defaults."""
+        if self.settings.scripts_agent_limits == "defaults":
+            return FixedLimits.defaults(self.settings)
+        from rockbot.kube.client import KubeClient
+
+        kube = await KubeClient.from_environment()
+        self._mirror = MirroredAgents(kube=kube, namespaces=self.settings.namespaces)
+        await wait_for_dependency(self._mirror.start, readiness=self.readiness, dependency="Agents",
+                                  retry_on=())  # the mirror retries by itself until the API answers
+        return self._mirror
 
     async def stop(self) -> None:
         """Stop taking requests, give in-flight scripts ROCKBOT_DRAIN_SECONDS, then close everything."""
@@ -137,6 +156,9 @@ class ScriptsManager:
         if self._service is not None:
             await stop_within(drain + STOP_STEP_SECONDS, self._service.stop(drain_seconds=drain),
                               what="draining script requests")
+        if self._mirror is not None:
+            await self._mirror.stop()
+            await stop_within(STOP_STEP_SECONDS, self._mirror.kube.close(), what="closing the API client")
         if self._canary_task is not None:
             self._canary_task.cancel()
             await asyncio.gather(self._canary_task, return_exceptions=True)

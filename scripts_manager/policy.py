@@ -6,6 +6,7 @@ import re
 
 from packaging.utils import canonicalize_name
 
+from rockbot.contracts.agent_config import ScriptLimits
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeRequest
 from rockbot.scripts_manager.backends import ScriptJob
@@ -27,8 +28,9 @@ def _invalid(message: str) -> Refused:
     return Refused(ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=message, retryable=False))
 
 
-def check(*, request: ScriptInvokeRequest, settings: ScriptsManagerSettings) -> ScriptJob:
-    """The job to run, or `Refused` with InvalidArguments (fix the request) or Rejected (policy)."""
+def check(*, request: ScriptInvokeRequest, limits: ScriptLimits, settings: ScriptsManagerSettings) -> ScriptJob:
+    """The job to run with the asking agent's `limits`, or `Refused` with InvalidArguments (fix the request) or
+    Rejected (policy). The request's own cpu, memory and timeout may lower its Agent's limits, never raise them."""
     script_bytes = len(request.script.encode())
     if script_bytes > settings.scripts_max_script_bytes:
         raise _invalid(
@@ -53,12 +55,12 @@ def check(*, request: ScriptInvokeRequest, settings: ScriptsManagerSettings) -> 
             )
     if request.pip_packages:
         _check_allowed(packages=request.pip_packages, settings=settings)
-    cpu, memory = _resources(request=request, settings=settings)
+    cpu, memory = _resources(request=request, limits=limits, settings=settings)
     return ScriptJob(
         request_id=request.request_id,
         script=request.script,
         input_data=request.input_data,
-        timeout_seconds=request.timeout_seconds,
+        timeout_seconds=min(request.timeout_seconds, limits.timeout_seconds),
         packages=tuple(sorted({canonicalize_name(name) for name in request.pip_packages})),
         cpu=cpu,
         memory=memory,
@@ -70,10 +72,15 @@ _MIN_CPU_MILLICORES = 10
 _MIN_MEMORY_BYTES = 32 * 2**20
 
 
-def _resources(*, request: ScriptInvokeRequest, settings: ScriptsManagerSettings) -> tuple[str, str]:
-    """The sandbox's CPU and memory: the agent's scriptLimits, or the defaults; never over the maximums."""
-    cpu = request.cpu or settings.scripts_cpu
-    memory = request.memory or settings.scripts_memory
+def _resources(
+    *, request: ScriptInvokeRequest, limits: ScriptLimits, settings: ScriptsManagerSettings
+) -> tuple[str, str]:
+    """The sandbox's CPU and memory: the agent's scriptLimits, or less if it asks for less; never over the maximums."""
+    cpu, memory = limits.cpu, limits.memory
+    if request.cpu is not None and cpu_millicores(request.cpu) < cpu_millicores(cpu):
+        cpu = request.cpu
+    if request.memory is not None and quantity_bytes(request.memory) < quantity_bytes(memory):
+        memory = request.memory
     if cpu_millicores(cpu) > cpu_millicores(settings.scripts_max_cpu):
         raise _invalid(f"cpu={cpu} is over this scripts-manager's maximum of {settings.scripts_max_cpu} "
                        "(ROCKBOT_SCRIPTS_MAX_CPU): lower the Agent's spec.scriptLimits.cpu")

@@ -9,6 +9,9 @@ parsed, and one whose `agent` is not its sender gets Rejected (both are then dea
 body that is not a valid request gets InvalidArguments naming the field, policy refusals get their
 code, sandbox trouble gets Unavailable/ExecutionFailed.
 
+A request runs with the limits of its sender's Agent (`limits.py`): its own cpu, memory and timeout
+may only lower them.
+
 A request is known by its sender and request id together (another agent's same id is another
 request). It is run at most once while it is in flight: a redelivered or duplicated copy waits for
 the same run, and a copy arriving shortly after it finished (the manager died between replying and
@@ -44,6 +47,7 @@ from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager import policy
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptBackend
+from rockbot.scripts_manager.limits import AgentLimits
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.scripts_manager.sharing import FairShare
@@ -62,9 +66,10 @@ class Isolation(Protocol):
 class ScriptService:
     def __init__(
         self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
-        isolation: Isolation | None = None,
+        limits: AgentLimits, isolation: Isolation | None = None,
     ) -> None:
         self._bus = bus
+        self._limits = limits
         self._backend = backend
         self._isolation = isolation
         self._settings = settings
@@ -165,16 +170,23 @@ class ScriptService:
                 "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
             })  # fmt: skip
             async with self._share.slot(sender.user):  # its turn: a sandbox free, under its agent's share
-                reply = await self._checked_run(request)
+                reply = await self._checked_run(request, sender=sender)
             outcome = _outcome(reply)
             span.set_attribute("rockbot.script.outcome", outcome)
             if isinstance(reply, ScriptInvokeError):
                 span.set_status(Status(StatusCode.ERROR, outcome))
             return reply
 
-    async def _checked_run(self, request: ScriptInvokeRequest) -> Reply:
+    async def _checked_run(self, request: ScriptInvokeRequest, *, sender: Principal) -> Reply:
+        limits = self._limits.of(sender)
+        if limits is None:
+            return self._count(_error(
+                request_id=request.request_id, code=ErrorCode.REJECTED,
+                message=f"the scripts-manager knows no Agent {sender.agent_id}, so it has no script limits for it "
+                        "(it follows the Agents of ROCKBOT_NAMESPACES)",
+            ))  # fmt: skip
         try:
-            job = policy.check(request=request, settings=self._settings)
+            job = policy.check(request=request, limits=limits, settings=self._settings)
         except policy.Refused as refused:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
         if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:

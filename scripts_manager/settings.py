@@ -91,6 +91,11 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_prefetch: Annotated[int, Field(ge=1, le=4096)] = 64
     scripts_per_agent: Annotated[int, Field(ge=1, le=256)] = 2
 
+    # Where an agent's script limits come from (limits.py): `agents`, its Agent's spec.scriptLimits, mirrored
+    # from the Agents of `namespaces` (all when empty); `defaults`, the defaults below for every agent.
+    scripts_agent_limits: Literal["agents", "defaults"] = "defaults"
+    namespaces: CommaSeparated = Field(default_factory=list)
+
     # Limits every request is checked against (answered with InvalidArguments naming the field).
     scripts_max_script_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
     scripts_max_input_bytes: Annotated[int, Field(ge=0)] = 512 * 1024
@@ -99,7 +104,8 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_max_packages: Annotated[int, Field(ge=0)] = 20
 
     # Resources of one script (pod requests = limits; the local sandbox turns memory into an rlimit):
-    # the defaults, and the most an Agent's spec.scriptLimits may ask for.
+    # the defaults (every agent's with ROCKBOT_SCRIPTS_AGENT_LIMITS=defaults), and the most an Agent's
+    # spec.scriptLimits may ask for.
     scripts_cpu: str = "500m"
     scripts_memory: str = "256Mi"
     scripts_max_cpu: str = "1"

@@ -41,8 +41,9 @@ class ScriptInvokeRequest(BaseModel):
     input_data: str | None = None
     timeout_seconds: Annotated[float, Field(gt=0)] = 30.0
     pip_packages: tuple[str, ...] = ()
-    #: The agent's `spec.scriptLimits`: the sandbox's CPU and memory (requests = limits); None takes the
-    #: scripts-manager's defaults. The manager refuses values above its maximums, naming the field.
+    #: The sandbox's CPU and memory (requests = limits). The scripts-manager runs a script with the limits of
+    #: its sender's Agent (`spec.scriptLimits`, looked up by `user_id`); these, like `timeout_seconds`, may only
+    #: lower them, never raise them (None: the Agent's).
     cpu: Quantity | None = None
     memory: Quantity | None = None
 

@@ -300,6 +300,8 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
         "ROCKBOT_SCRIPTS_BACKEND": "pods",
+        "ROCKBOT_SCRIPTS_AGENT_LIMITS": "agents",  # each agent's scripts get its own Agent's scriptLimits
+        "ROCKBOT_NAMESPACES": "rockbot",  # the Agents it follows are those the operator watches
         "ROCKBOT_SCRIPTS_CONCURRENCY": "4",
         "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
         "ROCKBOT_SCRIPTS_ISOLATION_ENFORCE": "true",

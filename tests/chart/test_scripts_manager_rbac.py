@@ -1,7 +1,7 @@
-"""The scripts-manager's RBAC from evidence: run its pod backend against the API emulator through every
-path that touches the API, and check on the real API server, as the chart's scripts-manager ServiceAccount
-with its own token, that every request it made is allowed by the chart's Role, and that the Role grants
-nothing it did not use.
+"""The scripts-manager's RBAC from evidence: run its pod backend and its mirror of the Agents (whose
+scriptLimits it applies) against the API emulator through every path that touches the API, and check on the
+real API server, as the chart's scripts-manager ServiceAccount with its own token, that every request it made
+is allowed by the chart's Roles, and that they grant nothing it did not use.
 
 The manager's requests are told apart by identity, as RBAC does: it logs in with the kubeconfig's token;
 the test's client and the node (the fake kubelet) send none.
@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from rockbot.kube import NAMESPACES, NETWORKPOLICIES, PODS, KubeClient
+from rockbot.bus import Principal
+from rockbot.kube import AGENTS, NAMESPACES, NETWORKPOLICIES, PODS, KubeClient
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import job_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.limits import MirroredAgents
 from rockbot.scripts_manager.policy_watch import PolicyWatch
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.chart.conftest import Manifest
@@ -29,11 +31,14 @@ from tests.fixtures.kube_real import KubeCluster, fresh_namespace
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.containers import Container
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestamp
+from tests.operator.samples import agent_body
 from tests.scripts_manager.conftest import NS, MakeSettings, kube, make_settings, node, pod_backend  # noqa: F401
 from tests.scripts_manager.test_pods import image_pull_fails
 from tests.waiting import bounded, eventually
 
 Render = Callable[..., list[Manifest]]
+#: The namespace of the emulated Agents (the release's namespace stands for it on the real API server).
+AGENTS_NS = "team-a"
 
 
 def manager_right(request: Any) -> Used | None:
@@ -117,6 +122,7 @@ async def exercise_the_manager(
                 await backend.run(job("print(1)", "unpullable"))
         await backend.sweep()  # list, delete
     await exercise_the_policy_watch(client=client)
+    await exercise_the_agent_mirror(client=client)
 
 
 async def exercise_the_policy_watch(*, client: KubeClient) -> None:
@@ -134,6 +140,23 @@ async def exercise_the_policy_watch(*, client: KubeClient) -> None:
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
+
+
+async def exercise_the_agent_mirror(*, client: KubeClient) -> None:
+    """The Agents' scriptLimits: listed, then followed by a watch (an Agent made after the list is seen)."""
+    await client.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENTS_NS}})
+    agents = MirroredAgents(kube=await KubeClient.from_environment(), namespaces=[AGENTS_NS])
+    await agents.start()
+    try:
+        await client.create(AGENTS, namespace=AGENTS_NS, body=agent_body("late", AGENTS_NS))
+
+        async def seen() -> None:
+            assert agents.of(Principal.agent(namespace=AGENTS_NS, name="late")) is not None
+
+        await eventually(seen)
+    finally:
+        await agents.stop()
+        await agents.kube.close()
 
 
 async def exercise_the_pool(*, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings) -> None:
@@ -180,14 +203,15 @@ def check(used: set[Used], *, render: Render, values: dict, cluster: KubeCluster
     """The real API server judges the rights used (the scripts-manager's ServiceAccount asking with its token, the
     chart installed in `release` with a scripts namespace of this test's own); the chart grants nothing unused."""
     with fresh_namespace(cluster, purpose="scripts") as scripts:
-        own = {**values, "scripts": {**values.get("scripts", {}), "namespace": scripts}}
+        own = {**values, "scripts": {**values.get("scripts", {}), "namespace": scripts}, "agentNamespaces": [release]}
         manifests = render(own, namespace=release)
+        real = {NS: scripts, AGENTS_NS: release}
         refused = refused_by_the_api_server(
             cluster, manifests, account=SCRIPTS_MANAGER_SA, namespace=release,
-            rights={(u.right, scripts if u.namespace == NS else u.namespace) for u in used},
+            rights={(u.right, real[u.namespace]) for u in used},
         )
     assert refused == [], "the scripts-manager needs rights the chart does not grant"
     grants = grants_of(render(values), account=SCRIPTS_MANAGER_SA)
     granted: set[Right] = set().union(*(grant.rights for grant in grants))
     assert sorted(granted - {u.right for u in used}) == [], "the chart grants rights the scripts-manager never used"
-    assert {u.namespace for u in used} == {NS}
+    assert {u.namespace for u in used} == {NS, AGENTS_NS}

@@ -8,7 +8,7 @@ import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
-from tests.chart.rbac import GATEWAY_SA, OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of, rule_set
+from tests.chart.rbac import GATEWAY_SA, OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of
 from tests.fixtures.kube_real import POD_SECURITY_RESTRICTED
 
 Render = Callable[..., list[Manifest]]
@@ -41,6 +41,7 @@ SCRIPTS_MANAGER_RIGHTS = (
     | expand("", ["pods/attach"], ["get", "create"])
     | expand("", ["pods/log"], ["get"])
     | expand("", ["events"], ["create"])  # a script pod that could not start
+    | expand("networking.k8s.io", ["networkpolicies"], ["list", "watch"])  # a policy change: the canary again
 )
 
 # Exactly what the gateway uses in the namespaces it watches (test_gateway_rbac.py checks this list against
@@ -129,18 +130,24 @@ def test_the_gateway_has_its_rights_only_where_the_operator_watches_and_writes_o
     assert not allowed(grants, right=("", "secrets", "list"), namespace=NAMESPACE)  # named Secrets only
 
 
-@pytest.mark.parametrize(("name", "extra"), [("defaults", set()), ("everything", {("", "pods", "patch")})])
-def test_scripts_manager_rights_stop_at_the_scripts_namespace(render: Render, name: str, extra: set[Right]) -> None:
-    """Patch only with a warm pool (claims and leases are patches)."""
-    manifests = render(COMBINATIONS[name])
-    granted = [b for b in bindings(manifests) if any(s["name"] == SCRIPTS_MANAGER_SA for s in b["subjects"])]
-    assert [b["kind"] for b in granted] == ["RoleBinding"]
-    (binding,) = granted
-    assert binding["metadata"]["namespace"] == "rockbot-scripts"
-    assert binding["roleRef"]["kind"] == "Role"
-    (role,) = [m for m in manifests if m["kind"] == "Role" and m["metadata"]["name"] == binding["roleRef"]["name"]]
-    assert role["metadata"]["namespace"] == "rockbot-scripts"
-    assert rule_set(role["rules"]) == SCRIPTS_MANAGER_RIGHTS | extra
+@pytest.mark.parametrize(("name", "extra"), [("defaults", set()), ("agent-namespaces", set()),
+                                             ("everything", {("", "pods", "patch")})])
+def test_scripts_manager_rights_stop_at_the_scripts_namespace_but_for_reading_agents(
+    render: Render, name: str, extra: set[Right]
+) -> None:
+    """Patch only with a warm pool (claims and leases are patches); list/watch of Agents (their scriptLimits)
+    where the operator watches, and nothing else outside the scripts namespace."""
+    values = COMBINATIONS[name]
+    grants = grants_of(render(values), account=SCRIPTS_MANAGER_SA)
+    scripts = [grant for grant in grants if grant.namespace == "rockbot-scripts"]
+    assert [set(grant.rights) for grant in scripts] == [SCRIPTS_MANAGER_RIGHTS | extra]
+    agents = [grant for grant in grants if grant not in scripts]
+    reading_agents = expand("rockbot.dev", ["agents"], ["list", "watch"])
+    assert all(set(grant.rights) == reading_agents for grant in agents)
+    if values.get("operator", {}).get("watchAllNamespaces"):
+        assert [grant.namespace for grant in agents] == [None]
+    else:
+        assert sorted(grant.namespace for grant in agents) == sorted([NAMESPACE, *values.get("agentNamespaces", [])])
 
 
 @pytest.mark.parametrize("name", COMBINATIONS)

@@ -7,7 +7,9 @@ the sandbox gets them: a script pod's requests and limits, the local sandbox's m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,17 +19,24 @@ from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import MemoryBus, Principal
 from rockbot.contracts.agent_config import AgentConfig
-from rockbot.kube import KubeClient
+from rockbot.kube import AGENTS, KubeClient
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.buses import manager_and_agent
 from tests.kubeapi import KubeApiEmulator
-from tests.operator.samples import agent
+from tests.operator.samples import agent, agent_body
 from tests.operator.test_resolving import resolve
 from tests.scripts_manager.conftest import MakeSettings, node
 
 ANALYST = Principal.agent(namespace="default", name="analyst")
 
 GREEDY = "x = bytearray(100 * 2**20)\nprint('allocated')"
+
+
+@dataclass
+class PodsManager:
+    start: Callable[..., Awaitable[None]]  # the manager, with the analyst's Agent of these scriptLimits
+    bus: MemoryBus  # the analyst's
+    pods: list[dict[str, Any]]
 
 
 def resolved(**script_limits: Any) -> AgentConfig:
@@ -46,26 +55,43 @@ async def run_tool(config: AgentConfig, bus: MemoryBus, script: str) -> ToolOutc
 @pytest.fixture
 async def pods_manager(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
-) -> AsyncIterator[tuple[MemoryBus, list[dict[str, Any]]]]:
-    async with manager_and_agent(ANALYST) as (manager_bus, bus), node(kube_api, kube) as kubelet:
-        manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
+) -> AsyncIterator[PodsManager]:
+    """A pod-backed manager that takes each agent's limits from its Agent, as the chart's does."""
+
+    async def start(**script_limits: Any) -> None:
+        body = agent_body(ANALYST.name, ANALYST.namespace, builtinTools=["scripts"], scriptLimits=script_limits)
+        await kube.create(AGENTS, namespace=ANALYST.namespace, body=body)
+        settings = make_settings(scripts_backend="pods", scripts_agent_limits="agents", namespaces=["default"])
+        manager = ScriptsManager(settings=settings, bus=manager_bus)
         await manager.start()
-        try:
-            yield bus, kubelet.seen
-        finally:
-            await manager.stop()
+        stack.push_async_callback(manager.stop)
+
+    async with contextlib.AsyncExitStack() as stack:
+        manager_bus, bus = await stack.enter_async_context(manager_and_agent(ANALYST))
+        kubelet = await stack.enter_async_context(node(kube_api, kube))
+        yield PodsManager(start=start, bus=bus, pods=kubelet.seen)
 
 
 async def test_an_agents_cpu_and_memory_become_its_script_pods_requests_and_limits(
-    pods_manager: tuple[MemoryBus, list[dict[str, Any]]],
+    pods_manager: PodsManager,
 ) -> None:
-    bus, pods = pods_manager
-    outcome = await run_tool(resolved(cpu="250m", memory="128Mi"), bus, "print(6 * 7)")
+    await pods_manager.start(cpu="250m", memory="128Mi")
+    outcome = await run_tool(resolved(cpu="250m", memory="128Mi"), pods_manager.bus, "print(6 * 7)")
     assert outcome.error is None and "--- stdout ---\n42\n" in outcome.content, outcome
-    (pod,) = pods
+    (pod,) = pods_manager.pods
     resources = pod["spec"]["containers"][0]["resources"]
     assert resources["requests"] == resources["limits"] == {
         "cpu": "250m", "memory": "128Mi", "ephemeral-storage": "128Mi"}
+
+
+async def test_a_request_asking_for_more_than_its_agent_gets_its_agents_limits(pods_manager: PodsManager) -> None:
+    """Issue 18 P3: the pod's resources come from the sender's Agent; the request may only ask for less."""
+    await pods_manager.start(cpu="250m", memory="128Mi")
+    greedy = await run_tool(resolved(cpu="1", memory="1Gi"), pods_manager.bus, "print(1)")
+    modest = await run_tool(resolved(cpu="100m", memory="64Mi"), pods_manager.bus, "print(2)")
+    assert greedy.error is None and modest.error is None, (greedy, modest)
+    limits = [pod["spec"]["containers"][0]["resources"]["limits"] for pod in pods_manager.pods]
+    assert [(lim["cpu"], lim["memory"]) for lim in limits] == [("250m", "128Mi"), ("100m", "64Mi")]
 
 
 @pytest.mark.parametrize(
@@ -74,13 +100,13 @@ async def test_an_agents_cpu_and_memory_become_its_script_pods_requests_and_limi
      ({"memory": "8Gi"}, "memory=8Gi is over this scripts-manager's maximum of 1Gi (ROCKBOT_SCRIPTS_MAX_MEMORY)")],
 )
 async def test_limits_over_the_managers_maximum_are_refused_naming_the_field(
-    pods_manager: tuple[MemoryBus, list[dict[str, Any]]], limits: dict[str, str], fragment: str
+    pods_manager: PodsManager, limits: dict[str, str], fragment: str
 ) -> None:
-    bus, pods = pods_manager
-    outcome = await run_tool(resolved(**limits), bus, "print(1)")
+    await pods_manager.start(**limits)
+    outcome = await run_tool(resolved(**limits), pods_manager.bus, "print(1)")
     assert outcome.error is not None and outcome.error.code == "InvalidArguments", outcome
     assert fragment in outcome.error.message and "spec.scriptLimits" in outcome.error.message
-    assert pods == []
+    assert pods_manager.pods == []
 
 
 async def test_the_local_sandbox_limits_memory_to_the_agents_script_limits(make_settings: MakeSettings) -> None:
