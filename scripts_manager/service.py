@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 from typing import Protocol
 
 from opentelemetry.trace import Status, StatusCode
@@ -76,6 +77,7 @@ class ScriptService:
         self._metrics = metrics
         self._once: RunOnce[Reply] = RunOnce()  # keyed by (sender, request id)
         self._share = FairShare(total=settings.scripts_concurrency, per_agent=settings.scripts_per_agent)
+        self._held: Counter[str] = Counter()  # each sender's requests taken and not answered yet
         self._subscription: Subscription | None = None
 
     @property
@@ -144,9 +146,20 @@ class ScriptService:
             )))  # fmt: skip
         fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
         waited = queue_wait(delivery)
+        key = (sender.user, request.request_id)
+        new = not self._once.knows(key)  # a copy of a request taken before joins it, whatever the sender holds
+        if new and self._held[sender.user] >= self._settings.scripts_queued_per_agent:
+            return self._count(_error(
+                request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
+                message=(f"agent {sender.agent_id} already has {self._held[sender.user]} scripts waiting or running "
+                         "at this scripts-manager (ROCKBOT_SCRIPTS_QUEUED_PER_AGENT): wait for their answers, then "
+                         "send this one again"),
+            ))  # fmt: skip
+        if new:
+            self._held[sender.user] += 1
         try:
             return await self._once.run(
-                key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
+                key=key, fingerprint=fingerprint.hexdigest(),
                 work=lambda: self._run(request, sender=sender, waited=waited),
             )  # fmt: skip
         except Conflict:
@@ -157,6 +170,11 @@ class ScriptService:
                     "script, input, timeout, packages or reply queue; send each new request with a fresh request_id"
                 ),
             ))  # fmt: skip
+        finally:
+            if new:
+                self._held[sender.user] -= 1
+                if not self._held[sender.user]:
+                    del self._held[sender.user]
 
     async def _run(self, request: ScriptInvokeRequest, *, sender: Principal, waited: float | None) -> Reply:
         """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""

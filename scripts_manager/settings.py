@@ -90,6 +90,9 @@ class ScriptsManagerSettings(BaseSettings):
     # (at least the concurrency), and how many of one agent's scripts run at once.
     scripts_prefetch: Annotated[int, Field(ge=1, le=4096)] = 64
     scripts_per_agent: Annotated[int, Field(ge=1, le=256)] = 2
+    # How many of one agent's requests the manager holds (waiting or running); past that it answers the agent's
+    # new ones at once with Unavailable, so a backlog never fills the prefetch ahead of other agents.
+    scripts_queued_per_agent: Annotated[int, Field(ge=1, le=4096)] = 16
 
     # Where an agent's script limits come from (limits.py): `agents`, its Agent's spec.scriptLimits, mirrored
     # from the Agents of `namespaces` (all when empty); `defaults`, the defaults below for every agent.

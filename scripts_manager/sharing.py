@@ -4,7 +4,9 @@ The manager takes up to `ROCKBOT_SCRIPTS_PREFETCH` requests off `script.invoke` 
 `ROCKBOT_SCRIPTS_CONCURRENCY` at once, and at most `ROCKBOT_SCRIPTS_PER_AGENT` of one agent. When a
 sandbox frees up, it goes to the agent that was served least recently among those waiting (round
 robin), so an agent that queues many long scripts delays only itself: another agent's script starts
-as soon as a sandbox is free, not after the whole backlog.
+as soon as a sandbox is free, not after the whole backlog. Beyond the prefetch, the service holds at
+most `ROCKBOT_SCRIPTS_QUEUED_PER_AGENT` of one agent's requests and answers the rest at once
+(`service.py`), so a backlog never fills the prefetch either.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ class RunOnce(Generic[T]):
         self._running[key] = (fingerprint, task)
         return await asyncio.shield(task)  # a caller cancelled must not cancel the run
 
+    def knows(self, key: Hashable) -> bool:
+        """Whether a run for `key` is in flight or remembered (a copy of it would start no new work)."""
+        return key in self._running or key in self._done
+
     async def cancel_all(self) -> None:
         """Stop every run in flight; whoever waits on one is cancelled too (their copies get redelivered)."""
         tasks = [task for _, task in self._running.values()]

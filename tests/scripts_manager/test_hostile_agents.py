@@ -282,3 +282,33 @@ async def test_an_agent_queueing_many_long_scripts_does_not_hold_up_another_agen
         await manager.stop()
     assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "mine\n", answer
     assert running == 1  # mallory's one script: its share, while the rest of its backlog waits
+
+
+async def test_an_agent_queueing_far_more_than_the_prefetch_does_not_hold_up_another_agents_script(
+    vhost: Vhost, make_settings: MakeSettings, alice: AmqpBus, mallory_url: str
+) -> None:
+    """Issue 18 P1 beyond the prefetch: mallory puts five times the requests the manager takes ahead on
+    `script.invoke` before alice asks; the manager holds at most ROCKBOT_SCRIPTS_QUEUED_PER_AGENT of one agent's
+    and answers the rest of mallory's at once (Unavailable, retryable), so alice's request is reached and run
+    within its own timeout instead of after mallory's backlog."""
+    prefetch, flood = 8, 40
+    settings = make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER), scripts_concurrency=2, scripts_per_agent=1,
+                             scripts_prefetch=prefetch, scripts_queued_per_agent=2)  # fmt: skip
+    manager = ScriptsManager(settings=settings)
+    await manager.start()
+    try:
+        async with await AmqpBus.connect(url=mallory_url) as mallory:
+            replies = await mallory.own_replies()
+            for n in range(flood):
+                request = ScriptInvokeRequest(request_id=f"long-{n}", agent="mallory", timeout_seconds=30,
+                                              script="import time\ntime.sleep(20)")  # fmt: skip
+                await mallory.publish(queue=SCRIPT_INVOKE, body=request, message_id=request.request_id,
+                                      correlation_id=request.request_id, reply_to=replies.name)  # fmt: skip
+            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=3)
+            answer = await sandbox.execute_python_script(script="print('mine')", timeout_seconds=5)
+    finally:
+        await manager.stop()
+    assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "mine\n", answer
+    refused = manager.metrics.registry.get_sample_value(
+        "rockbot_scripts_runs_total", {"backend": "local", "outcome": "Unavailable"}) or 0.0
+    assert refused >= flood - prefetch - 2  # mallory's backlog was answered, not left ahead of alice
