@@ -98,6 +98,13 @@ class ApprovalDesk:
             raise UnknownApproval(approval_id)
         return held.request
 
+    def decision(self, approval_id: str) -> asyncio.Future[ApprovalDecision]:
+        """The decision on a waiting call, once made (cancelled when the call stops waiting undecided)."""
+        held = self._pending.get(approval_id)
+        if held is None:
+            raise UnknownApproval(approval_id)
+        return held.decided
+
     async def decide(self, *, approval_id: str, approved: bool, reason: str, decided_by: str) -> ApprovalDecision:
         """Send the decision to the waiting agent; `UnknownApproval` when nothing waits under that id."""
         held = self._pending.get(approval_id)
@@ -134,3 +141,4 @@ class ApprovalDesk:
             log.info("approval %s expired undecided", request.approval_id)
         finally:
             self._pending.pop(request.approval_id, None)
+            held.decided.cancel()  # no-op once decided; tells whoever else asks that it waits no more

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rockbot.agent.approvals import BusApprover
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
@@ -35,6 +36,8 @@ class LocalRun:
     scripts: ScriptsManager
     #: The port webhook Triggers are served on (None without any).
     webhook_port: int | None = None
+    #: The SQLite run store every turn is recorded in (None: not recorded).
+    store: Store | None = None
 
 
 @contextlib.asynccontextmanager
@@ -50,10 +53,12 @@ async def running(
     trigger_report: TriggerReport | None = None,
     webhook_port: int = 0,
     runs_database: Path | None = None,
+    approvals_over_bus: bool = False,
 ) -> AsyncIterator[LocalRun]:
     """The scripts-manager (local sandbox), every agent with its inbox, the scheduler, and the webhook Triggers
     (`triggers`, signed with `keys` from the Secret manifests) on `webhook_port`; every turn recorded in the
-    SQLite run store `runs_database` (none: not recorded)."""
+    SQLite run store `runs_database` (none: not recorded). With `approvals_over_bus`, agents ask for approvals
+    over the bus, as in a cluster (the local console's desk answers); otherwise whoever sets their approver."""
     async with contextlib.AsyncExitStack() as stack:
         store = None
         if runs_database is not None:
@@ -82,6 +87,7 @@ async def running(
                 tool_sets=[scheduler.tool_set()] if assembled.scheduling else [],
                 publish_runs=store and store_publisher(store, namespace=assembled.config.namespace, agent=name),
                 history=store and StoreHistory(store, namespace=assembled.config.namespace, agent=name),
+                approver=BusApprover(bus=bus) if approvals_over_bus else None,
             )
             await stack.enter_async_context(runtime)
             inbox = await serve_inbox(runtime=runtime, bus=bus)
@@ -96,4 +102,4 @@ async def running(
             await served.start(host=WEBHOOK_HOST, port=webhook_port)
             stack.push_async_callback(served.stop)
             port = served.port
-        yield LocalRun(agents=runtimes, scripts=manager, webhook_port=port)
+        yield LocalRun(agents=runtimes, scripts=manager, webhook_port=port, store=store)

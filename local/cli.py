@@ -66,6 +66,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-runs", action="store_true", help="record no runs")
     parser.add_argument(
+        "--console-port", type=int, default=8080,
+        help="serve the console (agents, runs, chat, approvals; no login) at http://127.0.0.1:PORT "
+        "(default: %(default)s; 0 picks a free port)",
+    )
+    parser.add_argument("--no-console", action="store_true", help="serve no console")
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="show the processes' logs here instead of in the log file"
     )
 
@@ -154,12 +160,16 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
     from rockbot.bus import BusError
     from rockbot.local import broker
     from rockbot.local.app import running
+    from rockbot.local.approving import TerminalApprover
     from rockbot.local.chat import Printer
+    from rockbot.local.terminal import Terminal
     from rockbot.local.triggers import PortUnavailable
     from rockbot.resources import ScheduledTask
 
     tasks = [ScheduledTask.model_validate(body) for body in manifests.tasks.values()]
     printer = Printer()
+    terminal = Terminal()
+    approver = TerminalApprover(terminal=terminal)  # a call that needs approval asks here: approve? [y/N]
     configs = [assembled.config for assembled in agents.values()]
     try:
         if args.amqp_url:
@@ -173,10 +183,15 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
         async with running(
             connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts,
             triggers=list(manifests.triggers.values()), keys=manifests.secrets, trigger_report=printer.trigger_report,
-            webhook_port=args.webhook_port, runs_database=_runs_database(args),
+            webhook_port=args.webhook_port, runs_database=_runs_database(args), approvals_over_bus=not args.no_console,
         ) as local:
-            return await _session(args, local=local, manifests=manifests, chosen=chosen, printer=printer,
-                                  log_file=log_file)  # fmt: skip
+            if args.no_console:
+                for runtime in local.agents.values():
+                    runtime.approvals.approver = approver
+                return await _session(args, local=local, manifests=manifests, chosen=chosen, printer=printer,
+                                      log_file=log_file, terminal=terminal)  # fmt: skip
+            return await _with_console(args, connect=connect, local=local, manifests=manifests, chosen=chosen,
+                                       printer=printer, log_file=log_file, terminal=terminal, approver=approver)
     except PortUnavailable as error:
         print(f"rockbot local: {error}", file=sys.stderr)
         return 1
@@ -188,11 +203,27 @@ def _runs_database(args: argparse.Namespace) -> pathlib.Path | None:
     return None if args.no_runs else (args.runs_database or DEFAULT_DATABASE)
 
 
-async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file) -> int:
+async def _with_console(args: argparse.Namespace, *, connect, local, manifests, chosen: str, printer, log_file,
+                        terminal, approver) -> int:
+    """The session with the console served beside it; a call of the terminal's own turns is asked in both."""
+    from rockbot.bus import LOCAL
+    from rockbot.local import console
+    from rockbot.local.approving import ConsoleAndTerminal
+    from rockbot.local.chat import SESSION
+
+    both = ConsoleAndTerminal(approver=approver, conversations={
+        local.agents[chosen].conversation(caller=LOCAL.user, session_id=SESSION).id})
+    async with console.serving(connect=connect, store=local.store, manifests=manifests, agents=local.agents,
+                               port=args.console_port, on_pending=both.on_pending) as served:
+        both.desk = served.desk
+        print(f"[console: {served.url} (no login: this machine only)]", file=sys.stderr)
+        return await _session(args, local=local, manifests=manifests, chosen=chosen, printer=printer,
+                              log_file=log_file, terminal=terminal)
+
+
+async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, printer, log_file, terminal) -> int:
     """The chat (or the one --prompt) while every part runs."""
-    from rockbot.local.approving import TerminalApprover
     from rockbot.local.chat import ask, banner, isolation_line
-    from rockbot.local.terminal import Terminal
 
     agent = local.agents[chosen]
     print(banner(chosen, agent), file=sys.stderr)
@@ -205,10 +236,6 @@ async def _session(args: argparse.Namespace, *, local, manifests, chosen: str, p
               f"{body['spec']['agentRef']['name']}]", file=sys.stderr)
     if log_file is not None and log_file.warnings:
         print(f"[{log_file.warnings} warning(s) while starting: see {log_file.path}]", file=sys.stderr)
-    terminal = Terminal()
-    approver = TerminalApprover(terminal=terminal)  # a call that needs approval asks here: approve? [y/N]
-    for runtime in local.agents.values():
-        runtime.approvals.approver = approver
     if args.prompt is not None:
         return 0 if await ask(agent, args.prompt, printer=printer) else 1
     print("[type a message; an empty line or Ctrl-D ends the chat]", file=sys.stderr)

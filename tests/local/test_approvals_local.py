@@ -23,7 +23,8 @@ async def local_chat(folder: Path, *, answer: str, env: dict[str, str]) -> subpr
     clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
     with tempfile.TemporaryDirectory() as state:
         return await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "rockbot.cli", "local", "-f", str(folder), "--prompt", "sum it"],
+            subprocess.run, [sys.executable, "-m", "rockbot.cli", "local", "--console-port", "0", "-f", str(folder),
+                             "--prompt", "sum it"],
             input=answer, capture_output=True, text=True, timeout=120,
             env={**clean, "XDG_STATE_HOME": state, **env},
         )  # fmt: skip

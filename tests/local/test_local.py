@@ -35,7 +35,7 @@ async def rockbot_local(*args: str, env: dict[str, str] | None = None) -> subpro
     with tempfile.TemporaryDirectory() as state:  # its log file goes here, not into the home folder
         return await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "rockbot.cli", "local", *args],
+            [sys.executable, "-m", "rockbot.cli", "local", "--console-port", "0", *args],
             capture_output=True,
             text=True,
             timeout=120,

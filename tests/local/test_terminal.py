@@ -82,6 +82,7 @@ async def start_chat(llm, *files: pathlib.Path) -> Chat:
     state = tempfile.mkdtemp(prefix="rockbot-local-state-")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rockbot.cli", "local", *[f"-f{file}" for file in files], "--webhook-port", "0",
+        "--console-port", "0",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**clean, "XDG_STATE_HOME": state, "OPENAI_BASE_URL": llm.url, "OPENAI_MODEL": llm.model},
     )
