@@ -112,7 +112,7 @@ async def logged_in(kube: KubeClient, agent: str, *, within: float = 30.0) -> Am
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
-            return await AmqpBus.connect(url=await bus_url(kube, agent))
+            return await AmqpBus.connect(url=await bus_url(kube, NS, agent))
         except (AccessRefused, NotFound) as exc:
             if asyncio.get_running_loop().time() > deadline:
                 message = f"the login in {agent}'s bus Secret did not work within {within:g} s: {exc}"
@@ -164,7 +164,7 @@ async def exercise_the_operator(
 ) -> None:
     """Every path of the operator that talks to the API, once (the egress canary on a node of its own too)."""
     async with host_listeners() as targets, in_background(FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)):
-        settings = settings_for(vhost).model_copy(update={
+        settings = settings_for(vhost, NS).model_copy(update={
             "namespaces": namespaces, "egress_canary": True, "egress_canary_targets": {"outside": targets["host"]}})
         await _exercise(kube=kube, vhost=vhost, settings=settings)
 
