@@ -15,24 +15,38 @@ a known shape. The pod never becomes Ready (a readiness gate nobody sets), so th
 never routes to it, and it lacks the pod-template-hash label, so no ReplicaSet adopts it. Its name
 is fixed per shape, so one an operator left behind is replaced, never piled up.
 
+The pod runs as the ServiceAccount `rockbot-egress-canary` the operator makes once per namespace: no
+token (automountServiceAccountToken false, on the account and on the pod) and no binding, so it holds
+no right even if someone binds the namespace's `default` account to one. Its image is the operator's
+agent image (ROCKBOT_AGENT_IMAGE), as an agent's pod has.
+
+`EgressMetrics` serves the proofs on the operator's /metrics: `rockbot_isolation_reachable{scope="agents",
+namespace,target}` (1 if a canary of any policy shape of the namespace reached it) and
+`rockbot_isolation_last_proof_timestamp_seconds{scope="agents",namespace}` (the oldest of the shapes' last
+proofs that reached nothing; 0 while one shape has none), from the Agents there now.
+
 Rights, in each Agent namespace (chart: `agents.egressCanary.enabled`, on by default): pods create,
-watch, delete; networkpolicies list. Nothing else: no get, no list of pods, no logs, no exec.
+watch, delete; networkpolicies list; serviceaccounts create (which Agents need anyway). Nothing else:
+no get, no list of pods, no logs, no exec.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from rockbot.conditions import ConditionUpdate
-from rockbot.kube import NETWORKPOLICIES, PODS, ApiError, Gone, KubeClient, NotFound
+from rockbot.kube import NETWORKPOLICIES, PODS, SERVICEACCOUNTS, ApiError, Conflict, Gone, KubeClient, NotFound
 from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.reachability import CONDITION, PROBE, PROBE_TIMEOUT_SECONDS, Proof, Targets, findings, now, uris
 
@@ -49,6 +63,8 @@ CONCURRENT = 2
 POD_SECONDS = 120.0
 PODS_REACHED = "agent pods"
 RETRY_SECONDS = 60.0
+#: The canary pods' ServiceAccount, one per Agent namespace: no token, no rights.
+SERVICE_ACCOUNT = "rockbot-egress-canary"
 Shape = tuple[tuple[str, str], ...]
 
 
@@ -89,6 +105,7 @@ def canary_pod(*, namespace: str, shape: Shape, labels: Mapping[str, str], image
             "restartPolicy": "Never",
             "activeDeadlineSeconds": int(POD_SECONDS),
             "terminationGracePeriodSeconds": 1,
+            "serviceAccountName": SERVICE_ACCOUNT,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "readinessGates": [{"conditionType": NEVER_READY}],
@@ -103,6 +120,12 @@ def canary_pod(*, namespace: str, shape: Shape, labels: Mapping[str, str], image
             }],
         },
     }  # fmt: skip
+
+
+def service_account(namespace: str) -> K8sObject:
+    """The canary pods' account: no token mounted, bound to nothing."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+            "metadata": {"name": SERVICE_ACCOUNT, "namespace": namespace, "labels": {CANARY_LABEL: "egress"}}}
 
 
 @dataclass(frozen=True)
@@ -125,6 +148,8 @@ class EgressCanaries:
         self._on_proof = on_proof
         self._policies: dict[str, tuple[float, list[K8sObject]]] = {}
         self._proofs: dict[tuple[str, Shape], Proof] = {}
+        self._isolated_at: dict[tuple[str, Shape], float] = {}  # the last proof that reached nothing (Unix time)
+        self._accounts: set[str] = set()  # namespaces whose canary ServiceAccount exists
         self._known: dict[tuple[str, str], _Known] = {}  # (namespace, agent) -> its shape's proof
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
@@ -176,6 +201,8 @@ class EgressCanaries:
                 async with self._slots:
                     proof = await self._run(namespace=namespace, shape=shape, labels=labels)
                 self._proofs[(namespace, shape)] = proof
+                if proof.isolated and not proof.off:
+                    self._isolated_at[(namespace, shape)] = proof.at.timestamp()
                 log.log(logging.INFO if proof.isolated else logging.WARNING, "egress canary in %s: %s", namespace,
                         proof.condition(pods=PODS_REACHED).message)
             self._known[(namespace, name)] = _Known(shape=shape, proof=proof)
@@ -198,6 +225,10 @@ class EgressCanaries:
         pod = canary_pod(namespace=namespace, shape=shape, labels=labels, image=self._image, targets=self._targets)
         name = pod["metadata"]["name"]
         await self._delete(namespace, name)  # one a stopped operator left behind
+        if namespace not in self._accounts:
+            with contextlib.suppress(Conflict):  # made before, by this or an earlier operator
+                await self._kube.create(SERVICEACCOUNTS, namespace=namespace, body=service_account(namespace))
+            self._accounts.add(namespace)
         try:
             created = await self._kube.create(PODS, namespace=namespace, body=pod)
             terminated = await self._terminated(namespace, name, created["metadata"]["resourceVersion"])
@@ -236,6 +267,38 @@ class EgressCanaries:
             pass
         except (ApiError, OSError) as exc:
             log.warning("could not delete the egress canary pod %s/%s: %s", namespace, name, exc)
+
+
+    def by_namespace(self) -> dict[str, list[tuple[Proof, float]]]:
+        """The proofs the Agents hold now, by namespace: each shape's last proof and when it last reached nothing."""
+        found: dict[str, dict[Shape, tuple[Proof, float]]] = {}
+        for (namespace, _), known in list(self._known.items()):
+            isolated_at = self._isolated_at.get((namespace, known.shape), 0.0)
+            found.setdefault(namespace, {})[known.shape] = (known.proof, isolated_at)
+        return {namespace: list(shapes.values()) for namespace, shapes in found.items()}
+
+
+class EgressMetrics(Collector):
+    """The agents' isolation gauges, computed at each scrape from the proofs Agents hold (no stale series)."""
+
+    def __init__(self, canaries: EgressCanaries) -> None:
+        self._canaries = canaries
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        reachable = GaugeMetricFamily("rockbot_isolation_reachable", "Whether the last isolation canary reached "
+                                      "a target (1) or not (0).", labels=["scope", "namespace", "target"])
+        last = GaugeMetricFamily("rockbot_isolation_last_proof_timestamp_seconds", "When an isolation canary last "
+                                 "ran and reached nothing (Unix time; 0: never).", labels=["scope", "namespace"])
+        for namespace, proofs in sorted(self._canaries.by_namespace().items()):
+            targets: dict[str, int] = {}
+            for proof, _ in proofs:
+                for finding in proof.findings:
+                    targets[finding.target] = max(targets.get(finding.target, 0), int(finding.reached))
+            for target, value in sorted(targets.items()):
+                reachable.add_metric(["agents", namespace, target], value)
+            last.add_metric(["agents", namespace], min(isolated_at for _, isolated_at in proofs))
+        yield reachable
+        yield last
 
 
 def _terminated(pod: K8sObject) -> K8sObject | None:

@@ -16,6 +16,7 @@ from rockbot.health import HealthServer, Readiness
 from rockbot.kube.client import KubeClient
 from rockbot.operator import handlers
 from rockbot.operator.broker import register_broker
+from rockbot.operator.egress_canary import EgressMetrics
 from rockbot.operator.scheduling.handlers import register_scheduling
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
@@ -63,9 +64,9 @@ async def run_operator(
 ) -> None:
     """Run until stopped; watches `settings.namespaces`, or the whole cluster when empty.
 
-    With `health_endpoint` (a URL), `/healthz`, `/readyz` and `/metrics` (the scheduler's) are served on
-    its host and port from the start, before kopf's own start-up, so a probe never finds the port
-    closed while the operator waits for something.
+    With `health_endpoint` (a URL), `/healthz`, `/readyz` and `/metrics` (the scheduler's and the egress
+    canary's) are served on its host and port from the start, before kopf's own start-up, so a probe never
+    finds the port closed while the operator waits for something.
     """
     readiness = Readiness()
     readiness.waiting(STARTING, "starting up")
@@ -77,6 +78,8 @@ async def run_operator(
     try:
         async with await KubeClient.from_environment() as kube:
             runtime = handlers.Runtime(settings=settings, kube=kube)
+            if runtime.egress is not None:  # the agents' isolation gauges, beside the scheduler's
+                metrics.registry.register(EgressMetrics(runtime.egress))
             await kopf.operator(
                 registry=build_registry(runtime, readiness, metrics),
                 standalone=True,

@@ -15,14 +15,18 @@ T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
-async def operator_running(settings: OperatorSettings, *, within: float = 30.0) -> AsyncIterator[None]:
-    """The operator as `rockbot operator` runs it, against the `kubeconfig` fixture's API server."""
+async def operator_running(
+    settings: OperatorSettings, *, within: float = 30.0, health_endpoint: str | None = None
+) -> AsyncIterator[None]:
+    """The operator as `rockbot operator` runs it, against the `kubeconfig` fixture's API server (with
+    `health_endpoint`, serving /healthz, /readyz and /metrics there)."""
     stop_flag, ready_flag = threading.Event(), threading.Event()
     failures: list[BaseException] = []
 
     def operate() -> None:
         try:
-            asyncio.run(run_operator(settings, stop_flag=stop_flag, ready_flag=ready_flag))
+            asyncio.run(run_operator(settings, stop_flag=stop_flag, ready_flag=ready_flag,
+                                     health_endpoint=health_endpoint))
         except BaseException as error:
             failures.append(error)
             ready_flag.set()

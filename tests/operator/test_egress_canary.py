@@ -11,9 +11,20 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from rockbot.kube import AGENTS, EVENTS, NETWORKPOLICIES, PODS, KubeClient
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from rockbot.kube import AGENTS, EVENTS, NETWORKPOLICIES, PODS, SERVICEACCOUNTS, KubeClient
 from rockbot.operator import builders
-from rockbot.operator.egress_canary import CANARY_LABEL, NEVER_READY, canary_pod, selects, shape_of
+from rockbot.operator.egress_canary import (
+    CANARY_LABEL,
+    NEVER_READY,
+    SERVICE_ACCOUNT,
+    canary_pod,
+    selects,
+    service_account,
+    shape_of,
+)
 from rockbot.operator.settings import AGENT_FORBIDDEN, OperatorSettings
 from rockbot.scripts_manager.canary import host_listeners
 from tests.kubeapi import KubeApiEmulator
@@ -22,6 +33,7 @@ from tests.kubeapi.kubelet import FakeKubelet
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent, agent_body
 from tests.operator.test_operator_e2e import create_basics
+from tests.pod_process import free_port
 from tests.waiting import eventually
 
 NS = "default"
@@ -54,6 +66,8 @@ def test_the_canary_pod_is_restricted_like_an_agents_and_never_serves_its_servic
     labels = builders.labels(agent("analyst"))
     pod = canary_pod(namespace=NS, shape=(("p", "1"),), labels=labels, image="img", targets=AGENT_FORBIDDEN)
     assert restricted_violations(pod) == []
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and pod["spec"]["containers"][0]["image"] == "img"
+    assert service_account(NS)["automountServiceAccountToken"] is False  # no token, on the account and the pod
     assert pod["metadata"]["labels"] == {**labels, CANARY_LABEL: "egress"}
     assert "pod-template-hash" not in pod["metadata"]["labels"]  # no ReplicaSet adopts it
     assert pod["spec"]["readinessGates"] == [{"conditionType": NEVER_READY}]  # never Ready: never an endpoint
@@ -91,10 +105,20 @@ async def test_agents_on_a_network_that_ignores_policies_show_egress_not_restric
     async with host_listeners() as targets, node(kube_api, kube_client, network=True) as kubelet:
         settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
                                     egress_canary=True, egress_canary_targets={"outside": targets["host"]})
-        async with operator_running(settings):
+        port = free_port()
+        async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
             analyst = await egress_of(kube_client, "analyst", "False")
             writer = await egress_of(kube_client, "writer", "False")
+            metrics = await scrape(port)
     tcp, dns = targets["host"]
+    assert sample(metrics, "rockbot_isolation_reachable", target=tcp) == 1
+    assert sample(metrics, "rockbot_isolation_reachable", target=dns) == 1
+    assert sample(metrics, "rockbot_isolation_last_proof_timestamp_seconds") == 0  # never isolated
+    pod = kubelet.seen[0]
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["containers"][0]["image"] == settings.agent_image
+    account = await kube_client.get(SERVICEACCOUNTS, namespace=NS, name=SERVICE_ACCOUNT)
+    assert account["automountServiceAccountToken"] is False
     assert analyst["reason"] == "TargetsReached"
     assert analyst["message"].startswith(f"agent pods reached outside ({tcp}), outside ({dns}) in its last run: ")
     assert ENFORCE in analyst["message"] and writer["message"] == analyst["message"]
@@ -112,8 +136,12 @@ async def test_agents_whose_canary_reaches_nothing_show_egress_restricted(
     async with host_listeners() as targets, node(kube_api, kube_client, network=False) as kubelet:
         settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
                                     egress_canary=True, egress_canary_targets={"outside": targets["host"]})
-        async with operator_running(settings):
+        port = free_port()
+        async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
             found = await egress_of(kube_client, "analyst", "True")
+            metrics = await scrape(port)
+        assert {sample(metrics, "rockbot_isolation_reachable", target=target) for target in targets["host"]} == {0}
+        assert sample(metrics, "rockbot_isolation_last_proof_timestamp_seconds") > 0
         mark = len(kube_api.requests)
         async with operator_running(settings):  # a restart: a new proof, the same finding, so nothing to write
 
@@ -129,6 +157,21 @@ async def test_agents_whose_canary_reaches_nothing_show_egress_restricted(
     assert found["reason"] == "NothingReached"
     assert found["message"] == f"agent pods reached none of outside ({targets['host'][0]}), outside " \
         f"({targets['host'][1]}) in its last run"
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def sample(metrics: Samples, name: str, **labels: str) -> float:
+    return metrics[(name, frozenset({"scope": "agents", "namespace": NS, **labels}.items()))]
+
+
+async def scrape(port: int) -> Samples:
+    """The operator's /metrics, as Prometheus reads them: (name, label values) -> value."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as answer:
+        text = await answer.text()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 async def _idle(kube_api: KubeApiEmulator, *, since: int) -> None:
