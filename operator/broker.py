@@ -16,6 +16,7 @@ permissions settle within the first pass.
 
 A deleted Agent's user and inbox go with it; users of Agents deleted while the operator was down are
 swept at start-up and at every resync (the operator keeps no finalizers, so nothing else would tell).
+It also files every dead letter into its sender's own record (`rockbot.bus.deadletters`).
 At start-up the operator also makes the exchange, the fixed work queues, the dead-letter queue and
 the users of the operator, the scripts-manager, the gateway and the console (passwords from the Secrets the chart
 generates).
@@ -30,11 +31,13 @@ import logging
 import secrets
 from typing import Any, Protocol
 
+import aio_pika
 import kopf
 from yarl import URL
 
 from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, BusError, Principal
 from rockbot.bus.admin import AGENT_TAG, BrokerAdmin, callees, ensure_principal, forget_principal
+from rockbot.bus.deadletters import DeadLetterKeeper
 from rockbot.bus.management import RabbitAdmin
 from rockbot.bus.permissions import permissions_for
 from rockbot.contracts.agent_config import AgentConfig
@@ -87,6 +90,7 @@ class BusIdentities:
     def __init__(self, *, kube: KubeClient, admin: BrokerAdmin, agent_url: URL, settings: OperatorSettings) -> None:
         self._kube = kube
         self._admin = admin
+        self._keeper: DeadLetterKeeper | None = None
         self._agent_url = agent_url
         self._settings = settings
         #: Each reconciled Agent's calls (from its resolved config), so its callees' permissions follow.
@@ -112,8 +116,18 @@ class BusIdentities:
         return cls(kube=kube, admin=admin, agent_url=agent_url, settings=settings)
 
     async def close(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.close()
         if isinstance(self._admin, RabbitAdmin):
             await self._admin.close()
+
+    async def keep_dead_letters(self) -> None:
+        """File every dead letter into its sender's record (RabbitMQ only; the memory broker files its own)."""
+        url = self._settings.amqp_url
+        if url and isinstance(self._admin, RabbitAdmin) and self._keeper is None:
+            keeper = DeadLetterKeeper(url=url, user=OPERATOR.user, admin=self._admin)
+            await keeper.start()
+            self._keeper = keeper
 
     async def start(self) -> None:
         """The topology and the service users (the operator's own, the scripts-manager's)."""
@@ -247,6 +261,8 @@ async def _keep_provisioned(identities: BusIdentities, *, readiness: Readiness, 
     await wait_for_dependency(
         identities.start, readiness=readiness, dependency="broker provisioning", retry_on=(BusError, ValueError)
     )
+    await wait_for_dependency(identities.keep_dead_letters, readiness=readiness, dependency="dead-letter records",
+                              retry_on=(BusError, OSError, aio_pika.exceptions.AMQPError))  # fmt: skip
     while True:
         try:
             await identities.sweep()

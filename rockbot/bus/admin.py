@@ -25,6 +25,10 @@ AGENT_TAG = "rockbot-agent"
 SERVICE_TAG = "rockbot-service"
 
 
+#: The header naming a filed dead letter's sender (`deadletters.py`): set by the operator, never copied from a message.
+SENDER_HEADER = "x-rockbot-sender"
+
+
 class DeadLetter(BaseModel):
     """A message a work queue gave up on, as found in `rockbot.dead-letters`."""
 
@@ -66,8 +70,9 @@ class BrokerAdmin(Protocol):
     async def users(self, *, tag: str) -> set[str]:
         """The users tagged `tag` that have permissions in this virtual host."""
 
-    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
-        """The oldest `count` dead letters, left in their queue."""
+    async def dead_letters(self, *, count: int = 100, sender: str | None = None) -> list[DeadLetter]:
+        """The oldest `count` dead letters, left in their queue: of everyone (`rockbot.dead-letters`, the newest
+        10 000), or the record of one `sender` (its first ones, see `deadletters.py`)."""
 
 
 async def ensure_principal(

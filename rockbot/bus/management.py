@@ -22,10 +22,18 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from rockbot.bus.admin import DeadLetter
+from rockbot.bus.admin import SENDER_HEADER, DeadLetter
 from rockbot.bus.errors import BusError
 from rockbot.bus.permissions import Limits, Permissions
-from rockbot.bus.topology import DEAD_LETTER_EXCHANGE, DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, Queue
+from rockbot.bus.topology import (
+    DEAD_LETTER_EXCHANGE,
+    DEAD_LETTER_INTAKE,
+    DEAD_LETTERS,
+    EXCHANGE,
+    FIXED_QUEUES,
+    Queue,
+    dead_letter_record,
+)
 
 MANAGEMENT_PORT = 15672
 _GET_RETRY_PAUSES = (0.1, 0.5)
@@ -91,6 +99,7 @@ class RabbitAdmin:
         await self._ensure_exchange(EXCHANGE, kind="topic")
         await self._ensure_exchange(DEAD_LETTER_EXCHANGE, kind="fanout")
         await self._ensure_queue(DEAD_LETTERS, exchange=DEAD_LETTER_EXCHANGE, routing_key="")
+        await self._ensure_queue(DEAD_LETTER_INTAKE, exchange=DEAD_LETTER_EXCHANGE, routing_key="")
         for queue in FIXED_QUEUES:
             await self.ensure_queue(queue)
 
@@ -176,13 +185,15 @@ class RabbitAdmin:
         tagged = {item["name"] for item in await self._get("users") or [] if tag in (item.get("tags") or [])}
         return here & tagged
 
-    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
+    async def dead_letters(self, *, count: int = 100, sender: str | None = None) -> list[DeadLetter]:
+        queue = DEAD_LETTERS if sender is None else dead_letter_record(sender)
         taken = await self._call(
             "POST",
-            f"queues/{self._vhost}/{quote(DEAD_LETTERS.name, safe='')}/get",
+            f"queues/{self._vhost}/{quote(queue.name, safe='')}/get",
             {"count": count, "ackmode": "ack_requeue_true", "encoding": "auto"},
+            missing_ok=True,
         )
-        return [_dead_letter(item) for item in taken or []]
+        return [_dead_letter(item, filed=sender is not None) for item in taken or []]
 
     # ---- helpers
 
@@ -250,7 +261,9 @@ class RabbitAdmin:
             raise ManagementError(f"no answer from the broker's management API at {self._base}: {exc!r}") from exc
 
 
-def _dead_letter(item: dict[str, Any]) -> DeadLetter:
+def _dead_letter(item: dict[str, Any], *, filed: bool) -> DeadLetter:
+    """A dead letter as the broker shows it; one `filed` into a sender's record names its sender in a header the
+    operator set (its `user_id` is the operator's), any other header of a message being its sender's own."""
     properties = item.get("properties") or {}
     headers = properties.get("headers") or {}
     payload = item.get("payload", "")
@@ -258,7 +271,7 @@ def _dead_letter(item: dict[str, Any]) -> DeadLetter:
     return DeadLetter(
         queue=str(headers.get("x-first-death-queue", "")),
         reason=str(headers.get("x-first-death-reason", "")),
-        user_id=properties.get("user_id"),
+        user_id=headers.get(SENDER_HEADER) if filed else properties.get("user_id"),
         message_id=properties.get("message_id"),
         message_type=properties.get("type"),
         body=body,

@@ -6,8 +6,9 @@ message carries its sender's user name, and declaring, binding, publishing and c
 checked against the same permission expressions RabbitMQ enforces (`AccessRefused` otherwise).
 It keeps the broker's delivery rules too: manual ack, prefetch, redelivery with the `redelivered`
 flag, no route to a missing queue, conflicting declarations refused, per-message expiry, and work
-queues that dead-letter what is dropped, expires or exceeds its delivery limit. Messages do not
-survive the process.
+queues that dead-letter what is dropped, expires or exceeds its delivery limit, each dead letter kept
+in the shared queue and in its sender's record (its first ones, as the operator files them on
+RabbitMQ, see `deadletters`). Messages do not survive the process.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from rockbot.bus.errors import AccessRefused, BusError, InUse, NoRoute
 from rockbot.bus.interface import Bus, DeadLetterShare, Handler, Subscription, run_handler
 from rockbot.bus.messages import CONTENT_TYPE, Delivery, Outgoing
 from rockbot.bus.permissions import Action, Limits, Permissions
-from rockbot.bus.topology import DEAD_LETTERS, EXCHANGE, FIXED_QUEUES, MAX_MESSAGE_BYTES, Queue
+from rockbot.bus.topology import (
+    DEAD_LETTERS,
+    DEAD_LETTERS_PER_PRINCIPAL,
+    EXCHANGE,
+    FIXED_QUEUES,
+    MAX_MESSAGE_BYTES,
+    Queue,
+    dead_letter_record,
+)
 
 
 class _Stored(BaseModel):
@@ -94,6 +103,7 @@ class MemoryBroker:
         self._limits: dict[str, Limits] = {}
         self._connections: dict[str, int] = {}  # user -> open connections
         self._dead: deque[DeadLetter] = deque(maxlen=int(DEAD_LETTERS.arguments["x-max-length"]))
+        self._records: dict[str, list[DeadLetter]] = {}  # each sender's record: its first dead letters
         for queue in FIXED_QUEUES:
             self._provision(queue)
 
@@ -156,8 +166,10 @@ class MemoryBroker:
     async def users(self, *, tag: str) -> set[str]:
         return {user for user, tags in self._users.items() if tag in tags}
 
-    async def dead_letters(self, *, count: int = 100) -> list[DeadLetter]:
-        return list(self._dead)[:count]
+    async def dead_letters(self, *, count: int = 100, sender: str | None = None) -> list[DeadLetter]:
+        if sender is None:
+            return list(self._dead)[:count]
+        return self._records.get(dead_letter_record(sender).name, [])[:count]
 
     # ---- what connections use
 
@@ -181,10 +193,12 @@ class MemoryBroker:
 
     def dead_letter(self, stored: _Stored, *, queue: str, reason: str) -> None:
         message = stored.message
-        self._dead.append(DeadLetter(
-            queue=queue, reason=reason, user_id=stored.user_id, message_id=message.message_id,
-            message_type=message.message_type, body=message.body,
-        ))  # fmt: skip
+        letter = DeadLetter(queue=queue, reason=reason, user_id=stored.user_id, message_id=message.message_id,
+                            message_type=message.message_type, body=message.body)  # fmt: skip
+        self._dead.append(letter)
+        record = self._records.setdefault(dead_letter_record(stored.user_id).name, [])
+        if len(record) < DEAD_LETTERS_PER_PRINCIPAL:  # filed by sender as the operator files them on RabbitMQ
+            record.append(letter)
 
     def _provision(self, spec: Queue) -> None:
         self.declare(spec).bound = True

@@ -17,7 +17,9 @@ For an agent X in namespace N (see `topology` for the names):
   the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
-Only `service.scripts-manager` reads `script.invoke`; only the operator reads its three queues. The
+Only `service.scripts-manager` reads `script.invoke`; only the operator reads its three queues and
+`rockbot.dead-letters.intake`, and only it files dead letters into the principals' records
+(`rockbot.dead-letters.<principal>`), which nobody consumes (people read them as the broker's administrator). The
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
@@ -115,7 +117,7 @@ def _provisioned(principal: Principal) -> list[str]:
         return [_name(topology.inbox_of(principal).name), _slots(principal)]
     if principal == OPERATOR:
         return [_name(queue.name) for queue in (topology.OPERATOR_SCHEDULING, topology.OPERATOR_RUNS,
-                                                topology.OPERATOR_USAGE)]
+                                                topology.OPERATOR_USAGE, topology.DEAD_LETTER_INTAKE)]
     if principal == SCRIPTS_MANAGER:
         return [_name(topology.SCRIPT_INVOKE.name)]
     if principal == GATEWAY:
@@ -132,8 +134,9 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
                                                  topology.OPERATOR_USAGE, topology.CONSOLE_RUNS,
                                                  topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
-    if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
-        return [_ANY_INBOX, _ANY_REPLY_SLOT]
+    if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests,
+        # and each dead letter filed into its sender's record (deadletters.py)
+        return [_ANY_INBOX, _ANY_REPLY_SLOT, topology.dead_letter_records_pattern(_SEGMENT)]
     if principal == GATEWAY:  # Trigger runs to any inbox
         return [_ANY_INBOX]
     if principal == CONSOLE:  # people's chat turns to any inbox; answers to the asking agent's own reply queue

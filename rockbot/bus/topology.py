@@ -19,6 +19,8 @@ permissions that say who may write to which queue (see `permissions`).
 | `console.history`                             | `HistoryRequest` (reply: `HistoryReply`)   | console         |
 | `console.approvals`                           | `ApprovalRequest` (reply: `ApprovalDecision`) | console      |
 | `rockbot.dead-letters`                        | what a work queue refused or gave up on    | people          |
+| `rockbot.dead-letters.intake`                 | the same, to be filed by sender            | operator        |
+| `rockbot.dead-letters.<principal>`            | one sender's dead letters (its first ones) | people          |
 
 Work queues (`script.invoke`, the inboxes, `operator.scheduling`, `operator.scheduling.runs`,
 `operator.usage`, `gateway.runs`, `console.runs`, `console.history`, `console.approvals`) are
@@ -27,7 +29,10 @@ Agent, so messages to an agent that has not started yet are kept), never by thei
 only check that they exist. A message a consumer refuses, or one delivered more than
 `DELIVERY_LIMIT` + 1 times (its consumer crashed on it, or kept failing), goes to the exchange
 `rockbot.dead-letters` and from there to the queue of that name (the newest `DEAD_LETTERS_KEPT`
-are kept), never back to the queue. Requests that expired unread go there too.
+are kept), never back to the queue. Requests that expired unread go there too. The exchange also
+copies each into `rockbot.dead-letters.intake`, from which the operator files it by its sender
+(`user_id`) into that principal's own record, `rockbot.dead-letters.<principal>` (see `deadletters`):
+one sender's flood can fill only its own record, and never pushes its first ones out.
 
 An agent process gets every answer (other agents' `InboxReply`, the scripts-manager's script
 results, the operator's `SchedulingReply` and `UsageTotal`, the console's `HistoryReply`) on one
@@ -112,6 +117,37 @@ DEAD_LETTERS = Queue(
     arguments={"x-queue-type": "quorum", "x-max-length": DEAD_LETTERS_KEPT, "x-overflow": "drop-head"},
     provisioned=True,
 )
+#: Where the dead-letter exchange also puts every dead letter, for the operator to file by sender; it keeps the
+#: first ones while nobody files them (a flood while the operator is down cannot push earlier ones out).
+DEAD_LETTER_INTAKE = Queue(
+    name="rockbot.dead-letters.intake",
+    arguments={"x-max-length": DEAD_LETTERS_KEPT, "x-overflow": "reject-publish"},
+    provisioned=True,
+)
+#: Each principal's record keeps its first this many dead letters of the past `DEAD_LETTER_RECORD_SECONDS`.
+DEAD_LETTERS_PER_PRINCIPAL = 1000
+DEAD_LETTER_RECORD_SECONDS = 7 * 24 * 3600
+_RECORD_PREFIX = "rockbot.dead-letters."
+UNKNOWN_SENDER = "unknown"
+
+
+def dead_letter_record(sender: str | None) -> Queue:
+    """The queue keeping the dead letters of `sender` (a broker user); `...unknown` for a non-principal."""
+    principal = Principal.parse(sender)
+    return Queue(
+        name=_RECORD_PREFIX + (principal.user if principal is not None else UNKNOWN_SENDER),
+        arguments={"x-max-length": DEAD_LETTERS_PER_PRINCIPAL, "x-overflow": "reject-publish",
+                   "x-message-ttl": DEAD_LETTER_RECORD_SECONDS * 1000},
+        provisioned=True,
+    )  # fmt: skip
+
+
+def dead_letter_records_pattern(segment: str) -> str:
+    """An anchored-free pattern of every record queue's name (principals' and `unknown`; not the intake)."""
+    prefix = _RECORD_PREFIX.replace(".", r"\.")
+    return rf"{prefix}(agent\.{segment}\.{segment}|service\.{segment}|{UNKNOWN_SENDER})"
+
+
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
 FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS, CONSOLE_RUNS,
                 CONSOLE_HISTORY, CONSOLE_APPROVALS)
