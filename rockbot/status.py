@@ -22,11 +22,14 @@ import asyncio
 import datetime
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from rockbot.reachability import CONDITION, PROOF_ANNOTATION, PublishedProof
+
+if TYPE_CHECKING:
+    from rockbot.kube import KubeClient
 
 #: The scripts namespace of the chart's default values.
 SCRIPTS_NAMESPACE = "rockbot-scripts"
@@ -113,7 +116,7 @@ def agent_lines(agents: list[K8sObject]) -> list[Line]:
 
 
 async def cluster_lines(
-    kube: Any, *, namespace: str | None, scripts_namespace: str, now: datetime.datetime | None = None
+    kube: KubeClient, *, namespace: str | None, scripts_namespace: str, now: datetime.datetime | None = None
 ) -> list[Line]:
     """The scripts-manager's line, then one per Agent of `namespace` (None: every namespace)."""
     from rockbot.kube import AGENTS, EVENTS
