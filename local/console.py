@@ -54,12 +54,17 @@ class Everyone:
 class ManifestCatalog:
     """The objects the console reads (as it reads them from the API server in a cluster), from the manifests."""
 
-    def __init__(self, *, manifests: Manifests, agents: dict[str, AgentRuntime]) -> None:
-        self._objects: dict[str, list[dict[str, Any]]] = {
+    def __init__(self, objects: dict[str, list[dict[str, Any]]]) -> None:
+        self._objects = objects  # by resource plural
+
+    @classmethod
+    def of(cls, *, manifests: Manifests, agents: dict[str, AgentRuntime]) -> ManifestCatalog:
+        """The Agents `rockbot local` runs, each Ready with its runtime's tools, and their tasks and Triggers."""
+        return cls({
             AGENTS.plural: [_agent(manifests.agents[name], runtime) for name, runtime in agents.items()],
             SCHEDULED_TASKS.plural: [_placed(body, agents) for body in manifests.tasks.values()],
             TRIGGERS.plural: [_placed(body, agents) for body in manifests.triggers.values()],
-        }
+        })  # fmt: skip
 
     async def list(self, resource: Resource, *, namespace: str | None = None) -> ObjectList:
         items = [o for o in self._objects.get(resource.plural, [])
@@ -126,7 +131,7 @@ async def serving(*, connect: Connect, store: Store | None, manifests: Manifests
         await relay.start(bus=bus)
         stack.push_async_callback(relay.stop)
         gate = Gate(tokens=None, sessions=Sessions(), local_identity=Identity(username=f"local:{getpass.getuser()}"))
-        app = build_app(gate=gate, authorizer=Everyone(), kube=ManifestCatalog(manifests=manifests, agents=agents),
+        app = build_app(gate=gate, authorizer=Everyone(), kube=ManifestCatalog.of(manifests=manifests, agents=agents),
                         desk=desk, store=store, chat=relay, secure_cookie=False)  # type: ignore[arg-type]
         app.middlewares.insert(0, _loopback_host)
         runner = web.AppRunner(app, access_log=None)

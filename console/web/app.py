@@ -154,7 +154,8 @@ class _Views(Pages):
                                                          limit=LAST_RUNS)).runs
             except StoreUnavailable as exc:
                 log.warning("the Agent page of %s/%s shows no runs: %s", namespace, name, exc)
-        may_chat = await self.authorizer.allowed(identity=request[IDENTITY], namespace=namespace, action=CHAT)
+        may_chat = request.app[TEMPLATES].globals["chat_on"] and await self.authorizer.allowed(
+            identity=request[IDENTITY], namespace=namespace, action=CHAT)
         return self.render(request, "agent.html", page=page, last_runs=last_runs, may_chat=may_chat)
 
 
