@@ -190,7 +190,7 @@ async def emulated(args: argparse.Namespace, broker: RabbitBroker | None, starte
                                               "metadata": {"name": namespace}})
 
         def launch(more: dict[str, str] | None = None) -> DeployedOperator:
-            return start_operator(lambda _: manifests, emulator, started, broker=broker,
+            return start_operator(lambda *_, **__: manifests, emulator, started, broker=broker,
                                   extra_env={**env, **(more or {})})
 
         try:
@@ -299,7 +299,7 @@ async def real(args: argparse.Namespace, broker: RabbitBroker | None, started: l
         undo.callback(cluster.delete_namespace, namespace)
         async with await KubeClient.from_environment() as client:
             def launch(more: dict[str, str] | None = None) -> DeployedOperator:
-                return start_operator(lambda _: manifests, None, started, broker=broker,
+                return start_operator(lambda *_, **__: manifests, None, started, broker=broker,
                                       extra_env={**env, **(more or {})}, kubeconfig=kubeconfig)
 
             api = Real(cluster, client, audit, f"system:serviceaccount:{namespace}:{account}", launch, namespace)

@@ -46,8 +46,11 @@ class BrokerAdmin(Protocol):
     async def ensure_topology(self) -> None:
         """The exchange `rockbot`, the dead-letter exchange and queue, and the fixed work queues."""
 
-    async def ensure_queue(self, queue: Queue) -> bool:
-        """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written."""
+    async def ensure_queue(self, queue: Queue, *, unread: bool = False) -> bool:
+        """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written.
+
+        `unread`: declare and bind without reading first (a queue of a user just made, most likely new).
+        """
 
     async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
         """The user with this password and tags; True if anything was written.
@@ -88,15 +91,15 @@ async def ensure_principal(
 
     An agent's queues are its inbox and the reply slots its `replicas` need (`topology.reply_slots`), all
     declared here with fixed arguments, since agents declare nothing. The login works only once
-    everything else is in place (queues, then a user that cannot log in yet, its permissions, then its
-    password), so a process that logs in as soon as it can finds all it needs.
+    everything else is in place (a user that cannot log in yet, the queues, its permissions, then its
+    password), so a process that logs in as soon as it can finds all it needs. A user just made has its
+    queues declared without reading them first (declaring one that exists alike changes nothing).
     """
     tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
     permissions = permissions_for(principal, calls=calls, called_by=called_by)
-    wrote = False
+    wrote = await admin.ensure_user(user=principal.user, password=None, tags=(tag,))
     for queue in agent_queues(principal, replicas=replicas) if principal.kind == "agent" else ():
-        wrote = await admin.ensure_queue(queue) or wrote
-    wrote = await admin.ensure_user(user=principal.user, password=None, tags=(tag,)) or wrote
+        wrote = await admin.ensure_queue(queue, unread=wrote) or wrote
     wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
     wrote = await admin.ensure_limits(user=principal.user, limits=limits_for(principal, replicas=replicas)) or wrote
     return await admin.ensure_user(user=principal.user, password=password, tags=(tag,)) or wrote

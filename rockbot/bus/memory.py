@@ -126,7 +126,7 @@ class MemoryBroker:
         for queue in FIXED_QUEUES:
             self._provision(queue)
 
-    async def ensure_queue(self, queue: Queue) -> bool:
+    async def ensure_queue(self, queue: Queue, *, unread: bool = False) -> bool:
         existed = queue.name in self._queues
         self._provision(queue)
         return not existed
