@@ -398,7 +398,7 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
         mark = api.mark()
         passes = operator.process.output().count("resync: compared")
         waited = await until(lambda: operator.process.output().count("resync: compared") > passes,
-                             within=args.resync_seconds * 3 + 60, what="a resync pass")
+                             within=args.resync_seconds + args.within, what="a resync pass")
         await quiet(api)
         resync = writes(api.operator_requests(mark))
         print(f"no-op resync (ROCKBOT_RESYNC_SECONDS={args.resync_seconds:g}, pass seen after {waited:.1f} s): "

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import logging
 import secrets
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import aio_pika
@@ -42,7 +43,7 @@ from rockbot.bus.management import RabbitAdmin
 from rockbot.bus.permissions import permissions_for
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.health import Readiness, wait_for_dependency
-from rockbot.kube import AGENTS, SECRETS, ApiError, KubeClient
+from rockbot.kube import SECRETS, ApiError, KubeClient
 from rockbot.operator import builders
 from rockbot.operator.children import ensure_created
 from rockbot.operator.settings import OperatorSettings
@@ -187,19 +188,21 @@ class BusIdentities:
         for callee in calls:
             await self._update_permissions(callee)
 
-    async def sweep(self) -> None:
-        """Forget the users of Agents that no longer exist (deleted while the operator was down)."""
-        users = await self._admin.users(tag=AGENT_TAG)  # users first: one made after this list is not swept
+    async def sweep(self, existing: Callable[[], Collection[tuple[str, str]]]) -> None:
+        """Forget the users of Agents that no longer exist (deleted while the operator was down).
+
+        `existing()`: the (namespace, name) of every Agent the operator's complete watch shows, asked
+        after the users are listed (a user made after that list is not swept); no list of every Agent
+        from the API server, which cost a twentieth of the operator's CPU at 500 Agents.
+        """
+        users = await self._admin.users(tag=AGENT_TAG)
         watched = self._settings.namespaces
-        existing: set[tuple[str, str]] = set()
-        for namespace in watched or [None]:
-            listing = await self._kube.list(AGENTS, namespace=namespace)
-            existing |= {(item["metadata"]["namespace"], item["metadata"]["name"]) for item in listing.items}
+        agents = set(existing())
         for user in sorted(users):
             principal = Principal.parse(user)
             if principal is None or principal.kind != "agent" or (watched and principal.namespace not in watched):
                 continue
-            if (principal.namespace, principal.name) not in existing:
+            if (principal.namespace, principal.name) not in agents:
                 await self.forget(namespace=principal.namespace, name=principal.name)
 
     def _callers(self, principal: Principal) -> list[Principal]:
@@ -232,6 +235,9 @@ def _password(secret: K8sObject) -> str:
 class _RuntimeLike(Protocol):
     settings: OperatorSettings
     reconciler: Any
+    #: Every Agent the watch shows, by (namespace, name), once `listed` is set.
+    agents: Mapping[tuple[str, str], Any]
+    listed: asyncio.Event
 
 
 def register_broker(registry: kopf.OperatorRegistry, runtime: _RuntimeLike, *, readiness: Readiness) -> None:
@@ -245,7 +251,8 @@ def register_broker(registry: kopf.OperatorRegistry, runtime: _RuntimeLike, *, r
             log.warning("no ROCKBOT_BROKER_MANAGEMENT_URL: Agents get no broker login, so their pods run without a "
                         "bus (no inbox, scripts or sub-agents); set it and ROCKBOT_BROKER_ADMIN_PASSWORD")
             return
-        keeping = _keep_provisioned(identities, readiness=readiness, every=runtime.settings.resync_seconds)
+        keeping = _keep_provisioned(identities, readiness=readiness, every=runtime.settings.resync_seconds,
+                                    runtime=runtime)
         running.append(asyncio.create_task(keeping, name="provision the broker"))
 
     @kopf.on.cleanup(registry=registry)
@@ -257,15 +264,18 @@ def register_broker(registry: kopf.OperatorRegistry, runtime: _RuntimeLike, *, r
             await identities.close()
 
 
-async def _keep_provisioned(identities: BusIdentities, *, readiness: Readiness, every: float) -> None:
+async def _keep_provisioned(
+    identities: BusIdentities, *, readiness: Readiness, every: float, runtime: _RuntimeLike
+) -> None:
     await wait_for_dependency(
         identities.start, readiness=readiness, dependency="broker provisioning", retry_on=(BusError, ValueError)
     )
     await wait_for_dependency(identities.keep_dead_letters, readiness=readiness, dependency="dead-letter records",
                               retry_on=(BusError, OSError, aio_pika.exceptions.AMQPError))  # fmt: skip
+    await runtime.listed.wait()
     while True:
         try:
-            await identities.sweep()
+            await identities.sweep(lambda: list(runtime.agents))
         except (BusError, ApiError) as exc:
             log.warning("sweeping the broker users of deleted Agents failed (%s); trying again at the next resync", exc)
         await asyncio.sleep(every)

@@ -72,6 +72,8 @@ class Runtime:
         self.agents: dict[tuple[str, str], K8sObject] = {}
         #: Each namespace's Agents by name, the little of them that others depend on.
         self.agent_refs: dict[str, dict[str, AgentRef]] = {}
+        #: Set once every watch has listed what exists: from then on the above is complete.
+        self.listed = asyncio.Event()
         #: What made each Agent and Tool worth a reconcile when last seen (generation, labels...).
         self._versions: dict[Key, tuple[Any, ...]] = {}
         #: When each Agent last changed (loop time): Secrets read before that are not good enough for it.
@@ -196,6 +198,7 @@ class Runtime:
     async def _run(self, synced: list[asyncio.Event]) -> None:
         for event in synced:
             await event.wait()
+        self.listed.set()
         self.queue.start()
         count = self._add_everything()
         await self.queue.idle()
