@@ -4,7 +4,7 @@ What it does as the real server does:
 - objects get `uid`, a global monotonically increasing `resourceVersion`, `creationTimestamp`,
   and `generation` (custom resources and the built-ins that have one; bumped only when something
   outside metadata, and status where it is a subresource, changes); `generateName`; create answers
-  201; 409 `AlreadyExists`; 404 for a missing namespace; 403 in a terminating one; names validated
+  201; 409 `AlreadyExists`; 404 for a missing namespace; names validated
   (RFC 1123 subdomains; namespaces RFC 1123 labels; Services DNS-1035 labels);
 - list and watch with label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and field
   selectors (`metadata.name`, `metadata.namespace`, a few per kind such as pods' `status.phase`),
@@ -14,10 +14,8 @@ What it does as the real server does:
   uid/name/namespace are immutable, creationTimestamp and generation are kept by the server;
   a write that changes nothing makes no new resourceVersion and no event;
 - the `status` subresource: main writes keep `.status`, `/status` writes change only `.status`;
-- DELETE: finalizers hold the object with `deletionTimestamp` (and no new finalizers may be added);
-  propagation Background (default) / Foreground / Orphan through ownerReferences matched by uid
-  (a dependent keeping another owner only loses the dangling reference); deleting a namespace
-  or a CRD deletes what is in it first; delete preconditions (uid, resourceVersion);
+- DELETE: at once, with preconditions (uid, resourceVersion); dependents go in the background through
+  ownerReferences matched by uid (a dependent keeping another owner only loses the dangling reference);
 - WATCH (`watch=true|True|1`, also on one name): "" / "0" / absent resourceVersion sends current
   objects as ADDED, a given one replays the bounded history after it or sends an ERROR event with
   a 410 `Expired` Status when it is older than the history; snapshot and subscription are one
@@ -35,8 +33,8 @@ What it does as the real server does:
   server serves it since 1.30 (404/400 before the upgrade; the opening empty message, stdin, output
   while attached, the final Status on channel 3; `stdinOnce`); a pod's spec is immutable but for
   images, added tolerations and an `activeDeadlineSeconds` that may only be lowered;
-- the garbage collector and namespace/CRD cleanups run a moment after the request that triggers
-  them, as controllers do: callers must wait (watch or poll) for dependents to go.
+- the garbage collector runs a moment after the request that triggers it, as its controller does:
+  callers must wait (watch or poll) for dependents to go.
 
 Where it is stricter than a real server (code passing here does not rely on these):
 - only merge and JSON patches: strategic-merge and server-side apply answer 415;
@@ -47,13 +45,15 @@ Where it is stricter than a real server (code passing here does not rely on thes
 - transition rules (`oldSelf`) under array items are refused at CRD creation rather than
   half-evaluated;
 - `fail(code=409)` on a write without a resourceVersion precondition is refused (`EmulatorMisuse`),
-  since a real server never answers that; `hang()` holds a request until `end_watches()`.
+  since a real server never answers that; `hang()` holds a request until `end_watches()`;
+- a delete with the Foreground or Orphan policy, or of a namespace or a CRD, is refused (400).
 
 Where it is laxer (a real server refuses or rewrites more: check these on a cluster, never rely
 on the emulator to catch them):
 - CEL rules run only when the schema checks pass, with no cost limits (a real server refuses a
   CRD whose rules may cost too much) and without the Kubernetes CEL library extensions;
 - one storage for all versions of a CRD, without conversion;
+- finalizers are not honoured: a delete removes the object at once (no client of the emulator sets any);
 - built-in objects get only the validation listed in builtins.py, and only some defaults: no
   resource quantity canonicalisation (`"1000m"` stays as written, a server answers `"1"`), no
   dropping of empty fields, no requests defaulted from limits;

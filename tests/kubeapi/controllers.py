@@ -50,8 +50,6 @@ class DeploymentController:
 
     async def _reconcile(self, deployment: dict[str, Any]) -> None:
         meta = deployment["metadata"]
-        if meta.get("deletionTimestamp"):
-            return
         key = (meta["namespace"], meta["name"])
         if key in self._starting:
             self._starting[key] = deployment

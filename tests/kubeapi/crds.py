@@ -10,13 +10,6 @@ from typing import Any
 from tests.kubeapi.clock import now
 from tests.kubeapi.registry import ResourceType
 
-CLEANUP_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
-
-
-def served_key(crd: dict[str, Any]) -> tuple[str, str]:
-    spec = crd.get("spec") or {}
-    return (spec.get("group", ""), (spec.get("names") or {}).get("plural", ""))
-
 
 def resource_type(crd: dict[str, Any]) -> ResourceType:
     """The resource a (validated) CRD serves."""

@@ -22,7 +22,6 @@ from tests.kubeapi.errors import StatusError, bad_request, method_not_allowed, r
 from tests.kubeapi.registry import ResourceType
 from tests.kubeapi.store import Watcher
 
-WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _TRUE = {"true", "True", "1"}
 #: Pod subresources served besides `status`: read as the kubelet answers them, or the scheduler's binding.
 _POD_SUBRESOURCES = {"log", "attach", "binding"}
@@ -77,10 +76,6 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     def requests(self) -> list[kmock.Request]:
         """Every request served so far, in order (kmock's log)."""
         return list(self._requests)
-
-    def writes_since(self, mark: int = 0) -> list[kmock.Request]:
-        """Write requests (POST/PUT/PATCH/DELETE) after the first `mark` requests: `mark = len(emulator.requests)`."""
-        return [request for request in self._requests[mark:] if str(request.method.value).upper() in WRITE_METHODS]
 
     def set_pod_log(self, *, namespace: str, name: str, text: str, container: str | None = None) -> None:
         """Play the kubelet: the text `pods/{name}/log` answers (for one container, or the only one)."""
@@ -260,8 +255,8 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
             for key in ("propagationPolicy", "gracePeriodSeconds"):
                 if key in params:
                     options.setdefault(key, params[key])
-            obj, gone = api.delete(rtype, namespace=route.namespace, name=route.name, options=options)
-            return _json(render(rtype, route.version, obj), status=200 if gone else 202)
+            obj = api.delete(rtype, namespace=route.namespace, name=route.name, options=options)
+            return _json(render(rtype, route.version, obj))
         raise method_not_allowed(f"{method} is not allowed here")
 
     def _log(self, route: Route, params: Any) -> aiohttp.web.Response:

@@ -245,7 +245,7 @@ class FakeKubelet:
 
     def _admit(self, obj: Obj) -> None:
         name = obj["metadata"]["name"]
-        if name in self.pods or obj["metadata"].get("deletionTimestamp"):
+        if name in self.pods:
             return
         self.seen.append(obj)
         pod = RunningPod(name=name, pod=obj, started_at=datetime.now(UTC))
@@ -266,9 +266,6 @@ class FakeKubelet:
     def _changed(self, obj: Obj) -> None:
         pod = self.pods.get(obj["metadata"]["name"])
         if pod is None:
-            return
-        if obj["metadata"].get("deletionTimestamp"):
-            self._deleted(pod.name)
             return
         before = (pod.pod.get("spec") or {}).get("activeDeadlineSeconds")
         pod.pod = obj

@@ -1,8 +1,5 @@
 """The emulator's CRDs: discovery, defaults and pruning (what the real server refuses: tests/kube_real)."""
 
-import asyncio
-
-from rockbot.kube import DEPLOYMENTS, KubeClient
 from tests.kubeapi.http import call
 
 AGENTS = "/apis/rockbot.dev/v1alpha1/namespaces/default/agents"
@@ -29,22 +26,3 @@ async def test_defaults_are_applied_and_unknown_fields_pruned(kube_api):
     assert created["spec"]["maxIterations"] == 10 and created["spec"]["parallelToolCalls"] is True
     assert "unknownField" not in created["spec"]
     assert "status" not in created  # create ignores .status: it is a subresource
-
-
-async def test_deployment_controller_reports_replicas_ready(kube_api, deployment_controller, kube_client: KubeClient):
-    body = {"metadata": {"name": "web"}, "spec": {
-        "replicas": 2, "selector": {"matchLabels": {"app": "web"}},
-        "template": {"metadata": {"labels": {"app": "web"}},
-                     "spec": {"containers": [{"name": "main", "image": "example/web:1"}]}}}}
-    await kube_client.create(DEPLOYMENTS, namespace="default", body=body)
-    async with asyncio.timeout(5):
-        while True:
-            current = await kube_client.get(DEPLOYMENTS, namespace="default", name="web")
-            status = current.get("status") or {}
-            if status.get("observedGeneration") == current["metadata"]["generation"]:
-                break
-            await asyncio.sleep(0.01)
-    assert status["readyReplicas"] == 2
-    assert {c["type"]: c["status"] for c in status["conditions"]}["Available"] == "True"
-
-

@@ -194,14 +194,6 @@ async def test_secret_string_data_is_folded_into_data(kube_api):
     assert secret["data"] == {"key": "dmFsdWU="} and "stringData" not in secret and secret["type"] == "Opaque"
 
 
-async def test_writes_since_counts_write_requests(kube_api):
-    mark = len(kube_api.requests)
-    await call(kube_api, "GET", CM)
-    await call(kube_api, "POST", CM, {"metadata": {"name": "w"}})
-    await call(kube_api, "PATCH", f"{CM}/w", {"data": {"a": "b"}}, content_type=MERGE)
-    assert [r.method.value for r in kube_api.writes_since(mark)] == ["POST", "PATCH"]
-
-
 async def test_service_names_are_dns_1035_labels(kube_api):
     service = {"metadata": {"name": "1st"}, "spec": {"ports": [{"port": 80}]}}
     status, body = await call(kube_api, "POST", "/api/v1/namespaces/default/services", service)
