@@ -18,12 +18,13 @@ from tests.local.test_local import EXAMPLES, model_env
 SUM = "print(sum([1, 2, 39]))\n"
 
 
-async def local_chat(folder: Path, *, answer: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`rockbot local --prompt` with `answer` typed at the terminal (stdin)."""
+async def local_chat(folder: Path, *, answer: str, env: dict[str, str],
+                     console: tuple[str, ...] = ("--console-port", "0")) -> subprocess.CompletedProcess[str]:
+    """`rockbot local --prompt` with `answer` typed at the terminal (stdin); its console on a free port."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
     with tempfile.TemporaryDirectory() as state:
         return await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "rockbot.cli", "local", "--console-port", "0", "-f", str(folder),
+            subprocess.run, [sys.executable, "-m", "rockbot.cli", "local", *console, "-f", str(folder),
                              "--prompt", "sum it"],
             input=answer, capture_output=True, text=True, timeout=120,
             env={**clean, "XDG_STATE_HOME": state, **env},
@@ -54,3 +55,13 @@ async def test_the_chat_asks_before_a_script_runs(scripted_llm, analyst_needing_
     else:
         error = json.loads(tool_answer)["error"]
         assert error["code"] == "Rejected" and "did not run" in error["message"]
+
+
+async def test_without_the_console_the_terminal_alone_asks(scripted_llm, analyst_needing_approval):
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": SUM})]),
+                      Turn(text="Done."))
+    result = await local_chat(analyst_needing_approval, answer="y\n", env=model_env(scripted_llm),
+                              console=("--no-console",))
+    assert result.returncode == 0, result.stderr
+    assert "[console:" not in result.stderr and "analyst wants to run execute_python_script" in result.stderr
+    assert "42" in scripted_llm.requests[1].messages[-1]["content"]

@@ -32,8 +32,8 @@ WRITES = "open('/tmp/proof.txt', 'w').write(str(6 * 7))\nprint('proof says', ope
 
 @pytest.fixture
 async def local_console(scripted_llm: ScriptedLLM, analyst_needing_approval: Path,  # noqa: F811
-                        tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
-    """`rockbot local` with its console on a free port: (the console's URL, the run store's file)."""
+                        tmp_path: Path) -> AsyncIterator[tuple[str, Path, Chat]]:
+    """`rockbot local` with its console on a free port: (the console's URL, the run store's file, its terminal)."""
     clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
     runs = tmp_path / "runs.db"
     process = await asyncio.create_subprocess_exec(
@@ -46,7 +46,7 @@ async def local_console(scripted_llm: ScriptedLLM, analyst_needing_approval: Pat
         await chat.wait_for("[type a message", seconds=60)
         url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
         assert url is not None, chat.stderr
-        yield url.group(1), runs
+        yield url.group(1), runs, chat
     finally:
         if process.returncode is None:
             process.stdin.close()  # an empty line or the end of the input ends the chat
@@ -70,9 +70,9 @@ async def decide(browser: Browser, url: str, *, button: str, reason: str, shot: 
 
 
 async def test_local_console_chats_and_a_person_approves_then_denies_a_sandboxed_script(
-    browser: Browser, local_console: tuple[str, Path], scripted_llm: ScriptedLLM  # noqa: F811
+    browser: Browser, local_console: tuple[str, Path, Chat], scripted_llm: ScriptedLLM  # noqa: F811
 ) -> None:
-    url, runs = local_console
+    url, runs, _ = local_console
     page = await (await browser.new_context(viewport={"width": 1100, "height": 800})).new_page()
     await page.goto(f"{url}/agents")  # no login page: whoever reaches 127.0.0.1 is the person at the machine
     assert "analyst" in await page.locator("table.agents").inner_text()
@@ -116,6 +116,20 @@ async def test_local_console_chats_and_a_person_approves_then_denies_a_sandboxed
 
     async with aiohttp.ClientSession() as http, http.get(f"{url}/agents", headers={"Host": "evil.example"}) as answer:
         assert answer.status == 421  # a page that rebinds its own name to 127.0.0.1 is not served
+
+
+async def test_a_call_of_a_terminal_turn_asks_at_the_terminal_and_the_console_answers_first(
+    browser: Browser, local_console: tuple[str, Path, Chat], scripted_llm: ScriptedLLM  # noqa: F811
+) -> None:
+    url, _, terminal = local_console
+    call = ScriptedCall(name="execute_python_script", arguments={"script": WRITES})
+    scripted_llm.play(Turn(tool_calls=[call]), Turn(text="Written."))
+    terminal.process.stdin.write(b"write the proof\n")
+    await terminal.wait_for("analyst wants to run execute_python_script", seconds=60)  # asked at the terminal ...
+    await decide(browser, url, button="approve", reason="from the browser", shot="local-approvals-terminal")
+    await terminal.wait_for("(approved in the console by local:", seconds=30)  # ... answered in the console
+    await terminal.wait_for("[tools called: execute_python_script]", seconds=60)
+    assert "proof says 42" in scripted_llm.requests[1].messages[-1]["content"]
 
 
 async def _has(locator, text: str) -> None:
