@@ -87,7 +87,8 @@ async def test_a_flood_of_dead_letters_fills_only_its_senders_record_and_keeps_i
     assert (witnessed.message_id, witnessed.user_id, witnessed.queue) == ("witnessed", "service.witness", queue.name)
     record = await vhost.admin.dead_letters(sender="service.flooder", count=DEAD_LETTERS_PER_PRINCIPAL + 10)
     assert len(record) == DEAD_LETTERS_PER_PRINCIPAL and keeper.dropped == flood + 1 - DEAD_LETTERS_PER_PRINCIPAL
-    assert record[0].message_id == "first-act" and {letter.user_id for letter in record} == {"service.flooder"}
+    assert "first-act" in {letter.message_id for letter in record}  # among its first (the consumer refuses in parallel)
+    assert {letter.user_id for letter in record} == {"service.flooder"}
 
 
 async def test_rockbot_locals_memory_broker_keeps_each_senders_first_dead_letters_too() -> None:
@@ -120,6 +121,6 @@ async def test_rockbot_locals_memory_broker_keeps_each_senders_first_dead_letter
     (witnessed,) = await broker.dead_letters(sender="service.witness")
     record = await broker.dead_letters(sender="service.flooder", count=2 * DEAD_LETTERS_PER_PRINCIPAL)
     assert witnessed.message_id == "witnessed" and len(record) == DEAD_LETTERS_PER_PRINCIPAL
-    assert record[0].message_id == "first-act"
+    assert "first-act" in {letter.message_id for letter in record}
     for bus in (consumer, witness, flooder):
         await bus.close()
