@@ -10,6 +10,7 @@ of this file's own (`canary-*`), deleted afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import socket
@@ -19,6 +20,7 @@ import pytest
 
 from agent.sandbox import ScriptSandbox
 from e2e.conftest import BRIDGE_HOST, HOST_PORTS, K8SREAL, Kubectl
+from rockbot.cli import main
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 from rockbot.kube import AGENTS, NAMESPACES, KubeClient, NotFound
@@ -96,11 +98,29 @@ async def scripts_manager(*, namespace: str, targets: Targets, enforce: bool = T
             await manager.stop()
 
 
-async def test_script_pods_of_an_isolated_namespace_reach_no_target_so_scripts_run(forbidden: Targets) -> None:
+async def rockbot_status(capsys: pytest.CaptureFixture[str], *args: str, code: int) -> list[str]:
+    """`rockbot status ...` (as a user runs it, against the rig) once it exits `code` (the Event follows the
+    proof), bounded; its lines."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        capsys.readouterr()
+        exited = await asyncio.to_thread(main, ["status", *args])
+        lines = capsys.readouterr().out.splitlines()
+        if exited == code or asyncio.get_running_loop().time() > deadline:
+            assert exited == code, lines
+            return lines
+        await asyncio.sleep(0.5)
+
+
+async def test_script_pods_of_an_isolated_namespace_reach_no_target_so_scripts_run(
+    forbidden: Targets, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with namespace("scripts") as scripts, scripts_manager(namespace=scripts, targets=forbidden) as (
             manager, sandbox):  # fmt: skip
         result = await sandbox.execute_python_script(script="print(6 * 7)")
         proof = manager.canary.last  # type: ignore[union-attr]
+        [status] = await rockbot_status(capsys, "--scripts-namespace", scripts, "-n", scripts, code=0)
+    assert status.startswith(f"scripts-manager (scripts namespace {scripts}): EgressRestricted=True (NothingReached)")
     assert isinstance(result, ScriptInvokeResponse) and result.stdout == "42\n", result
     assert proof is not None and proof.isolated and len(proof.findings) == 2, proof
     for finding in proof.findings:  # the pod's own words: no route at all
@@ -126,7 +146,7 @@ async def test_script_pods_on_the_bridge_reach_the_targets_so_scripts_are_refuse
 
 
 async def test_an_agent_namespace_on_the_bridge_shows_egress_not_restricted_naming_the_target(
-    forbidden: Targets,
+    forbidden: Targets, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tcp = forbidden["outside"][0]
     async with namespace("agents") as agents, await KubeClient.from_environment() as kube:
@@ -143,5 +163,8 @@ async def test_an_agent_namespace_on_the_bridge_shows_egress_not_restricted_nami
                 return found
 
             egress = await eventually(reported, within=180)
+        _, agent = await rockbot_status(capsys, "--scripts-namespace", agents, "-n", agents, code=1)
     assert (egress["status"], egress["reason"]) == ("False", "TargetsReached"), egress
+    assert agent.startswith(f"agent {agents}/probed: Ready=") and \
+        f"EgressRestricted=False (TargetsReached): agent pods reached outside ({tcp})" in agent
     assert egress["message"].startswith(f"agent pods reached outside ({tcp}) in its last run: {ENFORCE}")
