@@ -11,9 +11,10 @@ import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rockbot.cli import main
-from rockbot.kube import AGENTS, KubeClient
+from rockbot.kube import AGENTS, NAMESPACES, KubeClient
 from rockbot.operator.settings import OperatorSettings
 from rockbot.reachability import PROOF_ANNOTATION, Proof, PublishedProof
 from rockbot.scripts_manager.canary import host_listeners
@@ -102,6 +103,31 @@ async def test_status_without_a_cluster_says_how_to_point_at_one(
     code = await rockbot_status("--kubeconfig", str(tmp_path / "missing"))
     assert code == 2
     assert capsys.readouterr().err.startswith(f"rockbot status: no kubeconfig file at {tmp_path / 'missing'}")
+
+
+def with_contexts(kubeconfig: Path, path: Path) -> Path:
+    """The emulator's kubeconfig plus a context `team` (namespace team), the current one a server that is gone."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    config["contexts"].append({"name": "team", "context": {**config["contexts"][0]["context"], "namespace": "team"}})
+    config["clusters"].append({"name": "gone", "cluster": {"server": "http://127.0.0.1:1"}})
+    config["contexts"].append({"name": "gone", "context": {"cluster": "gone", "user": "tester"}})
+    config["current-context"] = "gone"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def test_status_takes_the_context_and_its_namespace_from_the_kubeconfig(
+    kube: KubeClient, kubeconfig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As with kubectl: --context picks a context other than the current one, and its namespace is the Agents'."""
+    path = with_contexts(kubeconfig, tmp_path / "two-contexts")
+    await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
+    await kube.create(AGENTS, namespace="team", body=agent_body("scout", namespace="team"))
+    capsys.readouterr()
+    code = await rockbot_status("--kubeconfig", str(path), "--context", "team", "--scripts-namespace", NS)
+    scripts, agent = capsys.readouterr().out.splitlines()
+    assert code == 1 and "(NoProof)" in scripts
+    assert agent.startswith("agent team/scout: Ready=Unknown (NotReported)")
 
 
 async def test_status_local_proves_the_local_sandbox_now(capsys: pytest.CaptureFixture[str]) -> None:
