@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -120,7 +121,15 @@ def report(what: str, events: list[AuditEvent], *, agents: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    """The benchmark, in a folder of its own (certificates, the operator's kubeconfig) removed at the end."""
     folder = Path(tempfile.mkdtemp(prefix="bench-egress-"))
+    try:
+        await measure(args, folder)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, folder, True)
+
+
+async def measure(args: argparse.Namespace, folder: Path) -> None:
     with _private_control_plane(folder / "control-plane") as kubeconfig:
         cluster = KubeCluster(kubeconfig=kubeconfig, scratch=folder / "certs",
                               log=folder / "control-plane" / "logs" / "kube-apiserver.log", private=True)
