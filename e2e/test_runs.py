@@ -1,12 +1,12 @@
 """Issue 19's "done when" on the real cluster: a chat through an Agent's Service is a run that `rockbot runs show`
 prints through the console's read API (as a user with a token and the viewer role), with its script's output and
 pod; the conversation continues after `kubectl rollout restart` of the Agent, and is whole on whichever of its two
-replicas answers."""
+replicas answers. It uses the checks' shared Agent, and leaves it at two replicas (the later checks talk to it
+through its Service or inbox, which either replica answers)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import subprocess
@@ -15,12 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.conftest import Json, Kubectl, Release, agent_manifest, pods_ready, until, wait_for_agent
+from e2e.conftest import Agent, Json, Kubectl, Release, pods_ready, until
+from rockbot.console.runs_cli import HttpRuns
+from rockbot.console.store_models import RunFilter, RunSummary
 from tests.agent.test_a2a import a2a_client, answer_of, ask
 from tests.fixtures.llm import ScriptedLLM
-
-NAME = "e2e-runs"
-SELECTOR = f"app.kubernetes.io/name=rockbot-agent,app.kubernetes.io/instance={NAME}"
 
 
 def a2a_turn(url: str, *, token: str, context: str, text: str) -> str:
@@ -47,7 +46,7 @@ def rockbot_runs(*args: str, url: str, token: str) -> str:
 @pytest.fixture
 def reader(kubectl: Kubectl, release: Release, namespace: str) -> Iterator[str]:
     """A token of a ServiceAccount bound to the chart's console viewer role in the release's namespace."""
-    binding = f"{NAME}-reader-{namespace}"
+    binding = f"e2e-runs-reader-{namespace}"
     kubectl.run("create", "serviceaccount", "reader", "-n", namespace)
     kubectl.run("create", "rolebinding", binding, "-n", release.namespace,
                 f"--clusterrole={release.name}-console-viewer", f"--serviceaccount={namespace}:reader")
@@ -62,75 +61,75 @@ def service_url(kubectl: Kubectl, name: str, namespace: str) -> str:
     return f"http://{service['clusterIP']}:{service['ports'][0]['port']}"
 
 
-def agent_pods(kubectl: Kubectl, namespace: str) -> list[Json]:
-    return [pod for pod in kubectl.json("get", "pods", "-n", namespace, "-l", SELECTOR)["items"]
+def agent_pods(kubectl: Kubectl, agent: Agent) -> list[Json]:
+    selector = f"app.kubernetes.io/name=rockbot-agent,app.kubernetes.io/instance={agent.name}"
+    return [pod for pod in kubectl.json("get", "pods", "-n", agent.namespace, "-l", selector)["items"]
             if not pod["metadata"].get("deletionTimestamp")]  # fmt: skip
 
 
-def routed(kubectl: Kubectl, namespace: str) -> set[str]:
-    """The addresses the Agent's Service sends to (terminating pods' too, until they are gone)."""
-    slices = kubectl.json("get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name=rockbot-{NAME}")
+def routed(kubectl: Kubectl, agent: Agent) -> set[str]:
+    """The addresses the Agent's Service sends to: its ready endpoints (as kube-proxy and the rig's stand-in do)."""
+    slices = kubectl.json("get", "endpointslices", "-n", agent.namespace, "-l",
+                          f"kubernetes.io/service-name=rockbot-{agent.name}")  # fmt: skip
     return {address for slice_ in slices["items"] for endpoint in slice_.get("endpoints") or []
-            for address in endpoint["addresses"]}  # fmt: skip
+            if (endpoint.get("conditions") or {}).get("ready") for address in endpoint["addresses"]}  # fmt: skip
 
 
 def test_a_chat_is_a_run_and_its_conversation_outlives_a_restart_on_either_replica(
-    kubectl: Kubectl, release: Release, model: ScriptedLLM, reader: str
+    agent: Agent, kubectl: Kubectl, release: Release, model: ScriptedLLM, reader: str
 ) -> None:
-    manifest = agent_manifest(name=NAME, model_url=release.model_url)
-    manifest["spec"]["replicas"] = 2
-    kubectl.apply(manifest, namespace=release.namespace)
-    try:
-        wait_for_agent(kubectl, name=NAME, namespace=release.namespace)
-        token = kubectl.secret(f"rockbot-{NAME}-http-token", "token", namespace=release.namespace)
-        console = service_url(kubectl, f"{release.name}-console", release.namespace)
-        context = f"e2e-{secrets.token_hex(4)}"
-        said: list[str] = []
+    token = kubectl.secret(f"rockbot-{agent.name}-http-token", "token", namespace=agent.namespace)
+    console = service_url(kubectl, f"{release.name}-console", release.namespace)
+    context = f"e2e-{secrets.token_hex(4)}"
+    said: list[str] = []
 
-        def turn(url: str, text: str, answer: str) -> None:
-            """A turn whose model request must hold every earlier turn of the conversation, and then the run."""
-            model.play({"text": answer})
-            assert a2a_turn(url, token=token, context=context, text=text) == answer
-            said.append(text)
-            sent = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
-            assert sent == said, "the conversation lost a turn"
-            recorded(len(said))
+    def recorded() -> list[RunSummary]:
+        """The conversation's runs, through the read API with the reader's token, once every turn said succeeded (a
+        next turn, on any replica, reads them)."""
 
-        def recorded(count: int) -> list[Json]:
-            """The conversation's runs once `count` of them succeeded (the next turn, on any replica, reads them)."""
+        async def succeeded() -> list[RunSummary] | None:
+            api = HttpRuns(url=console, token=reader)
+            try:
+                page = await api.list_runs(filters=RunFilter(namespace=agent.namespace, agent=agent.name,
+                                                             session_id=context), limit=50)  # fmt: skip
+            finally:
+                await api.close()
+            runs = [run for run in page.runs if run.outcome == "Succeeded"]
+            return runs if len(runs) == len(said) else None
 
-            def succeeded() -> list[Json] | None:
-                page = json.loads(rockbot_runs("--json", "list", "-n", release.namespace, "--agent", NAME,
-                                               "--session", context, url=console, token=reader))  # fmt: skip
-                runs = [run for run in page["runs"] if run["outcome"] == "Succeeded"]
-                return runs if len(runs) >= count else None
+        return until(f"{len(said)} runs of the conversation recorded", lambda: asyncio.run(succeeded()), within=60)
 
-            return until(f"{count} runs of the conversation recorded", succeeded, within=60)
+    def turn(url: str, text: str, answer: str) -> None:
+        """A turn whose model request must hold every earlier turn of the conversation; then its run is recorded."""
+        model.play({"text": answer})
+        assert a2a_turn(url, token=token, context=context, text=text) == answer
+        said.append(text)
+        sent = [m["content"] for m in model.requests[-1].messages if m["role"] == "user"]
+        assert sent == said, "the conversation lost a turn"
+        recorded()
 
-        agent = service_url(kubectl, f"rockbot-{NAME}", release.namespace)
-        model.play({"tool_calls": [{"name": "execute_python_script", "arguments": {"script": "print(6 * 7)"}}]})
-        turn(agent, "I am Ann. What is 6 x 7?", "Ann, it is 42.")
-        (run,) = recorded(1)
-        shown = rockbot_runs("show", run["run_id"], url=console, token=reader)
-        assert f"session {context}" in shown and "outcome Succeeded" in shown, shown
-        assert "tool      execute_python_script" in shown and "user      I am Ann. What is 6 x 7?" in shown, shown
-        assert "script    exit 0 on pods rockbot-script-" in shown and "stdout: 42" in shown, shown
+    service = service_url(kubectl, f"rockbot-{agent.name}", agent.namespace)
+    model.play({"tool_calls": [{"name": "execute_python_script", "arguments": {"script": "print(6 * 7)"}}]})
+    turn(service, "I am Ann. What is 6 x 7?", "Ann, it is 42.")
+    (run,) = recorded()
+    shown = rockbot_runs("show", run.run_id, url=console, token=reader)
+    assert f"session {context}" in shown and "outcome Succeeded" in shown, shown
+    assert "tool      execute_python_script" in shown and "user      I am Ann. What is 6 x 7?" in shown, shown
+    assert "script    exit 0 on pods rockbot-script-" in shown and "stdout: 42" in shown, shown
 
-        before = {pod["metadata"]["name"] for pod in agent_pods(kubectl, release.namespace)}
-        kubectl.run("rollout", "restart", f"deployment/rockbot-{NAME}", "-n", release.namespace)
-        kubectl.run("rollout", "status", f"deployment/rockbot-{NAME}", "-n", release.namespace, "--timeout=180s",
-                    timeout=190)  # fmt: skip
-        pods = until("two new agent pods Ready", lambda: (found := agent_pods(kubectl, release.namespace)) and len(
-            found) == 2 and pods_ready(found) and not before & {p["metadata"]["name"] for p in found} and found,
-                     within=120)  # fmt: skip
-        addresses = {pod["status"]["podIP"] for pod in pods}
-        until("the Service routing to the new pods only", lambda: routed(kubectl, release.namespace) == addresses,
-              within=120)
-        turn(agent, "Who am I?", "You are Ann.")  # after the restart, through the Service
-        port = pods[0]["spec"]["containers"][0]["ports"][0]["containerPort"]
-        for n, pod in enumerate(pods * 2):  # each replica in turn: the conversation is the store's, not a pod's
-            url = f"http://{pod['status']['podIP']}:{port}"
-            turn(url, f"Question {n} for {pod['metadata']['name']}?", f"Answer {n}.")
-        assert len(recorded(len(said))) == len(said) == 6
-    finally:
-        kubectl.run("delete", "agent", NAME, "-n", release.namespace, "--wait=false", check=False)
+    # Every pod replaced, and two of them: the conversation can only be the store's.
+    before = {pod["metadata"]["name"] for pod in agent_pods(kubectl, agent)}
+    kubectl.run("patch", "agent", agent.name, "-n", agent.namespace, "--type=merge", "-p", '{"spec":{"replicas":2}}')
+    kubectl.run("rollout", "restart", f"deployment/rockbot-{agent.name}", "-n", agent.namespace)
+    kubectl.run("rollout", "status", f"deployment/rockbot-{agent.name}", "-n", agent.namespace, "--timeout=180s",
+                timeout=190)  # fmt: skip
+    pods = until("two new agent pods Ready", lambda: (found := agent_pods(kubectl, agent)) and len(found) == 2
+                 and pods_ready(found) and not before & {pod["metadata"]["name"] for pod in found} and found,
+                 within=120)  # fmt: skip
+    addresses = {pod["status"]["podIP"] for pod in pods}
+    until("the Service routing to the new pods only", lambda: routed(kubectl, agent) == addresses, within=60)
+    turn(service, "Who am I?", "You are Ann.")
+    port = pods[0]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    for n, pod in enumerate(pods):  # each replica in turn
+        turn(f"http://{pod['status']['podIP']}:{port}", f"Question {n} for {pod['metadata']['name']}?", f"Answer {n}.")
+    assert len(said) == 4
