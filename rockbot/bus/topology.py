@@ -66,7 +66,9 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _REPLY_QUEUE_EXPIRES_MS = 3600 * 1000
 _WORK = {"x-queue-type": "quorum", "x-delivery-limit": DELIVERY_LIMIT, "x-dead-letter-exchange": DEAD_LETTER_EXCHANGE}
-_REPLIES = {"x-expires": _REPLY_QUEUE_EXPIRES_MS}
+#: A service's reply queue: gone an hour after its service is; every agent it calls may write to it (the console's
+#: chat progress), so the broker bounds it and refuses a flood at the bound (the sender drops and counts it).
+_REPLIES = {"x-expires": _REPLY_QUEUE_EXPIRES_MS, "x-max-length": 10_000, "x-overflow": "reject-publish"}
 #: An agent's reply slots: a reply nobody took within the hour is gone; a flood cannot grow them without end.
 _SLOT = {"x-message-ttl": _REPLY_QUEUE_EXPIRES_MS, "x-max-length": 10_000}
 #: The most reply slots an Agent gets (`reply_slots` of the most replicas an Agent may have, 20).

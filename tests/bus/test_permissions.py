@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, Principal, permissions_for
-from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_USAGE
+import pytest
+
+from rockbot.bus import CONSOLE, GATEWAY, OPERATOR, SCRIPTS_MANAGER, Nacked, Principal, permissions_for, topology
+from rockbot.bus.topology import GATEWAY_RUNS, OPERATOR_USAGE, service_replies
+from rockbot.contracts.progress import TextDelta, TurnProgress
 
 TRIAGE = Principal.agent(namespace="team-a", name="triage")
 
@@ -47,3 +50,18 @@ def test_the_console_puts_chat_turns_on_inboxes_and_only_it_reads_its_own_reply_
                                                                                           "service.console.replies.a1b2")
     for other in (TRIAGE, GATEWAY, Principal.service("local")):
         assert not permissions_for(other).allows("read", "service.console.replies.a1b2"), other
+
+
+async def test_an_agent_cannot_grow_the_consoles_reply_queue_without_end(amqp_broker, monkeypatch) -> None:
+    """Every agent may write to the console's reply queues (its chat progress): the broker bounds each one, so a
+    hostile agent's flood is refused at the bound instead of growing the broker's memory."""
+    monkeypatch.setitem(topology._REPLIES, "x-max-length", 3)  # the bound, made small enough to reach
+    console = await amqp_broker.connect(CONSOLE.name, permissions_for(CONSOLE))
+    replies = service_replies(service="console", instance="flooded")
+    await console.declare(replies)
+    agent = await amqp_broker.connect(TRIAGE.name, permissions_for(TRIAGE, called_by=[CONSOLE]))
+    progress = TurnProgress(request_id="turn-1", seq=0, event=TextDelta(text="flood"))
+    for _ in range(3):
+        await agent.publish(queue=replies, body=progress)
+    with pytest.raises(Nacked):
+        await agent.publish(queue=replies, body=progress)
