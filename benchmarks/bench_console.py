@@ -40,6 +40,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from sqlalchemy import text
 
+from benchmarks.bench_runstore import seed_runs
 from rockbot.bus import CONSOLE, AmqpBus, Principal
 from rockbot.console.approvals import ApprovalDesk
 from rockbot.console.auth_sessions import Sessions
@@ -100,15 +101,8 @@ def _app(*, authorizer: Authorizer, kube, store: Store | None = None, chat: Chat
 async def runs_page(*, postgres: PostgresServer, runs: int, renders: int) -> None:
     store = await Store.open(url=postgres.create_database())
     started = time.perf_counter()
+    await seed_runs(store, runs=runs)
     async with store.engine.begin() as connection:
-        await connection.execute(text("""
-            INSERT INTO runs (run_id, namespace, agent, source, caller, session_id, model, record, started_at,
-                              ended_at, outcome, prompt_tokens, completion_tokens, tool_calls, expires_at)
-            SELECT md5(i::text), 'ns-' || (i % 20), 'agent-' || (i % 200),
-                   (ARRAY['chat','trigger','scheduled_task'])[1 + i % 3], 'http', 's' || (i % 5000), 'm', 'Full',
-                   timestamp '2026-01-01' + i * interval '1 second', timestamp '2026-01-01' + i * interval '1 second',
-                   (ARRAY['Succeeded','Failed'])[1 + (i % 17 = 0)::int], 300, 40, 3, timestamp '2026-12-31'
-            FROM generate_series(1, :n) AS i"""), {"n": runs})
         await connection.execute(text("ANALYZE"))
     loaded = time.perf_counter() - started
     listing, opening, cpu = [], [], {}

@@ -146,21 +146,24 @@ async def writer_throughput(*, postgres: PostgresServer, events: int) -> None:
             broker.stop()
 
 
-async def reads_at_scale(*, postgres: PostgresServer, runs: int) -> None:
-    url = postgres.create_database()
-    store = await Store.open(url=url)
-    started = time.perf_counter()
+async def seed_runs(store: Store, *, runs: int) -> None:
+    """`runs` finished runs over 20 namespaces and 200 agents, inserted by the database itself (seconds, not hours)."""
     async with store.engine.begin() as connection:
         await connection.execute(text("""
             INSERT INTO runs (run_id, namespace, agent, source, caller, session_id, model, record, started_at,
                               ended_at, outcome, prompt_tokens, completion_tokens, tool_calls, expires_at)
             SELECT md5(i::text), 'ns-' || (i % 20), 'agent-' || (i % 200),
-                   (ARRAY['chat','trigger','scheduled_task'])[1 + i % 3],
-                   'http', 's' || (i % 5000), 'm', 'Full',
+                   (ARRAY['chat','trigger','scheduled_task'])[1 + i % 3], 'http', 's' || (i % 5000), 'm', 'Full',
                    timestamp '2026-01-01' + i * interval '1 second', timestamp '2026-01-01' + i * interval '1 second',
-                   (ARRAY['Succeeded','Failed'])[1 + (i % 17 = 0)::int], 300, 40, 3,
-                   timestamp '2026-12-31'
+                   (ARRAY['Succeeded','Failed'])[1 + (i % 17 = 0)::int], 300, 40, 3, timestamp '2026-12-31'
             FROM generate_series(1, :n) AS i"""), {"n": runs})
+
+
+async def reads_at_scale(*, postgres: PostgresServer, runs: int) -> None:
+    url = postgres.create_database()
+    store = await Store.open(url=url)
+    started = time.perf_counter()
+    await seed_runs(store, runs=runs)
     target = typical_run(tools=3)[0].run_id
     events = []
     for _ in range(17):  # 12 timeline entries each: 204
