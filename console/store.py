@@ -145,8 +145,8 @@ class Store:
 
     async def migrate(self) -> None:
         """Bring the schema to the newest revision; one process at a time does it."""
-        async with self._connection() as connection:
-            if self.dialect == "postgresql":
+        if self.dialect == "postgresql":
+            async with self._connection() as connection:
                 await connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK})
                 await connection.commit()
                 try:
@@ -154,9 +154,9 @@ class Store:
                 finally:
                     await connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK})
                     await connection.commit()
-            else:
-                async with _file_lock(make_url(self.engine.url).database):
-                    await connection.run_sync(_upgrade)
+        else:  # the lock first: a connection's first statements (WAL) need the database that a migration holds
+            async with _file_lock(make_url(self.engine.url).database), self._connection() as connection:
+                await connection.run_sync(_upgrade)
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -448,8 +448,8 @@ async def _file_lock(database: str | None) -> AsyncIterator[None]:
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """WAL: `rockbot runs` reads while `rockbot local` writes; a busy wait instead of 'database is locked'."""
     cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA busy_timeout=5000")  # first: switching to WAL waits for a writer too
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
