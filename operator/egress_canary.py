@@ -122,10 +122,12 @@ def canary_pod(*, namespace: str, shape: Shape, labels: Mapping[str, str], image
     }  # fmt: skip
 
 
-def service_account(namespace: str) -> K8sObject:
-    """The canary pods' account: no token mounted, bound to nothing."""
+def service_account(namespace: str, owner: K8sObject) -> K8sObject:
+    """The canary pods' account: no token mounted, bound to nothing; owned (not controlled) by the Agent it was made
+    for, so it goes with its Agents (helm uninstall leaves nothing) and the next canary makes it again."""
     return {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
-            "metadata": {"name": SERVICE_ACCOUNT, "namespace": namespace, "labels": {CANARY_LABEL: "egress"}}}
+            "metadata": {"name": SERVICE_ACCOUNT, "namespace": namespace, "labels": {CANARY_LABEL: "egress"},
+                         "ownerReferences": [{**owner, "controller": False, "blockOwnerDeletion": False}]}}
 
 
 @dataclass(frozen=True)
@@ -149,13 +151,13 @@ class EgressCanaries:
         self._policies: dict[str, tuple[float, list[K8sObject]]] = {}
         self._proofs: dict[tuple[str, Shape], Proof] = {}
         self._isolated_at: dict[tuple[str, Shape], float] = {}  # the last proof that reached nothing (Unix time)
-        self._accounts: set[str] = set()  # namespaces whose canary ServiceAccount exists
         self._known: dict[tuple[str, str], _Known] = {}  # (namespace, agent) -> its shape's proof
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
 
     def condition(
-        self, *, namespace: str, name: str, labels: Mapping[str, str], shown: Mapping[str, Any] | None = None
+        self, *, namespace: str, name: str, labels: Mapping[str, str], owner: K8sObject,
+        shown: Mapping[str, Any] | None = None,
     ) -> ConditionUpdate:
         """The Agent's EgressRestricted as last proven; a missing or stale proof starts a canary for its namespace.
 
@@ -164,7 +166,7 @@ class EgressCanaries:
         known = self._known.get((namespace, name))
         fresh = known is not None and self._fresh(known.proof) and self._policies_fresh(namespace)
         if not fresh and namespace not in self._running:
-            self._running[namespace] = asyncio.create_task(self._prove(namespace, name, dict(labels)),
+            self._running[namespace] = asyncio.create_task(self._prove(namespace, name, dict(labels), owner),
                                                            name=f"egress canary in {namespace}")
         if known is None and shown is not None:
             return ConditionUpdate(type=CONDITION, status=shown["status"], reason=shown["reason"],
@@ -191,7 +193,7 @@ class EgressCanaries:
         listed = self._policies.get(namespace)
         return listed is not None and asyncio.get_running_loop().time() - listed[0] < self._interval
 
-    async def _prove(self, namespace: str, name: str, labels: dict[str, str]) -> None:
+    async def _prove(self, namespace: str, name: str, labels: dict[str, str], owner: K8sObject) -> None:
         """This Agent's shape, proven (again if stale), then every Agent of the namespace looked at again."""
         try:
             policies = await self._list_policies(namespace)
@@ -199,7 +201,7 @@ class EgressCanaries:
             proof = self._proofs.get((namespace, shape))
             if proof is None or not self._fresh(proof):
                 async with self._slots:
-                    proof = await self._run(namespace=namespace, shape=shape, labels=labels)
+                    proof = await self._run(namespace=namespace, shape=shape, labels=labels, owner=owner)
                 self._proofs[(namespace, shape)] = proof
                 if proof.isolated and not proof.off:
                     self._isolated_at[(namespace, shape)] = proof.at.timestamp()
@@ -221,14 +223,12 @@ class EgressCanaries:
             self._policies[namespace] = (asyncio.get_running_loop().time(), listed.items)
         return self._policies[namespace][1]
 
-    async def _run(self, *, namespace: str, shape: Shape, labels: dict[str, str]) -> Proof:
+    async def _run(self, *, namespace: str, shape: Shape, labels: dict[str, str], owner: K8sObject) -> Proof:
         pod = canary_pod(namespace=namespace, shape=shape, labels=labels, image=self._image, targets=self._targets)
         name = pod["metadata"]["name"]
         await self._delete(namespace, name)  # one a stopped operator left behind
-        if namespace not in self._accounts:
-            with contextlib.suppress(Conflict):  # made before, by this or an earlier operator
-                await self._kube.create(SERVICEACCOUNTS, namespace=namespace, body=service_account(namespace))
-            self._accounts.add(namespace)
+        with contextlib.suppress(Conflict):  # made before (it goes with the Agent it was made for)
+            await self._kube.create(SERVICEACCOUNTS, namespace=namespace, body=service_account(namespace, owner))
         try:
             created = await self._kube.create(PODS, namespace=namespace, body=pod)
             terminated = await self._terminated(namespace, name, created["metadata"]["resourceVersion"])

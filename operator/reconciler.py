@@ -281,7 +281,7 @@ class AgentReconciler:
             shown = next((c for c in current.get("conditions") or [] if c.get("type") == CONDITION), None)
             updates.append(self._egress.condition(
                 namespace=body["metadata"]["namespace"], name=body["metadata"]["name"], labels=builders.labels(agent),
-                shown=shown,
+                owner=builders.owner_reference(agent), shown=shown,
             ))  # fmt: skip
         conditions = merge_conditions(current.get("conditions") or [], updates, generation=generation, now=now)
         status = {

@@ -67,7 +67,10 @@ def test_the_canary_pod_is_restricted_like_an_agents_and_never_serves_its_servic
     pod = canary_pod(namespace=NS, shape=(("p", "1"),), labels=labels, image="img", targets=AGENT_FORBIDDEN)
     assert restricted_violations(pod) == []
     assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and pod["spec"]["containers"][0]["image"] == "img"
-    assert service_account(NS)["automountServiceAccountToken"] is False  # no token, on the account and the pod
+    account = service_account(NS, builders.owner_reference(agent("analyst")))
+    assert account["automountServiceAccountToken"] is False  # no token, on the account and the pod
+    [owner] = account["metadata"]["ownerReferences"]  # it goes with its Agent: helm uninstall leaves nothing
+    assert owner["kind"] == "Agent" and owner["controller"] is False
     assert pod["metadata"]["labels"] == {**labels, CANARY_LABEL: "egress"}
     assert "pod-template-hash" not in pod["metadata"]["labels"]  # no ReplicaSet adopts it
     assert pod["spec"]["readinessGates"] == [{"conditionType": NEVER_READY}]  # never Ready: never an endpoint
