@@ -2,9 +2,9 @@
 
 A policy deleted or loosened (a `helm upgrade`, a hand edit) may open a route the last canary did not
 see, and one added may close it: either way the last proof no longer describes the cluster. So the
-manager lists the NetworkPolicies of its scripts namespace, watches them from that list, and tells
-its canary about every change (the canary waits for a quiet moment, so a burst is one proof). A watch
-that expired (410) is listed again, and a list that differs from what was known is a change too.
+manager mirrors the NetworkPolicies of its scripts namespace (`rockbot.kube.mirroring`: list, watch,
+list again after a 410) and tells its canary about every change (the canary waits for a quiet moment,
+so a burst is one proof). A relist that finds what changed while not watched reports it too.
 
 Rights: networkpolicies list and watch in the scripts namespace, nothing else (chart RBAC). Without
 them (an older chart's Role) the manager logs why once and proves every interval, as before.
@@ -15,17 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
-import aiohttp
-
-from rockbot.kube import NETWORKPOLICIES, ApiError, Gone, KubeClient
+from rockbot.kube import NETWORKPOLICIES, ApiError, KubeClient
+from rockbot.kube.mirroring import mirror
 
 log = logging.getLogger(__name__)
-
-#: Pause before listing again after an error the API server may recover from.
-RETRY_SECONDS = 10.0
-#: How long one watch request stays open before it is renewed.
-WATCH_SECONDS = 300
 
 
 class PolicyWatch:
@@ -38,48 +33,24 @@ class PolicyWatch:
 
     async def run(self, on_change: Callable[[str], None]) -> None:
         """Call `on_change(why)` for every change after the first list, until cancelled."""
-        known: dict[str, str] | None = None
-        while True:
-            try:
-                listing = await self._kube.list(NETWORKPOLICIES, namespace=self._namespace)
-                found = {item["metadata"]["name"]: item["metadata"]["resourceVersion"] for item in listing.items}
-                if known is not None and found != known:
-                    on_change(f"the NetworkPolicies of {self._namespace} changed while not watched")
-                known = found
-                self.listed.set()
-                await self._follow(known, listing.resource_version, on_change)
-            except Gone:
-                continue  # the watch's version is compacted away: list again
-            except ApiError as exc:
-                if exc.status in (401, 403):
-                    log.error("cannot watch the NetworkPolicies of %s (%s): the isolation canary runs every interval "
-                              "only; give the scripts-manager networkpolicies list and watch there (chart RBAC)",
-                              self._namespace, exc)
-                    self.listed.set()
-                    return
-                await self._pause(exc)
-            except (OSError, aiohttp.ClientError) as exc:
-                await self._pause(exc)
+        known: dict[str, str] = {}
 
-    async def _follow(self, known: dict[str, str], version: str, on_change: Callable[[str], None]) -> None:
-        while True:
-            async for event in self._kube.watch(NETWORKPOLICIES, namespace=self._namespace, resource_version=version,
-                                                timeout_seconds=WATCH_SECONDS):  # fmt: skip
-                metadata = event.object["metadata"]
-                version = metadata["resourceVersion"]
-                if event.type == "BOOKMARK":
-                    continue
-                name = metadata["name"]
-                if event.type == "DELETED":
-                    known.pop(name, None)
-                elif known.get(name) == version:
-                    continue
-                else:
-                    known[name] = version
-                on_change(f"NetworkPolicy {self._namespace}/{name} {event.type.lower()}")
+        def upserted(body: dict[str, Any]) -> None:
+            metadata = body["metadata"]
+            if known.get(metadata["name"]) != metadata["resourceVersion"]:
+                known[metadata["name"]] = metadata["resourceVersion"]
+                if self.listed.is_set():
+                    on_change(f"NetworkPolicy {self._namespace}/{metadata['name']} changed")
 
-    async def _pause(self, exc: BaseException) -> None:
-        log.warning("watching the NetworkPolicies of %s failed (%s); listing again in %g s", self._namespace, exc,
-                    RETRY_SECONDS)
-        self.listed.set()  # the canary need not wait for a list that fails
-        await asyncio.sleep(RETRY_SECONDS)
+        def deleted(_namespace: str, name: str) -> None:
+            if known.pop(name, None) is not None and self.listed.is_set():
+                on_change(f"NetworkPolicy {self._namespace}/{name} deleted")
+
+        try:
+            await mirror(kube=self._kube, resource=NETWORKPOLICIES, namespace=self._namespace, on_upsert=upserted,
+                         on_delete=deleted, on_synced=self.listed.set, forbidden_ends=True)  # fmt: skip
+        except ApiError as exc:
+            log.error("cannot watch the NetworkPolicies of %s (%s): the isolation canary runs every interval only; "
+                      "give the scripts-manager networkpolicies list and watch there (chart RBAC)",
+                      self._namespace, exc)
+            self.listed.set()

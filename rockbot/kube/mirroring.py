@@ -38,12 +38,14 @@ async def mirror(
     label_selector: str | None = None,
     on_listed: Callable[[list[dict[str, Any]]], None] | None = None,
     on_synced: Callable[[], None] | None = None,
+    forbidden_ends: bool = False,
 ) -> None:
     """Call `on_upsert(body)` for every object and change, `on_delete(namespace, name)` for removals.
 
     A (re)list is read a page at a time (`LIST_PAGE` objects), so its objects are never all in
     memory at once; with `on_listed`, a page is handed over whole instead of object by object.
     Once a list is done (and what vanished reported deleted), `on_synced()`: the mirror is complete.
+    `forbidden_ends`: a 401 or 403 is raised (the caller can do without) instead of tried again.
     """
     known: set[Key] = set()
     while True:
@@ -82,6 +84,8 @@ async def mirror(
         except Gone:
             log.info("watch of %s expired; listing again", resource.plural)
         except (ApiError, aiohttp.ClientError, OSError) as exc:
+            if forbidden_ends and isinstance(exc, ApiError) and exc.status in (401, 403):
+                raise
             log.warning("watching %s failed (%s); retrying in %s s", resource.plural, exc, RETRY_SECONDS)
             await asyncio.sleep(RETRY_SECONDS)
         except Exception:  # a bug must not end the mirror for good: log it, list afresh

@@ -160,3 +160,16 @@ async def test_a_networkpolicy_change_in_the_scripts_namespace_makes_a_new_proof
         reasons = await eventually(lambda: published(real_kube_client, kube_namespace, count=3))
     assert third.isolated  # type: ignore[attr-defined]
     assert reasons == ["IsolationProven"] * 3, reasons
+
+
+async def test_without_the_right_to_watch_networkpolicies_the_watch_says_why_once_and_ends(
+    kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path, caplog,
+) -> None:
+    """An older chart's Role: the canary is not held up, and the log names the right to grant, once."""
+    config = reader(kube_cluster, home=kube_namespace, grants=[], path=tmp_path / "no-rights")
+    async with await KubeClient.from_environment(config_file=str(config)) as kube:
+        watch = PolicyWatch(kube=kube, namespace=kube_namespace)
+        await asyncio.wait_for(watch.run(lambda why: None), timeout=30)
+    assert watch.listed.is_set()
+    refusals = [record for record in caplog.records if "networkpolicies list and watch" in record.getMessage()]
+    assert len(refusals) == 1
