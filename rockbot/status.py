@@ -22,14 +22,14 @@ import asyncio
 import datetime
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from rockbot.reachability import CONDITION, PROOF_ANNOTATION, PublishedProof
 
 if TYPE_CHECKING:
-    from rockbot.kube import KubeClient
+    from rockbot.kube import K8sObject, KubeClient
 
 #: The scripts namespace of the chart's default values.
 SCRIPTS_NAMESPACE = "rockbot-scripts"
@@ -37,8 +37,6 @@ SCRIPTS_NAMESPACE = "rockbot-scripts"
 LATE_SECONDS = 60.0
 #: Conditions of an Agent shown, in this order.
 AGENT_CONDITIONS = ("Ready", CONDITION)
-
-K8sObject = dict[str, Any]
 
 
 @dataclass(frozen=True)
