@@ -40,7 +40,7 @@ class Conversations:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
     def save(self, session_id: str, messages: list[Message]) -> None:
-        self._histories[session_id] = _trimmed(messages, self._max_messages)
+        self._histories[session_id] = trimmed(messages, self._max_messages)
         self._histories.move_to_end(session_id)
         while len(self._histories) > self._max_sessions:
             forgotten, _ = self._histories.popitem(last=False)
@@ -52,7 +52,8 @@ class Conversations:
         return len(self._histories)
 
 
-def _trimmed(messages: list[Message], limit: int) -> list[Message]:
+def trimmed(messages: list[Message], limit: int) -> list[Message]:
+    """The newest `limit` messages at most, starting at a user message (a turn is never cut in two)."""
     if len(messages) <= limit:
         return list(messages)
     start = len(messages) - limit

@@ -13,9 +13,10 @@ sender's own reply queues (a request asking for replies elsewhere is dead-letter
 `agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
 operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), a `user_message`
 from a platform service, and one that speaks for a person (`on_behalf_of`, recorded as the caller
-`console:<user>`) only from the console; a request over `MAX_REQUEST_BYTES` is refused before it is
-parsed. Those refusals are answered, then dead-lettered. A request that asks for `progress` gets the
-turn's events (text deltas, tool calls starting and ending) on its reply queue before the reply.
+`console:<user>`) or carries the session's recorded conversation only from the console; a request
+over `MAX_REQUEST_BYTES` is refused before it is parsed. Those refusals are answered, then dead-lettered.
+A request that asks for `progress` gets the turn's events (text deltas, tool calls starting and ending)
+on its reply queue before the reply.
 
 A request is known by its sender and request id: a redelivered or duplicated copy joins the run in
 flight or gets the remembered reply, so the model is not asked (and tools not called) twice, while
@@ -126,6 +127,8 @@ def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
         return f"user messages come through a platform service, not from {sender}; agents send agent_call"
     if request.on_behalf_of is not None and sender != CONSOLE:
         return f"only the console speaks for a person (on_behalf_of), not {sender}"
+    if request.conversation is not None and sender != CONSOLE:
+        return f"only the console sends a conversation with a turn (from the run store), not {sender}"
     return None
 
 
@@ -163,6 +166,7 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
             request.session_id, request.content, caller=caller, call_chain=request.call_chain, on_event=on_event,
             source=request.kind, request_id=request.request_id,
             parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
+            recorded=request.conversation,
         )  # fmt: skip
     except BudgetExhausted as exc:
         return failed(ErrorCode.REJECTED, str(exc))

@@ -31,7 +31,7 @@ from opentelemetry import trace
 
 from rockbot.agent.approvals import ApprovalGate, Approver
 from rockbot.agent.budget import BudgetExhausted, TokenBudget
-from rockbot.agent.conversations import Conversations
+from rockbot.agent.conversations import Conversations, trimmed
 from rockbot.agent.events import EventSink
 from rockbot.agent.llm import LlmClient, LlmError
 from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
@@ -46,6 +46,7 @@ from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import A2ABackend, AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
 from rockbot.contracts.conversations import HTTP_CALLER, ConversationKey
+from rockbot.contracts.recording import HistoryReply
 from rockbot.contracts.tool_names import ToolRank
 from rockbot.telemetry import tracer
 
@@ -236,16 +237,18 @@ class AgentRuntime:
         source: str = "chat",
         request_id: str | None = None,
         parent_run_id: str | None = None,
+        recorded: HistoryReply | None = None,
     ) -> ChatResult:
         """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
         The conversation and its working memory are `caller`'s alone (see `ConversationKey`): another
         caller using the same session id talks in a conversation of its own. `source` (the inbox
-        request's kind) and `request_id` label the turn's span and metrics.
+        request's kind) and `request_id` label the turn's span and metrics. `recorded`: the session's
+        recorded conversation as the console sent it with the turn (it is then not asked for).
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
-            history = await self._history(key=key, caller=caller, session_id=session_id)
+            history = await self._history(key=key, caller=caller, session_id=session_id, recorded=recorded)
             history.append({"role": "user", "content": text})
             try:
                 return await self._turn(
@@ -256,18 +259,24 @@ class AgentRuntime:
             finally:
                 self.conversations.save(key, _complete_turns(history))
 
-    async def _history(self, *, key: str, caller: str, session_id: str) -> list[dict[str, Any]]:
-        """The conversation so far: as recorded (every replica's turns, an earlier pod's) when the store answers in
-        time and holds this process's last turn of it, else as this process holds it."""
+    async def _history(self, *, key: str, caller: str, session_id: str,
+                       recorded: HistoryReply | None) -> list[dict[str, Any]]:
+        """The conversation so far: as recorded (every replica's turns, an earlier pod's; sent with the turn, else
+        asked of the store) when the store answers in time and holds this process's last turn of it, else as this
+        process holds it."""
         held = self.conversations.history(key)
-        if self.history is None or self.recorder.record != "Full":
+        if self.recorder.record != "Full" or (recorded is None and self.history is None):
             return held
-        recorded = await self.history.fetch(caller=caller, session_id=session_id,
-                                            max_messages=self.conversations.max_messages)  # fmt: skip
+        if recorded is None:
+            assert self.history is not None
+            recorded = await self.history.fetch(caller=caller, session_id=session_id,
+                                                max_messages=self.conversations.max_messages)  # fmt: skip
         if recorded is None or not recorded.messages:
             return held
         last = self._last_runs.get(key)
-        return list(recorded.messages) if last is None or last in recorded.run_ids else held
+        if last is not None and last not in recorded.run_ids:
+            return held
+        return trimmed(list(recorded.messages), self.conversations.max_messages)
 
     async def _recall(self, *, session_key: str, key: str) -> str | None:
         """A working-memory chunk of the conversation that this process does not hold, from the store (another

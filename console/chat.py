@@ -6,6 +6,11 @@ the bus with its own broker login. The agent takes `on_behalf_of` only from that
 `user_id`), so no agent or other service can speak for a person, and it records the run's caller as
 `console:<user>`: the conversation (kept in the run store) is that person's alone. The console takes a
 message on its reply queue only from the agent it asked and only under the turn's random request id.
+
+The console reads the person's conversation from the run store and sends it with the turn (`conversation`), so
+the agent starts the model at once instead of asking `console.history` for it first (a bus round trip that was
+most of what chat through the console added before the first token). A conversation too large for the inbox's
+bound, or a store that does not answer, is left out: the agent then asks for it, as it does for other callers.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ from dataclasses import dataclass, field
 from rockbot.bus import Bus, Delivery, Principal, Subscription
 from rockbot.bus.errors import BadMessage, BusError
 from rockbot.bus.topology import Queue, agent_inbox, service_replies
-from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.console.store import Store, StoreUnavailable
+from rockbot.contracts.conversations import console_caller
+from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
 from rockbot.contracts.progress import Event, TurnProgress
+from rockbot.contracts.recording import HistoryReply
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,8 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 PICKUP_SECONDS = 60.0
 #: Progress messages held for a slow browser at most; past that they are dropped (the answer still comes).
 MAX_BUFFERED = 10_000
+#: Messages of the conversation sent with a turn at most (what an agent asks for by default).
+CARRIED_MESSAGES = 200
 
 Step = Event | InboxReply
 
@@ -48,8 +58,10 @@ class _Turn:
 class ChatRelay:
     """Sends people's turns to agents and hands back, in order, what each agent streams and its answer."""
 
-    def __init__(self, *, instance: str | None = None, timeout_seconds: float = 900.0) -> None:
+    def __init__(self, *, instance: str | None = None, timeout_seconds: float = 900.0,
+                 store: Store | None = None) -> None:
         self._bus: Bus | None = None
+        self._store = store
         self._replies = service_replies(service="console", instance=instance or uuid.uuid4().hex[:12])
         self._timeout = timeout_seconds
         self._turns: dict[str, _Turn] = {}
@@ -82,7 +94,10 @@ class ChatRelay:
         held = self._turns[request_id] = _Turn(agent=target)
         try:
             request = InboxRequest(kind="user_message", request_id=request_id, session_id=session_id,
-                                   content=content, reply_to=self._replies.name, on_behalf_of=user, progress=True)
+                                   content=content, reply_to=self._replies.name, on_behalf_of=user, progress=True,
+                                   conversation=await self._conversation(namespace, agent, user, session_id))
+            if len(request.model_dump_json()) > MAX_REQUEST_BYTES:  # the agent would refuse it: it asks instead
+                request = request.model_copy(update={"conversation": None})
             try:
                 await bus.publish(queue=agent_inbox(namespace=namespace, name=agent), body=request,
                                         message_id=request_id, correlation_id=request_id,
@@ -102,6 +117,17 @@ class ChatRelay:
             raise ChatFailed(f"{namespace}/{agent} did not answer within {self._timeout:g} s") from None
         finally:
             self._turns.pop(request_id, None)
+
+    async def _conversation(self, namespace: str, agent: str, user: str, session_id: str) -> HistoryReply | None:
+        """`user`'s conversation `session_id` with the agent as the run store keeps it; None when it cannot say."""
+        if self._store is None:
+            return None
+        try:
+            return await self._store.session_history(namespace=namespace, agent=agent, caller=console_caller(user),
+                                                     session_id=session_id, max_messages=CARRIED_MESSAGES)
+        except StoreUnavailable as exc:
+            log.info("the conversation %s goes without its history (the agent asks for it): %s", session_id, exc)
+            return None
 
     async def _received(self, delivery: Delivery) -> None:
         held = self._turns.get(delivery.correlation_id or "")

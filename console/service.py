@@ -89,7 +89,7 @@ class Console:
         authorizer = AccessReviewer(kube=self.kube, ttl=settings.auth_cache_seconds)
         self.desk = ApprovalDesk(on_pending=event_on_agent(self.kube))
         if settings.amqp_url is not None:  # chat goes over the bus, as the console's own login
-            self.chat = ChatRelay(timeout_seconds=settings.chat_timeout_seconds)
+            self.chat = ChatRelay(timeout_seconds=settings.chat_timeout_seconds, store=self.store)
         app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store,
                         trace_url_template=settings.trace_url_template, chat=self.chat)
         add_run_routes(app, store=self.store, authorizer=authorizer)

@@ -127,7 +127,7 @@ async def serving(*, connect: Connect, store: Store | None, manifests: Manifests
         desk = ApprovalDesk(on_pending=on_pending)
         await desk.start(bus=bus)
         stack.push_async_callback(desk.stop)
-        relay = ChatRelay()
+        relay = ChatRelay(store=store)
         await relay.start(bus=bus)
         stack.push_async_callback(relay.stop)
         gate = Gate(tokens=None, sessions=Sessions(), local_identity=Identity(username=f"local:{getpass.getuser()}"))

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rockbot.contracts.errors import ErrorInfo
+from rockbot.contracts.recording import HistoryReply
 
 SCHEMA_VERSION = 1
 
@@ -51,6 +52,10 @@ class InboxRequest(BaseModel):
     on_behalf_of: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^|]+$")] | None = None
     #: Send `TurnProgress` messages (text deltas, tool calls starting and ending) to `reply_to` while the turn runs.
     progress: bool = False
+    #: The session's conversation as the run store keeps it, read by the console for a person's turn so the agent
+    #: need not ask `console.history` for it (a bus round trip before the model's first token): taken only from
+    #: `service.console` (the agent refuses it from anyone else, whose word about a conversation is worth nothing).
+    conversation: HistoryReply | None = None
 
     @property
     def depth(self) -> int:
@@ -62,6 +67,8 @@ class InboxRequest(BaseModel):
             raise ValueError("call_chain: an agent_call must list at least the calling agent ('namespace/name')")
         if self.on_behalf_of is not None and self.kind != "user_message":
             raise ValueError("on_behalf_of: only a user_message speaks for a person")
+        if self.conversation is not None and self.conversation.session_id != self.session_id:
+            raise ValueError(f"conversation: the session {self.conversation.session_id} is not this turn's")
         return self
 
 

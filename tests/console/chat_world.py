@@ -33,6 +33,7 @@ class ChatWorld:
     store: Store
     console_bus: Bus
     agent_process: asyncio.subprocess.Process
+    metrics: RecorderMetrics
 
 
 @contextlib.asynccontextmanager
@@ -63,14 +64,14 @@ async def chat_world(config: AgentConfig, *, vhost: Vhost, folder: Path) -> Asyn
     metrics = RecorderMetrics(CollectorRegistry())
     writer = RunWriter(store=store, bus=console_bus, readiness=Readiness(), metrics=metrics)
     history = HistoryAnswerer(store=store, bus=console_bus, metrics=metrics)
-    relay = ChatRelay(timeout_seconds=60)
+    relay = ChatRelay(timeout_seconds=60, store=store)
     try:
         await writer.start()
         await history.start()
         await relay.start(bus=console_bus)
         me = Principal.agent(namespace=config.namespace, name=config.name)
         async with agent_process(config, bus_url=vhost.url_of(me), folder=folder) as process:
-            yield ChatWorld(relay=relay, store=store, console_bus=console_bus, agent_process=process)
+            yield ChatWorld(relay=relay, store=store, console_bus=console_bus, agent_process=process, metrics=metrics)
     finally:
         await relay.stop()
         await history.stop()
