@@ -21,9 +21,9 @@ import datetime
 import fcntl
 import logging
 import pathlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -60,6 +60,7 @@ from rockbot.contracts.recording import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MIGRATIONS = pathlib.Path(__file__).parent / "migrations"
 #: The advisory lock key the migrations hold on PostgreSQL ("rockbot" in ASCII, as a number).
@@ -116,6 +117,7 @@ def redacted(url: str) -> str:
 class Store:
     def __init__(self, *, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._reads = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.dialect = engine.dialect.name
         self._insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
 
@@ -130,7 +132,7 @@ class Store:
             engine = create_async_engine(url)
             event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         else:
-            engine = create_async_engine(url, pool_size=pool_size, pool_pre_ping=True)
+            engine = create_async_engine(url, pool_size=pool_size)
         store = cls(engine=engine)
         if migrate:
             try:
@@ -258,41 +260,14 @@ class Store:
             at, run_id = decode_cursor(cursor)
             query = query.where(tuple_(runs.c.started_at, runs.c.run_id) < tuple_(at, run_id))
         query = query.order_by(runs.c.started_at.desc(), runs.c.run_id.desc()).limit(limit + 1)
-        async with self._connection() as connection:
-            rows = (await connection.execute(query)).mappings().all()
+        rows = await self._read(lambda connection: _mappings(connection, query))
         page = [RunSummary.model_validate(dict(row)) for row in rows[:limit]]
         last = page[-1] if len(rows) > limit else None
         return RunPage(runs=page, next_cursor=last and encode_cursor(started_at=last.started_at, run_id=last.run_id))
 
     async def get_run(self, run_id: str) -> RunDetail | None:
         """One run with its timeline (oldest first, at most `MAX_TIMELINE` entries) and its child runs' ids."""
-        async with self._connection() as connection:
-            row = (await connection.execute(select(runs).where(runs.c.run_id == run_id))).mappings().first()
-            if row is None:
-                return None
-            entries = (
-                await connection.execute(
-                    select(run_events).where(run_events.c.run_id == run_id)
-                    .order_by(run_events.c.at, run_events.c.id).limit(MAX_TIMELINE + 1)
-                )
-            ).mappings().all()  # fmt: skip
-            omitted = 0
-            if len(entries) > MAX_TIMELINE:
-                total = await connection.scalar(select(func.count()).where(run_events.c.run_id == run_id))
-                omitted = int(total or 0) - MAX_TIMELINE
-            children = (  # only runs the parent's agent called: a caller names its parent run itself
-                await connection.scalars(
-                    select(runs.c.run_id).where(
-                        runs.c.parent_run_id == run_id, runs.c.caller == f"agent.{row['namespace']}.{row['agent']}"
-                    ).order_by(runs.c.started_at).limit(MAX_PAGE)
-                )
-            ).all()
-        return RunDetail(
-            **dict(row),
-            timeline=[_entry(entry) for entry in entries[:MAX_TIMELINE]],
-            timeline_omitted=omitted,
-            children=list(children),
-        )
+        return await self._read(lambda connection: _run(connection, run_id))
 
     async def session_runs(
         self, *, namespace: str, agent: str, session_id: str, caller: str | None = None, limit: int = MAX_PAGE
@@ -304,8 +279,7 @@ class Store:
         if caller is not None:
             query = query.where(runs.c.caller == caller)
         query = query.order_by(runs.c.started_at.desc(), runs.c.run_id.desc()).limit(max(1, min(limit, MAX_PAGE)))
-        async with self._connection() as connection:
-            rows = (await connection.execute(query)).mappings().all()
+        rows = await self._read(lambda connection: _mappings(connection, query))
         return [RunSummary.model_validate(dict(row)) for row in reversed(rows)]
 
     async def session_history(
@@ -328,8 +302,7 @@ class Store:
             .where(run_events.c.kind == "message")
             .order_by(recent.c.started_at, run_events.c.at, run_events.c.id)
         )
-        async with self._connection() as connection:
-            rows = (await connection.execute(query)).all()
+        rows = await self._read(lambda connection: _rows(connection, query))
         messages = [_chat_message(role=row.name, body=row.body) for row in rows]
         start = max(0, len(messages) - max_messages)
         while start < len(messages) and messages[start]["role"] != "user":
@@ -354,8 +327,8 @@ class Store:
             )
             .order_by(working_memory.c.stored_at.desc()).limit(1)
         )  # fmt: skip
-        async with self._connection() as connection:
-            row = (await connection.execute(query)).first()
+        found = await self._read(lambda connection: _rows(connection, query))
+        row = found[0] if found else None
         if row is None:
             return HistoryReply(session_id=session_id)
         return HistoryReply(session_id=session_id, memory=row.content, memory_cut=row.content_cut)
@@ -395,19 +368,34 @@ class Store:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _connection(self) -> _Connecting:
-        return _Connecting(self)
+    def _connection(self, *, reading: bool = False) -> _Connecting:
+        """A pooled connection; `reading`: one without a transaction (a read is one statement, or statements that
+        each see their own snapshot anyway under READ COMMITTED), so no BEGIN and ROLLBACK round trips."""
+        return _Connecting(self._reads if reading else self.engine)
+
+    async def _read(self, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """`read` on a pooled connection, and once more if that connection was dead (the database restarted since;
+        the whole pool is then replaced): no ping before every read, a round trip that was most of a page's store
+        time on a loaded machine."""
+        try:
+            async with self._connection(reading=True) as connection:
+                return await read(connection)
+        except StoreUnavailable as exc:
+            if not (isinstance(exc.__cause__, DBAPIError) and exc.__cause__.connection_invalidated):
+                raise
+        async with self._connection(reading=True) as connection:
+            return await read(connection)
 
 
 class _Connecting:
     """`async with store._connection() as connection`: a pooled connection; database failures are `StoreUnavailable`."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
         self._context: Any = None
 
     async def __aenter__(self) -> AsyncConnection:
-        self._context = self._store.engine.connect()
+        self._context = self._engine.connect()
         try:
             return await self._context.__aenter__()
         except (OperationalError, DBAPIError, OSError, ConnectionError) as exc:
@@ -420,6 +408,43 @@ class _Connecting:
             raise StoreUnavailable(f"the run store's database failed: {failure}") from failure
         if isinstance(exc, OperationalError | DBAPIError | OSError | ConnectionError):
             raise StoreUnavailable(f"the run store's database failed: {exc}") from exc
+
+
+async def _mappings(connection: AsyncConnection, query: Any) -> Sequence[Any]:
+    return (await connection.execute(query)).mappings().all()
+
+
+async def _rows(connection: AsyncConnection, query: Any) -> Sequence[Any]:
+    return (await connection.execute(query)).all()
+
+
+async def _run(connection: AsyncConnection, run_id: str) -> RunDetail | None:
+    row = (await connection.execute(select(runs).where(runs.c.run_id == run_id))).mappings().first()
+    if row is None:
+        return None
+    entries = (
+        await connection.execute(
+            select(run_events).where(run_events.c.run_id == run_id)
+            .order_by(run_events.c.at, run_events.c.id).limit(MAX_TIMELINE + 1)
+        )
+    ).mappings().all()  # fmt: skip
+    omitted = 0
+    if len(entries) > MAX_TIMELINE:
+        total = await connection.scalar(select(func.count()).where(run_events.c.run_id == run_id))
+        omitted = int(total or 0) - MAX_TIMELINE
+    children = (  # only runs the parent's agent called: a caller names its parent run itself
+        await connection.scalars(
+            select(runs.c.run_id).where(
+                runs.c.parent_run_id == run_id, runs.c.caller == f"agent.{row['namespace']}.{row['agent']}"
+            ).order_by(runs.c.started_at).limit(MAX_PAGE)
+        )
+    ).all()
+    return RunDetail(
+        **dict(row),
+        timeline=[_entry(entry) for entry in entries[:MAX_TIMELINE]],
+        timeline_omitted=omitted,
+        children=list(children),
+    )
 
 
 def _upgrade(connection: Connection) -> None:

@@ -211,3 +211,22 @@ async def test_an_unreachable_database_is_store_unavailable_naming_it() -> None:
 def test_an_unknown_database_scheme_names_the_ones_supported() -> None:
     with pytest.raises(ValueError, match="postgresql://"):
         asyncio.run(Store.open(url="mysql://x@y/z"))
+
+
+async def test_reads_right_after_the_database_restarted_are_answered(private_postgres) -> None:
+    """No ping before each read (a round trip per page): a connection the restart killed is replaced on first use."""
+    store = await Store.open(url=private_postgres.create_database(), pool_size=2)
+    try:
+        events = typical_run(session_id="s1", caller="console:alice")
+        await store.write(batches=[Batch(namespace="ns", agent="a", events=events)])
+        await asyncio.gather(*(store.list_runs(filters=RunFilter(namespace="ns")) for _ in range(2)))  # both pooled
+        await asyncio.to_thread(private_postgres.kill)  # a crash: every pooled connection is dead
+        await asyncio.to_thread(private_postgres.start)
+        listed = await store.list_runs(filters=RunFilter(namespace="ns"))
+        opened = await store.get_run(events[0].run_id)
+        history = await store.session_history(namespace="ns", agent="a", caller="console:alice", session_id="s1")
+    finally:
+        await store.close()
+    assert [run.run_id for run in listed.runs] == [events[0].run_id]
+    assert opened is not None and opened.run_id == events[0].run_id
+    assert history.run_ids == [events[0].run_id]
