@@ -11,7 +11,11 @@ bench_scripts.py):
 - warm, N at once: rounds of N requests, the next round as soon as the last answered;
 - cold, sequential and N at once: no pool, a pod made per request.
 
-It also counts how many warm requests found no idle pod and went cold (misses). Needs the rig up
+It also counts how many warm requests found no idle pod and went cold (misses), and prints where the
+time went: the p50 and p95 of each step's time since the request (the backend's span events:
+claimed or pod created, scheduled, container running, attach refused/attached, job written, the
+runner's own steps on the pod's clock, script started, answered), the used pod's delete, and how
+long the pool's replacement pods took from create to running. Needs the rig up
 (`$K8SREAL/up.sh && $K8SREAL/node-up.sh`, or scripts/e2e-real) and the script image on the node.
 
     python -m benchmarks.bench_pods [--runs 20] [--concurrency 4] [--pool 6] [--cpu 250m] [--memory 128Mi]
@@ -27,7 +31,13 @@ import secrets
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from benchmarks.bench_scripts import percentile
 from rockbot.kube import NAMESPACES, KubeClient, NotFound
@@ -37,6 +47,9 @@ from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 K8SREAL = Path(os.environ.get("K8SREAL", "/var/tmp/k8s"))
+REQUEST = "bench request"
+SPANS = InMemorySpanExporter()
+tracer = trace.get_tracer(__name__)
 
 
 async def measure(
@@ -54,9 +67,10 @@ async def measure(
 
     async def one(number: int) -> None:
         job = ScriptJob(request_id=f"bench-{number}", script="print(1)", input_data=None, timeout_seconds=10)
-        started = time.perf_counter()
-        result = await backend.run(job)
-        samples.append(time.perf_counter() - started)
+        with tracer.start_as_current_span(REQUEST):
+            started = time.perf_counter()
+            result = await backend.run(job)
+            samples.append(time.perf_counter() - started)
         assert result.stdout == "1\n", result
 
     try:
@@ -92,10 +106,39 @@ def report(label: str, samples: list[float], misses: float) -> None:
     p50, p95 = statistics.median(samples) * 1000, percentile(samples, 0.95) * 1000
     missed = f", {misses:g} went cold" if misses else ""
     print(f"  {label:24} p50 {p50:7.1f} ms   p95 {p95:7.1f} ms   ({len(samples)} runs{missed})", flush=True)
+    for step, offsets in phases(SPANS.get_finished_spans()):
+        print(f"    {step:30} p50 {statistics.median(offsets):7.1f} ms   p95 {percentile(offsets, 0.95):7.1f} ms"
+              f"   (n={len(offsets)})", flush=True)
+    SPANS.clear()
+
+
+def phases(spans: tuple[ReadableSpan, ...]) -> list[tuple[str, list[float]]]:
+    """Each step's milliseconds since its request began (its first event in the request's trace), in the order
+    they happen; then the delete of the used pod and the pool's pod starts, as durations."""
+    requests = {span.context.trace_id: span.start_time for span in spans if span.name == REQUEST}
+    firsts: dict[tuple[int, str], float] = {}
+    durations: dict[str, list[float]] = defaultdict(list)
+    for span in spans:
+        begun = requests.get(span.context.trace_id)
+        if span.name in ("cleanup", "warm pod start"):
+            durations[f"({span.name}: duration)"].append((span.end_time - span.start_time) / 1e6)
+        if begun is None:
+            continue
+        for event in span.events:
+            key = (span.context.trace_id, event.name)
+            firsts[key] = min(firsts.get(key, float("inf")), (event.timestamp - begun) / 1e6)
+    steps: dict[str, list[float]] = defaultdict(list)
+    for (_, name), offset in firsts.items():
+        steps[name].append(offset)
+    ordered = sorted(steps.items(), key=lambda item: statistics.median(item[1]))
+    return ordered + sorted(durations.items())
 
 
 async def main(*, runs: int, concurrency: int, pool: int, cpu: str, memory: str) -> None:
     os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    trace.set_tracer_provider(provider)
     namespace = f"bench-{secrets.token_hex(3)}-scripts"
     async with await KubeClient.from_environment() as kube:
         await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {

@@ -46,6 +46,11 @@ class ScriptMetrics:
             "rockbot_scripts_pool_idle_pods", "Warm pods of a limits class ready to claim (any manager's).",
             ["limits_class"], registry=self.registry,
         )  # fmt: skip
+        self.pool_pod_start = Histogram(
+            "rockbot_scripts_pool_pod_start_seconds", "Warm pods: from this manager's create to its watch showing "
+            "the container running (how soon a claimed pod is replaced).",
+            ["limits_class"], registry=self.registry, buckets=buckets,
+        )  # fmt: skip
         self.pool_claims = Counter(
             "rockbot_scripts_pool_claims", "Warm pods claimed for a job, by limits class.",
             ["limits_class"], registry=self.registry,

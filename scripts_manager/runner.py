@@ -15,6 +15,17 @@ process may open `/proc/1/fd/*`, `/proc/1/mem` or `/proc/1/environ`, or ptrace t
 script can neither write to the stream the manager reads nor learn the nonce, which only ever
 travelled on the runner's stdin; the manager accepts only lines with the nonce. The job is never
 written to disk with the nonce, and the script gets a fresh stdin holding only its input.
+
+Why a job costs no Python start: once non-dumpable, the runner starts the script's interpreter at
+once, before any job exists (`python3 -s -c PRELUDE`, the same user, environment and flags a script
+always had). That process has seen nothing but the prelude; it waits on a pipe of its own, and when
+the job comes the runner writes the script's path there; the prelude points stdin at the job's
+input and runs the script as `__main__`, as `python3 -s script.py` would (its traceback hides the
+prelude's frame). One pod, one job, one such process: it is never reused.
+
+The result also carries when each step happened on the pod's clock (`times`, seconds since the
+epoch: the runner's process start, its first instruction, the job read, the script handed over and
+its end), for the manager's traces and the benchmarks' phase breakdown.
 """
 
 import contextlib
@@ -34,6 +45,40 @@ RESULT_KEY = "rockbot_script_result"
 MAX_JOB_BYTES = 16 * 1024 * 1024
 _PR_SET_DUMPABLE = 4
 _MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+#: The script's interpreter runs this first: it waits for the script's path on stdin, then makes stdin the job's
+#: input and runs the script in a clean `__main__`, as `python3 -s script.py` would.
+PRELUDE = r"""
+import sys
+def _rockbot_prepare():
+    import importlib.machinery, os
+    def hook(kind, value, tb, report=sys.__excepthook__):
+        while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+            tb = tb.tb_next
+        report(kind, value.with_traceback(tb), tb)
+    chunks = []
+    while chunk := os.read(0, 65536):
+        chunks.append(chunk)
+    path = b"".join(chunks).decode()
+    if not path:  # the runner ended without a job
+        raise SystemExit(0)
+    data = os.open(os.path.join(os.path.dirname(path), "input"), os.O_RDONLY)
+    os.dup2(data, 0)
+    os.close(data)
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec")
+    sys.argv[:] = [path]
+    sys.path[0] = os.path.dirname(path)
+    sys.excepthook = hook
+    scope = sys.modules["__main__"].__dict__
+    for name in [name for name in scope if name != "__builtins__"]:
+        del scope[name]
+    scope.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None, __file__=path,
+                 __cached__=None, __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    return code, scope
+exec(*_rockbot_prepare())
+"""
 
 
 def _refuse_ptrace():
@@ -41,6 +86,16 @@ def _refuse_ptrace():
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _process_start():
+    """When this process started, on the epoch clock (to the kernel's tick), or None if /proc cannot say."""
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+        return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _oom_kills():
@@ -82,22 +137,29 @@ def _read_job():
     return job
 
 
-def _run(job, workdir):
+def _interpreter():
+    """The script's process, started before its job: waiting on its stdin for the script's path."""
+    return subprocess.Popen(
+        [sys.executable, "-s", "-c", PRELUDE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, cwd="/tmp", env=_ENV, start_new_session=True,
+    )
+
+
+def _run(job, workdir, child, times):
     cap = int(job["max_output_bytes"])
     script = os.path.join(workdir, "script.py")
     with open(script, "w") as source:
         source.write(job["script"])
     with open(os.path.join(workdir, "input"), "w") as data:
         data.write(job.get("input") or "")
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if child.poll() is not None:  # it died waiting (it never ran anything): a fresh one
+        child = _interpreter()
     oom_before = _oom_kills()
     started = time.monotonic()
-    with open(os.path.join(workdir, "input"), "rb") as stdin:
-        child = subprocess.Popen(
-            [sys.executable, "-s", script], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd="/tmp", env=env, start_new_session=True,
-        )
+    with contextlib.suppress(BrokenPipeError):
+        child.stdin.write(script.encode())
+        child.stdin.close()
+    times["handed"] = time.time()
     _say(**{STARTED_KEY: job["nonce"]})
     out = {"kept": bytearray(), "truncated": False}
     err = {"kept": bytearray(), "truncated": False}
@@ -105,18 +167,25 @@ def _run(job, workdir):
                threading.Thread(target=_capture, args=(child.stderr, cap, err), daemon=True)]
     for reader in readers:
         reader.start()
-    timed_out = False
-    try:
-        child.wait(timeout=float(job["timeout_seconds"]))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    with contextlib.suppress(OSError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+    expired = threading.Event()
+
+    def stop():
+        expired.set()
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    timer = threading.Timer(float(job["timeout_seconds"]), stop)
+    timer.start()
+    child.wait()  # blocking: no polling delay between the script's end and the answer
+    timer.cancel()
+    times["exited"] = time.time()
     duration = time.monotonic() - started
+    with contextlib.suppress(OSError):  # what the script left running in its group
+        os.killpg(child.pid, signal.SIGKILL)
     for reader in readers:
         reader.join(timeout=2)
     code = child.returncode
+    timed_out = expired.is_set() and code == -signal.SIGKILL
     return {
         "stdout": bytes(out["kept"]).decode(errors="replace"),
         "stderr": bytes(err["kept"]).decode(errors="replace"),
@@ -125,19 +194,23 @@ def _run(job, workdir):
         "oom_killed": _oom_kills() > oom_before,
         "output_truncated": out["truncated"] or err["truncated"],
         "duration_seconds": round(duration, 4),
+        "times": times,
     }
 
 
 def main():
     _refuse_ptrace()
+    times = {"process": _process_start(), "main": time.time()}
     signal.signal(signal.SIGINT, lambda *_: None)  # a script's ^C to PID 1 is not the runner's end
+    child = _interpreter()
     try:
         job = _read_job()
     except ValueError as exc:
         print(f"rockbot runner: {exc}", file=sys.stderr)
         return 65
+    times["job"] = time.time()
     with tempfile.TemporaryDirectory(prefix="rockbot-job-") as workdir:
-        result = _run(job, workdir)
+        result = _run(job, workdir, child, times)
     _say(**{RESULT_KEY: job["nonce"]}, **result)
     return 0
 

@@ -5,6 +5,10 @@ back on the same session, and only its lines carrying that nonce count (see runn
 script can neither write there nor learn the nonce). The answer arrives as soon as the runner prints
 it, never waiting for the kubelet to report the container's end. What is read is bounded: the
 runner's two capped streams as JSON, at most six bytes per byte written.
+
+The steps are events on the current span (`attached`, `job written`, `script started`, `answered`),
+and the runner's own times (its process start, first instruction, the job read, the script handed
+over and its end) follow as events stamped on the pod's clock: where a job's time goes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from opentelemetry import trace
 
 from rockbot.kube import KubeClient
 from rockbot.kube.attach import STDOUT
@@ -107,19 +112,38 @@ async def run_job(
 ) -> Attempt:
     """Attach, write the job, read until the runner's result (or the session's end, or a broken stream)."""
     attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes)))
+    span = trace.get_current_span()
     async with kube.attach(namespace=namespace, name=name, container=CONTAINER) as session:
+        span.add_event("attached")
         try:
             await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
+            span.add_event("job written")
             async for piece in session:
                 if piece.channel != STDOUT:  # the runner's own stderr: the answer is on stdout only
                     continue
                 was_started = attempt.output.started
                 attempt.output.feed(piece.data)
                 if attempt.output.started and not was_started:
+                    span.add_event("script started")
                     on_started()
                 if attempt.output.result is not None:
+                    span.add_event("answered")
+                    _runner_events(span, attempt.output.result)
                     break
         except (aiohttp.ClientError, ConnectionError) as exc:  # the stream broke: the pod and its log tell the rest
             log.info("the attach session to %s broke (%r)", name, exc)
         attempt.status = session.status
     return attempt
+
+
+#: The runner's `times` (see runner.py) as span events, in the order they happen.
+RUNNER_EVENTS = {"process": "runner process started", "main": "runner running", "job": "runner read the job",
+                 "handed": "script handed over", "exited": "script exited"}
+
+
+def _runner_events(span: trace.Span, result: dict[str, Any]) -> None:
+    if not span.is_recording() or not isinstance(times := result.get("times"), dict):
+        return
+    for key, event in RUNNER_EVENTS.items():
+        if isinstance(stamp := times.get(key), int | float):
+            span.add_event(event, timestamp=int(stamp * 1e9))

@@ -15,8 +15,10 @@ ends without a result, the pod's end state (OOM kill, deadline) and its log, rea
 limit, give the answer.
 
 Each job's steps are spans under the manager's `run script`: `start-up` (claiming a warm pod, or
-creating one and waiting for its container to run), `run` (attach, job, answer) and `cleanup` (the
-delete), with the pod's name.
+creating one), `run` (waiting for a cold pod's container to run, attach, job, answer) and `cleanup`
+(the delete), with the pod's name; events mark the steps within them (`claimed`, `pod created`,
+`pod scheduled`, `pod container running`, `attach refused`, and pod_jobs.py's), so a trace shows
+where a slow answer's time went (benchmarks/bench_pods.py prints them as a phase breakdown).
 
 A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) deletes script pods past
 their deadline annotation plus a grace: the pods of jobs whose manager died, and idle warm pods
@@ -49,6 +51,7 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
+from opentelemetry import trace
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import PODS, ApiError, Conflict, Gone, KubeClient, NotFound
@@ -148,6 +151,7 @@ class PodBackend:
             with tracer.start_as_current_span("start-up", attributes={"rockbot.script.path": "cold",
                                                                       "k8s.pod.name": name}):
                 created = await self._create(pod)
+                trace.get_current_span().add_event("pod created")
             return await self._run_on(name=name, job=job, path="cold", since=since,
                                       started=asyncio.create_task(self._started(created)))
         except ApiError as exc:
@@ -195,6 +199,7 @@ class PodBackend:
                     try:
                         return await self._run_job(name=name, job=job, path=path, since=since, early=True)
                     except _NeverStarted:
+                        trace.get_current_span().add_event("attach refused")
                         await asyncio.wait([started], timeout=_ATTACH_RETRY_SECONDS)
                 pod = started.result()
                 if pod is None or _finished(pod) or pod["metadata"].get("deletionTimestamp"):
@@ -291,6 +296,7 @@ class PodBackend:
     ) -> K8sObject:
         """Watch the pod (from `resource_version`, or its current state) until `until` holds; never poll."""
         last: K8sObject | None = None
+        noted: set[str] = set()
         try:
             async with asyncio.timeout(limit):
                 while True:
@@ -303,6 +309,7 @@ class PodBackend:
                                 raise SandboxFailure(f"the script pod {name} was deleted while running")
                             last = event.object
                             resource_version = last["metadata"]["resourceVersion"]
+                            _note_progress(last, noted)
                             if until(last):
                                 return last
                             _check_startable(last)
@@ -414,6 +421,7 @@ async def _claimed(claims: AsyncIterator[str]) -> str | None:
     started = time.time_ns()
     name = await anext(claims, None)
     if name is not None:
+        trace.get_current_span().add_event("claimed")
         tracer.start_span("start-up", start_time=started,
                           attributes={"rockbot.script.path": "warm", "k8s.pod.name": name}).end()
     return name
@@ -462,6 +470,16 @@ def _finished(pod: K8sObject) -> bool:
 
 def _running_or_finished(pod: K8sObject) -> bool:
     return bool((_container_status(pod).get("state") or {}).get("running")) or _finished(pod)
+
+
+def _note_progress(pod: K8sObject, noted: set[str]) -> None:
+    """An event on the current span for each step of a pod's start the watch shows first."""
+    steps = (("pod scheduled", bool((pod.get("spec") or {}).get("nodeName"))),
+             ("pod container running", _running_or_finished(pod)))
+    for step, reached in steps:
+        if reached and step not in noted:
+            noted.add(step)
+            trace.get_current_span().add_event(step)
 
 
 def _check_startable(pod: K8sObject) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 
@@ -39,6 +40,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
 )
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
+from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class WarmPool:
         self.classes = [pool for pool in settings.scripts_pool if pool.size > 0]
         self.cache = PodCache(kube=kube, namespace=self._namespace, selector=POOL_SELECTOR)
         self._claiming: set[str] = set()  # pods this manager's requests are claiming right now
+        self._starting: dict[str, tuple[PoolClass, int]] = {}  # pods this manager made, not seen running yet
         for pool in self.classes:
             metrics.pool_size.labels(pool.label).set(pool.size)
 
@@ -146,7 +149,20 @@ class WarmPool:
                 await asyncio.sleep(_RETRY_SECONDS)
             await self.cache.changed(since=seen, within=renew_every)
 
+    def _note_started(self) -> None:
+        """How long each pod this manager made took to run: a `warm pod start` span and an observation."""
+        for name, (pool, born) in list(self._starting.items()):
+            pod = self.cache.pods.get(name)
+            if pod is not None and not _ready(pod) and not _ended(pod):
+                continue
+            del self._starting[name]
+            if pod is not None and _ready(pod):
+                now = time.time_ns()
+                self._metrics.pool_pod_start.labels(pool.label).observe((now - born) / 1e9)
+                tracer.start_span("warm pod start", start_time=born, attributes={"k8s.pod.name": name}).end(now)
+
     async def _maintain(self, pool: PoolClass) -> None:
+        self._note_started()
         mine = self._idle(pool, owner=self.owner)
         now = now_utc()
         keep = []
@@ -158,10 +174,12 @@ class WarmPool:
         ready = [pod for pod in self._idle(pool) if _ready(pod)]
         self._metrics.pool_idle.labels(pool.label).set(len(ready))
         for _ in range(pool.size - len(keep)):
+            born = time.time_ns()
             created = await self._kube.create(
                 PODS, namespace=self._namespace,
                 body=pool_pod(pool=pool, owner=self.owner, settings=self._settings, now=now),
             )  # fmt: skip
+            self._starting[created["metadata"]["name"]] = (pool, born)
             self.cache.remember(created)
         renewal = lease_end(settings=self._settings, now=now)
         for pod in keep:

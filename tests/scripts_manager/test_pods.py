@@ -129,6 +129,24 @@ async def test_script_runs_in_a_pod_with_streams_apart_and_the_answer_comes_from
     await nothing_left(kube)
 
 
+async def test_a_script_runs_as_its_own_main_module_as_python_script_py_would(
+    backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    """The script's interpreter was started before its job (runner.py): nothing of that shows to the script."""
+    script = ("import os, sys\n"
+              "print(__name__, os.path.basename(sys.argv[0]), sys.path[0] == os.path.dirname(__file__), __spec__)\n"
+              "print(sorted(name for name in globals() if not name.startswith('__')), sys.stdin.read())\n"
+              "def fail():\n    1 / 0\n"
+              "fail()\n")
+    async with node(kube_api, kube):
+        result = await backend.run(job(script, input_data="its input"))
+    assert result.stdout == "__main__ script.py True None\n['os', 'sys'] its input\n"
+    assert result.exit_code == 1
+    frames = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("File ")]
+    assert len(frames) == 2 and all(frame.startswith('File "/tmp/') and "script.py" in frame for frame in frames)
+    assert result.stderr.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
 async def test_the_answer_does_not_wait_for_the_kubelet_to_report_the_container_ended(
     backend: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
 ) -> None:

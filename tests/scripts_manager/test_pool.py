@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     pool_pod,
 )
 from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.runner import PRELUDE
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
 from tests.kubeapi import KubeApiEmulator
 from tests.kubeapi.kubelet import FakeKubelet, RunningPod
@@ -227,6 +229,43 @@ async def test_a_request_takes_a_warm_pod_still_starting_rather_than_making_a_ne
     assert sample(backend, "rockbot_scripts_pool_claims_total", limits_class=label) == 1
     assert sample(backend, "rockbot_scripts_pod_run_duration_seconds_count", path="warm") == 1
     assert sample(backend, "rockbot_scripts_pod_run_duration_seconds_count", path="cold") == 0
+    assert max(jobs_run_by(kubelet).values()) == 1
+
+
+OWN_START = "print(open('/proc/self/stat').read().rpartition(')')[2].split()[19])"
+
+
+def waiting_interpreters(kubelet: FakeKubelet) -> dict[int, str]:
+    """The processes running the runner's prelude in the node's containers, by host pid: their start (in ticks).
+
+    The prelude's process has a session of its own; its parent, the runner, is in its container's."""
+    sessions = {pod.process.pid for pod in kubelet.pods.values() if pod.process is not None}
+    processes = {}  # pid: (parent, session, start, runs the prelude)
+    for process in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):
+            if process.name.isdigit():
+                fields = (process / "stat").read_text().rpartition(")")[2].split()
+                prelude = (process / "cmdline").read_bytes().split(b"\0")[-2] == PRELUDE.encode()
+                processes[int(process.name)] = (int(fields[1]), int(fields[3]), fields[19], prelude)
+    return {pid: start for pid, (parent, _, start, prelude) in processes.items()
+            if prelude and processes.get(parent, (0, 0))[1] in sessions}
+
+
+async def test_an_idle_warm_pod_already_runs_the_fresh_interpreter_its_one_script_then_runs_in(
+    kube: KubeClient, kube_api: KubeApiEmulator, one_warm: PodBackend
+) -> None:
+    """A job costs no Python start: the script's process was started before any job existed, for this job alone."""
+    async with node(kube_api, kube) as kubelet:
+        await pool_full(kube, one_warm, 1)
+
+        async def one_waiting() -> dict[int, str]:
+            found = waiting_interpreters(kubelet)
+            assert len(found) == 1, found
+            return found
+
+        (started,) = (await eventually(one_waiting)).values()
+        result = await one_warm.run(job(OWN_START))
+    assert result.stdout == f"{started}\n"  # the very process that waited before the job came
     assert max(jobs_run_by(kubelet).values()) == 1
 
 
