@@ -1,4 +1,4 @@
-"""Runs inside a script pod as its only process (PID 1; standard library only): one job, then exit.
+"""Runs inside a script pod as PID 1 (standard library only, no site-packages): one job, then exit.
 
 The pod starts it with stdin held open (`stdin`, `stdinOnce`); the scripts-manager attaches and
 writes one JSON line, the job: the script, its input, its timeout, the output cap and a `nonce`, a
@@ -35,7 +35,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -45,6 +44,7 @@ RESULT_KEY = "rockbot_script_result"
 MAX_JOB_BYTES = 16 * 1024 * 1024
 _PR_SET_DUMPABLE = 4
 _MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
+JOB_DIR = "/tmp/rockbot-job"
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 #: The script's interpreter runs this first: it waits for the script's path on stdin, then makes stdin the job's
@@ -128,7 +128,9 @@ def _say(**fields):
 
 
 def _read_job():
-    line = sys.stdin.buffer.readline(MAX_JOB_BYTES + 1)
+    line = b"\n"
+    while line == b"\n":  # blank lines are a held session's keepalives (see backends/pool.py)
+        line = sys.stdin.buffer.readline(MAX_JOB_BYTES + 1)
     if not line.endswith(b"\n"):
         raise ValueError(f"no job line on stdin ({len(line)} bytes before the end)")
     job = json.loads(line)
@@ -209,8 +211,8 @@ def main():
         print(f"rockbot runner: {exc}", file=sys.stderr)
         return 65
     times["job"] = time.time()
-    with tempfile.TemporaryDirectory(prefix="rockbot-job-") as workdir:
-        result = _run(job, workdir, child, times)
+    os.mkdir(JOB_DIR, 0o700)  # the pod's own /tmp, which held nothing before this one job (left for the pod's end)
+    result = _run(job, JOB_DIR, child, times)
     _say(**{RESULT_KEY: job["nonce"]}, **result)
     return 0
 

@@ -13,6 +13,7 @@ over and its end) follow as events stamped on the pod's clock: where a job's tim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -24,7 +25,7 @@ import aiohttp
 from opentelemetry import trace
 
 from rockbot.kube import KubeClient
-from rockbot.kube.attach import STDOUT
+from rockbot.kube.attach import STDOUT, AttachSession
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import CONTAINER
 from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
@@ -109,11 +110,15 @@ async def run_job(
     nonce: str,
     max_output_bytes: int,
     on_started: Callable[[], None],
+    session: AttachSession | None = None,
 ) -> Attempt:
-    """Attach, write the job, read until the runner's result (or the session's end, or a broken stream)."""
+    """Attach (or use `session`, opened before), write the job, read until the runner's result (or the session's
+    end, or a broken stream)."""
     attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes)))
     span = trace.get_current_span()
-    async with kube.attach(namespace=namespace, name=name, container=CONTAINER) as session:
+    async with contextlib.AsyncExitStack() as stack:
+        if session is None:
+            session = await stack.enter_async_context(kube.attach(namespace=namespace, name=name, container=CONTAINER))
         span.add_event("attached")
         try:
             await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))

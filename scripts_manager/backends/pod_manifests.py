@@ -85,7 +85,7 @@ def build_pod(
             "name": CONTAINER,
             "image": settings.scripts_image,
             "imagePullPolicy": settings.scripts_image_pull_policy,
-            "command": ["python3", "-I", "-c", RUNNER],
+            "command": ["python3", "-I", "-S", "-c", RUNNER],  # -S: the runner needs no site-packages
             "workingDir": "/tmp",
             "stdin": True,
             "stdinOnce": True,

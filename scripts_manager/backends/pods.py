@@ -240,12 +240,16 @@ class PodBackend:
             self.metrics.first_instruction.labels(path).observe(time.monotonic() - since)
 
         nonce = new_nonce()
+        held = None
         try:
             try:
                 async with asyncio.timeout(job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS):
+                    if warm and self.pool is not None:
+                        held = await self.pool.take(name)  # the session the pool opened while the pod was idle
                     attempt = await run_job(
                         kube=self._kube, namespace=self._namespace, name=name, job=job, nonce=nonce,
                         max_output_bytes=self._settings.scripts_max_output_bytes, on_started=started,
+                        session=held.session if held is not None else None,
                     )  # fmt: skip
             except TimeoutError:
                 raise SandboxFailure(f"the script pod {name} gave no answer within "
@@ -273,6 +277,9 @@ class PodBackend:
             raise SandboxFailure(f"the Kubernetes API refused a step of the script pod {name}: {exc}") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise SandboxUnavailable(f"the Kubernetes API became unreachable: {exc}") from exc
+        finally:
+            if held is not None:
+                held.released.set()
 
     async def _log_says_started(self, name: str, nonce: str) -> bool:
         """Whether the runner got this job after all (its log keeps what the broken stream lost)."""

@@ -8,7 +8,16 @@ own first): the claim is one conditional write (the resourceVersion it saw) that
 `claimed` and lowers its activeDeadlineSeconds to its age plus the job's bound, so of two managers
 claiming one pod, one gets 409 and tries another. A claimed pod is never idle again. Running pods are
 claimed first; when none is, a pod still starting is (scheduled, not ended): its job waits for the
-rest of its start, not for a whole new pod's.
+rest of its start, not for a whole new pod's. The pods a burst used are replaced all at once.
+
+A job costs no attach either: the manager opens an attach session to each of its own idle pods as
+soon as it runs (`held`), and a job claimed there writes on it (pods.py). Nothing is written before
+a claim; a session sends the runner a blank line every _KEEPALIVE_SECONDS, which it skips, so a
+kubelet's idle-stream timeout (`streamingConnectionIdleTimeout`, as low as 5 minutes on hardened
+nodes) never closes it. As `stdinOnce` makes the first session to end close the runner's stdin, a
+held session is kept until its job is done or its pod ended, and a session lost while idle ends its
+pod's runner: the pod ends and is replaced. Another manager may still claim such a pod, attaching
+its own session beside this one.
 """
 
 from __future__ import annotations
@@ -19,12 +28,17 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from datetime import datetime
 
+import aiohttp
+
 from rockbot.kube import PODS, ApiError, Conflict, Invalid, K8sObject, KubeClient, NotFound
+from rockbot.kube.attach import AttachSession
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_cache import PodCache
 from rockbot.scripts_manager.backends.pod_manifests import (
+    CONTAINER,
     DEADLINE_ANNOTATION,
     DEADLINE_SLACK_SECONDS,
     IDLE,
@@ -47,6 +61,17 @@ log = logging.getLogger(__name__)
 #: Pods a request tries to claim before it takes the cold path.
 CLAIM_ATTEMPTS = 3
 _RETRY_SECONDS = 5.0
+_KEEPALIVE_SECONDS = 60.0
+
+
+@dataclass(eq=False)
+class Held:
+    """An attach session to an idle pod of this manager's, opened before any job (None once lost)."""
+
+    session: AttachSession | None = None
+    opened: asyncio.Event = field(default_factory=asyncio.Event)  # set once connected, or failed
+    released: asyncio.Event = field(default_factory=asyncio.Event)  # set: the holder closes the session
+    taken: bool = False  # a job of this manager's writes on it
 
 
 class WarmPool:
@@ -62,6 +87,8 @@ class WarmPool:
         self.cache = PodCache(kube=kube, namespace=self._namespace, selector=POOL_SELECTOR)
         self._claiming: set[str] = set()  # pods this manager's requests are claiming right now
         self._starting: dict[str, tuple[PoolClass, int]] = {}  # pods this manager made, not seen running yet
+        self._held: dict[str, Held] = {}
+        self._holders: set[asyncio.Task[None]] = set()
         for pool in self.classes:
             metrics.pool_size.labels(pool.label).set(pool.size)
 
@@ -111,6 +138,50 @@ class WarmPool:
         if not candidates:
             self._metrics.pool_misses.labels(pool.label, "empty").inc()
         return None
+
+    async def take(self, name: str) -> Held | None:
+        """The session held to a pod this job claimed, once open (None: none held, or it was lost); the job
+        releases it when done."""
+        held = self._held.get(name)
+        if held is None:
+            return None
+        held.taken = True
+        await held.opened.wait()  # bounded: the attach has the client's request timeout
+        return held if held.session is not None else None
+
+    def _hold_sessions(self, pods: list[K8sObject]) -> None:
+        """Open a session to each of these (idle, ours) pods that runs; release those of pods that ended."""
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if _ready(pod) and name not in self._held:
+                self._held[name] = held = Held()
+                task = asyncio.create_task(self._hold(name, held), name=f"hold a session to {name}")
+                self._holders.add(task)
+                task.add_done_callback(self._holders.discard)
+        for name, held in list(self._held.items()):
+            pod = self.cache.pods.get(name)
+            if pod is None or _ended(pod) or pod["metadata"].get("deletionTimestamp"):
+                held.released.set()
+
+    async def _hold(self, name: str, held: Held) -> None:
+        try:
+            async with self._kube.attach(namespace=self._namespace, name=name, container=CONTAINER) as session:
+                held.session = session
+                held.opened.set()
+                while not held.released.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_KEEPALIVE_SECONDS):
+                            await held.released.wait()
+                    if not held.taken and not held.released.is_set():
+                        await session.write(b"\n")
+        except (ApiError, aiohttp.ClientError, OSError) as exc:  # its pod's runner ends: the pool replaces it
+            log.info("the session held to warm pod %s ended: %r", name, exc)
+        finally:
+            if not held.taken:
+                held.session = None
+            held.opened.set()
+            if self._held.get(name) is held:
+                del self._held[name]
 
     async def started(self, name: str) -> K8sObject | None:
         """A claimed pod once the pool's watch shows its container running or ended; None once it is gone."""
@@ -171,20 +242,25 @@ class WarmPool:
                 await self._delete(pod)
             else:
                 keep.append(pod)
+        self._hold_sessions(keep)
         ready = [pod for pod in self._idle(pool) if _ready(pod)]
         self._metrics.pool_idle.labels(pool.label).set(len(ready))
-        for _ in range(pool.size - len(keep)):
-            born = time.time_ns()
-            created = await self._kube.create(
-                PODS, namespace=self._namespace,
-                body=pool_pod(pool=pool, owner=self.owner, settings=self._settings, now=now),
-            )  # fmt: skip
-            self._starting[created["metadata"]["name"]] = (pool, born)
-            self.cache.remember(created)
+        made = await asyncio.gather(*(self._create(pool, now) for _ in range(pool.size - len(keep))),
+                                    return_exceptions=True)
+        if failed := next((error for error in made if isinstance(error, BaseException)), None):
+            raise failed
         renewal = lease_end(settings=self._settings, now=now)
         for pod in keep:
             if _lease_left(pod, now=now) < self._settings.scripts_pool_lease_seconds * 2 / 3:
                 await self._renew(pod, renewal)
+
+    async def _create(self, pool: PoolClass, now: datetime) -> None:
+        """One idle pod more; the missing ones are made all at once, so a burst's replacements start together."""
+        born = time.time_ns()
+        body = pool_pod(pool=pool, owner=self.owner, settings=self._settings, now=now)
+        created = await self._kube.create(PODS, namespace=self._namespace, body=body)
+        self._starting[created["metadata"]["name"]] = (pool, born)
+        self.cache.remember(created)
 
     async def _renew(self, pod: K8sObject, until: str) -> None:
         """Move the lease on, only while the pod is idle (a JSON patch whose test fails changes nothing)."""
@@ -207,7 +283,11 @@ class WarmPool:
                                     preconditions_resource_version=metadata["resourceVersion"])
 
     async def release(self) -> None:
-        """At shutdown: delete this manager's idle pods (nobody renews them any more)."""
+        """At shutdown: close the held sessions and delete this manager's idle pods (nobody renews them any more)."""
+        for task in list(self._holders):
+            task.cancel()
+        if self._holders:
+            await asyncio.wait(self._holders)
         for pool in self.classes:
             for pod in self._idle(pool, owner=self.owner):
                 try:

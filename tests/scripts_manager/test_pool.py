@@ -18,6 +18,7 @@ import pytest
 
 from rockbot.kube import PODS, Conflict, Invalid, KubeClient
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
+from rockbot.scripts_manager.backends import pool as pool_module
 from rockbot.scripts_manager.backends.pod_manifests import (
     CLAIMED,
     DEADLINE_SLACK_SECONDS,
@@ -69,8 +70,9 @@ def sample(backend: PodBackend, name: str, **labels: str) -> float:
 
 
 def jobs_run_by(kubelet: FakeKubelet) -> dict[str, int]:
-    """How many job lines each pod's runner was given (a pod must never get two)."""
-    return {name: pod.stdin_received.count(b"\n") for name, pod in kubelet.history.items()}
+    """How many job lines each pod's runner was given (a pod must never get two; blank lines are keepalives)."""
+    return {name: sum(1 for line in pod.stdin_received.split(b"\n")[:-1] if line)
+            for name, pod in kubelet.history.items()}
 
 
 @pytest.fixture
@@ -265,8 +267,50 @@ async def test_an_idle_warm_pod_already_runs_the_fresh_interpreter_its_one_scrip
 
         (started,) = (await eventually(one_waiting)).values()
         result = await one_warm.run(job(OWN_START))
+        await pool_full(kube, one_warm, 1)  # its replacement runs before the node stops
     assert result.stdout == f"{started}\n"  # the very process that waited before the job came
     assert max(jobs_run_by(kubelet).values()) == 1
+
+
+async def test_a_job_writes_on_the_session_held_to_its_idle_pod_and_attaches_no_more(
+    kube: KubeClient, kube_api: KubeApiEmulator, one_warm: PodBackend
+) -> None:
+    async with node(kube_api, kube) as kubelet:
+        await pool_full(kube, one_warm, 1)
+        (idle,) = await idle_pods(kube)
+        name = idle["metadata"]["name"]
+
+        async def held() -> None:
+            streams = kubelet.pods[name].streams
+            assert streams is not None and streams.attached == 1
+
+        await eventually(held)
+        result = await one_warm.run(job())
+        await pool_full(kube, one_warm, 1)  # its replacement runs before the node stops
+    assert result.stdout == "42\n" and result.pod == name
+    streams = kubelet.history[name].streams
+    assert streams is not None and streams.attached == 1  # the job's session was the one opened while idle
+    assert jobs_run_by(kubelet)[name] == 1
+
+
+async def test_a_held_session_sends_blank_lines_its_runner_skips_until_the_job(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So a kubelet's idle-stream timeout never ends an idle pod's session (and with it, its runner)."""
+    monkeypatch.setattr(pool_module, "_KEEPALIVE_SECONDS", 0.05)
+    async with node(kube_api, kube) as kubelet, pod_backend(pooled(make_settings, 1)) as backend:
+        await pool_full(kube, backend, 1)
+        (idle,) = await idle_pods(kube)
+        name = idle["metadata"]["name"]
+
+        async def kept_alive() -> None:
+            assert kubelet.pods[name].stdin_received.count(b"\n") >= 3
+
+        await eventually(kept_alive)
+        result = await backend.run(job())
+        await pool_full(kube, backend, 1)  # its replacement runs before the node stops
+    assert result.stdout == "42\n" and result.pod == name
+    assert jobs_run_by(kubelet)[name] == 1
 
 
 async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
