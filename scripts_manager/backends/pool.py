@@ -114,7 +114,7 @@ class WarmPool:
         candidates = [pod for pod in self._idle(pool)
                       if _scheduled(pod) and not _ended(pod) and pod["metadata"]["name"] not in tried | self._claiming]
         random.shuffle(candidates)  # two managers rarely reach for the same pod first
-        candidates.sort(key=lambda pod: (not _ready(pod), pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner))
+        candidates.sort(key=self._preference)
         for pod in candidates[:CLAIM_ATTEMPTS]:
             name = pod["metadata"]["name"]
             tried.add(name)
@@ -138,6 +138,16 @@ class WarmPool:
         if not candidates:
             self._metrics.pool_misses.labels(pool.label, "empty").inc()
         return None
+
+    def _preference(self, pod: K8sObject) -> tuple[bool, bool, bool, str]:
+        """Running pods first, then this manager's own, those with a session held, and the longest running (a
+        container reported running a moment ago may still be starting its runner)."""
+        held = self._held.get(pod["metadata"]["name"])
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        since = min((((s.get("state") or {}).get("running") or {}).get("startedAt") or "~" for s in statuses),
+                    default="~")  # RFC 3339 times of one format sort as they happened
+        return (not _ready(pod), pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner,
+                held is None or held.session is None, since)
 
     async def take(self, name: str) -> Held | None:
         """The session held to a pod this job claimed, once open (None: none held, or it was lost); the job

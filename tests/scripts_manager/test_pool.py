@@ -313,6 +313,27 @@ async def test_a_held_session_sends_blank_lines_its_runner_skips_until_the_job(
     assert jobs_run_by(kubelet)[name] == 1
 
 
+def running_since(pod: dict[str, Any]) -> str:
+    return pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+
+
+async def test_the_idle_pod_running_longest_is_claimed_first(
+    kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
+) -> None:
+    """A container reported running a moment ago may still be starting its runner; one running for long is not."""
+    async with node(kube_api, kube), pod_backend(pooled(make_settings, 2)) as backend:
+        await pool_full(kube, backend, 2)
+        for number in range(5):  # until the two idle pods started in different seconds (the API's precision)
+            await backend.run(job(request_id=f"age-{number}"))
+            await pool_full(kube, backend, 2)
+            idle = sorted(await idle_pods(kube), key=running_since)
+            if running_since(idle[0]) < running_since(idle[1]):
+                break
+        result = await backend.run(job(request_id="the-one"))
+        await pool_full(kube, backend, 2)
+    assert result.pod == idle[0]["metadata"]["name"]
+
+
 async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
 ) -> None:
