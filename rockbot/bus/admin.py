@@ -46,17 +46,17 @@ class BrokerAdmin(Protocol):
     async def ensure_topology(self) -> None:
         """The exchange `rockbot`, the dead-letter exchange and queue, and the fixed work queues."""
 
-    async def ensure_queue(self, queue: Queue, *, unread: bool = False) -> bool:
-        """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written.
+    async def ensure_queue(self, queue: Queue) -> bool:
+        """Declare a provisioned queue and bind it to `rockbot` by its name; True if anything was written."""
 
-        `unread`: declare and bind without reading first (a queue of a user just made, most likely new).
-        """
+    async def create_user(
+        self, *, user: str, tags: Sequence[str], permissions: Permissions, limits: Limits, queues: Sequence[Queue]
+    ) -> bool:
+        """Make a user that does not exist yet, unable to log in, with its permissions, limits and queues (declared
+        and bound as `ensure_queue` does); False, and nothing written, if the user exists."""
 
-    async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
-        """The user with this password and tags; True if anything was written.
-
-        `password=None` keeps an existing user's password and makes a new user one that cannot log in yet.
-        """
+    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
+        """The user with this password and tags; True if anything was written."""
 
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
         """The user's permissions in this virtual host, topic ones on `rockbot` included; True if written."""
@@ -92,16 +92,21 @@ async def ensure_principal(
     An agent's queues are its inbox and the reply slots its `replicas` need (`topology.reply_slots`), all
     declared here with fixed arguments, since agents declare nothing. The login works only once
     everything else is in place (a user that cannot log in yet, the queues, its permissions, then its
-    password), so a process that logs in as soon as it can finds all it needs. A user just made has its
-    queues declared without reading them first (declaring one that exists alike changes nothing).
+    password), so a process that logs in as soon as it can finds all it needs. A new principal's user is
+    made with all but its password at once (`create_user`: nothing to read, and what does not depend on
+    each other written at once), an existing one's settings are compared one by one.
     """
     tag = AGENT_TAG if principal.kind == "agent" else SERVICE_TAG
     permissions = permissions_for(principal, calls=calls, called_by=called_by)
-    wrote = await admin.ensure_user(user=principal.user, password=None, tags=(tag,))
-    for queue in agent_queues(principal, replicas=replicas) if principal.kind == "agent" else ():
-        wrote = await admin.ensure_queue(queue, unread=wrote) or wrote
-    wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
-    wrote = await admin.ensure_limits(user=principal.user, limits=limits_for(principal, replicas=replicas)) or wrote
+    limits = limits_for(principal, replicas=replicas)
+    queues = agent_queues(principal, replicas=replicas) if principal.kind == "agent" else []
+    wrote = await admin.create_user(user=principal.user, tags=(tag,), permissions=permissions, limits=limits,
+                                    queues=queues)  # fmt: skip
+    if not wrote:
+        for queue in queues:
+            wrote = await admin.ensure_queue(queue) or wrote
+        wrote = await admin.ensure_permissions(user=principal.user, permissions=permissions) or wrote
+        wrote = await admin.ensure_limits(user=principal.user, limits=limits) or wrote
     return await admin.ensure_user(user=principal.user, password=password, tags=(tag,)) or wrote
 
 

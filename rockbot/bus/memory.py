@@ -126,20 +126,29 @@ class MemoryBroker:
         for queue in FIXED_QUEUES:
             self._provision(queue)
 
-    async def ensure_queue(self, queue: Queue, *, unread: bool = False) -> bool:
+    async def ensure_queue(self, queue: Queue) -> bool:
         existed = queue.name in self._queues
         self._provision(queue)
         return not existed
 
-    async def ensure_user(self, *, user: str, password: str | None, tags: Sequence[str] = ()) -> bool:
-        locked = password is None and (user not in self._users or user in self._locked)
-        if self._users.get(user) == tuple(tags) and (user in self._locked) == locked:
+    async def create_user(
+        self, *, user: str, tags: Sequence[str], permissions: Permissions, limits: Limits, queues: Sequence[Queue]
+    ) -> bool:
+        if user in self._users:
             return False
         self._users[user] = tuple(tags)
-        if locked:
-            self._locked.add(user)
-        else:
-            self._locked.discard(user)
+        self._locked.add(user)
+        self._permissions[user] = permissions
+        self._limits[user] = limits
+        for queue in queues:
+            self._provision(queue)
+        return True
+
+    async def ensure_user(self, *, user: str, password: str, tags: Sequence[str] = ()) -> bool:
+        if self._users.get(user) == tuple(tags) and user not in self._locked:
+            return False
+        self._users[user] = tuple(tags)
+        self._locked.discard(user)
         return True
 
     async def ensure_permissions(self, *, user: str, permissions: Permissions) -> bool:
