@@ -22,6 +22,7 @@ from collections.abc import Hashable
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry, Counter
 
 from rockbot.kube import AGENTS, CONFIGMAPS, DEPLOYMENTS, SERVICEACCOUNTS, SERVICES, TOOLS, KubeClient, Resource
 from rockbot.kube.events import EventPoster
@@ -50,7 +51,9 @@ K8sObject = dict[str, Any]
 class Runtime:
     """What the callbacks share: settings, the API client, what the watches show, and the work queue."""
 
-    def __init__(self, *, settings: OperatorSettings, kube: KubeClient) -> None:
+    def __init__(
+        self, *, settings: OperatorSettings, kube: KubeClient, registry: CollectorRegistry | None = None
+    ) -> None:
         self.settings = settings
         self.kube = kube
         self.children = Children()
@@ -66,6 +69,12 @@ class Runtime:
         )  # fmt: skip
         self.tool_statuses = ToolStatusWriter(kube)
         self.queue = WorkQueue(self._work, workers=WORKERS)
+        #: On the operator's /metrics (`registry`): how much work the Agents' events made, and of which kind.
+        self.reconciles = Counter(
+            "rockbot_operator_agent_reconciles", "Agent reconciles begun, by work: complete (children, Secrets "
+            "and broker compared) or status (only the Deployment's rollout or an egress proof changed).",
+            ["work"], registry=CollectorRegistry() if registry is None else registry,
+        )  # fmt: skip
         #: Each namespace's Tools by name, as last seen (`_snapshot`).
         self.tools: dict[str, dict[str, K8sObject]] = {}
         #: Each Agent as last seen (`_snapshot`), by (namespace, name).
@@ -78,6 +87,9 @@ class Runtime:
         self._versions: dict[Key, tuple[Any, ...]] = {}
         #: When each Agent last changed (loop time): Secrets read before that are not good enough for it.
         self._news: dict[Key, float] = {}
+        #: Agents queued for only their status: nothing changed for them since their last reconcile but their
+        #: Deployment's rollout or an egress proof (a third of a new Agent's reconciles; see `_add`).
+        self._only_status: set[Key] = set()
         self._resync_mark = 0.0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -98,7 +110,7 @@ class Runtime:
         ref = self.agent_refs.setdefault(namespace, {})[name] = AgentRef.of(body)
         self._versions[key] = version
         self._news[key] = asyncio.get_running_loop().time()
-        self.queue.add(key)
+        self._add(key)
         if previous is None or previous[0] != version[0]:  # not only labels or annotations: others may read it
             self._agent_concerns(namespace, ref)
 
@@ -108,7 +120,7 @@ class Runtime:
         ref = self.agent_refs.get(namespace, {}).pop(name, None)
         self._versions.pop(key, None)
         self._news.pop(key, None)
-        self.queue.add(key)  # a deleted Agent's work is to forget it
+        self._add(key)  # a deleted Agent's work is to forget it
         if ref is not None:
             self._agent_concerns(namespace, ref)
 
@@ -133,8 +145,13 @@ class Runtime:
         self._tool_concerns(namespace, name, [before] if before is not None else [])
 
     def child_changed(self, resource: Resource, body: dict[str, Any], *, listed: bool = False) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        before = self.children.get(resource, namespace, name)
         if self.children.seen(resource, body, listed=listed):
-            self._add_owner(resource, body["metadata"]["namespace"], body["metadata"]["name"])
+            after = self.children.get(resource, namespace, name)
+            rollout_only = before is not None and after is not None and (before.content, before.controller) == (
+                after.content, after.controller)  # fmt: skip
+            self._add_owner(resource, namespace, name, only_status=rollout_only)
 
     def child_deleted(self, resource: Resource, namespace: str, name: str) -> None:
         self._add_owner(resource, namespace, name)
@@ -149,13 +166,13 @@ class Runtime:
         via = tools_calling(ref.name, tools)
         for other in self.agent_refs.get(namespace, {}).values():  # Agents offering this one as a tool
             if other.name != ref.name and other.calls(ref.name, via):
-                self.queue.add(("agent", namespace, other.name))
+                self._add(("agent", namespace, other.name))
 
     def _tool_concerns(self, namespace: str, name: str, versions: list[K8sObject]) -> None:
         """The Agents that use a Tool now, or used it before its change."""
         for agent in self.agent_refs.get(namespace, {}).values():
             if name in agent.tools or any(agent.uses(tool) for tool in versions):
-                self.queue.add(("agent", namespace, agent.name))
+                self._add(("agent", namespace, agent.name))
 
     # ---- the work
 
@@ -218,7 +235,7 @@ class Runtime:
                 self.queue.add(("tool", namespace, name))
         for namespace, refs in self.agent_refs.items():
             for name in refs:
-                self.queue.add(("agent", namespace, name))
+                self._add(("agent", namespace, name))
                 count += 1
         return count
 
@@ -235,27 +252,39 @@ class Runtime:
         if body is None:  # deleted: its children go with it (owner references), its broker user with this
             await self.reconciler.forget(namespace, name)
             return
+        only_status = key in self._only_status
+        self._only_status.discard(key)  # news from now on is for the next reconcile
+        self.reconciles.labels(work="status" if only_status else "complete").inc()
         inputs = AgentInputs(
             body=body,
             tools=list(self.tools.get(namespace, {}).values()),
             agents=AgentsByName(list(refs.values())),
             fresh_after=max(self._news.get(key, 0.0), self._resync_mark),  # type: ignore[arg-type]
+            only_status=only_status,
         )
         await self.reconciler.reconcile(inputs)
 
     def _add_agents_of(self, namespace: str) -> None:
         """An egress canary proved something in `namespace`: its Agents' EgressRestricted may change."""
         for name in list(self.agent_refs.get(namespace, {})):
-            self.queue.add(("agent", namespace, name))
+            self._add(("agent", namespace, name), only_status=True)
 
-    def _add_owner(self, resource: Resource, namespace: str, name: str) -> None:
+    def _add_owner(self, resource: Resource, namespace: str, name: str, *, only_status: bool = False) -> None:
         child = self.children.get(resource, namespace, name)
         if child is not None:
-            self._add_owner_of(child)
+            self._add_owner_of(child, only_status=only_status)
 
-    def _add_owner_of(self, child: Child) -> None:
+    def _add_owner_of(self, child: Child, *, only_status: bool = False) -> None:
         if child.owner is not None:
-            self.queue.add(("agent", child.namespace, child.owner))
+            self._add(("agent", child.namespace, child.owner), only_status=only_status)
+
+    def _add(self, key: Key, *, only_status: bool = False) -> None:
+        """Queue an Agent: for a complete reconcile, unless only its status may change and nothing else is pending."""
+        if only_status and (key in self._only_status or key not in self.queue):
+            self._only_status.add(key)
+        else:
+            self._only_status.discard(key)
+        self.queue.add(key)
 
 
 def _snapshot(body: K8sObject, *, kind: str) -> K8sObject:

@@ -62,6 +62,19 @@ class AgentInputs:
     agents: Mapping[str, K8sObject]  # by name; at least metadata.name and spec.description
     #: Secrets read before this (loop time) may be out of date for this Agent: it changed since.
     fresh_after: float
+    #: Nothing changed since the last reconcile but the Agent's Deployment's rollout or an egress proof:
+    #: only its status is computed again (the children, Secrets and broker were compared then).
+    only_status: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reconciled:
+    """What the last complete reconcile of an Agent found, for a status-only one to reuse."""
+
+    generation: int | None
+    agent: Agent
+    resolution: Resolution
+    blocking: tuple[str, ...]
 
 
 class AgentReconciler:
@@ -84,12 +97,15 @@ class AgentReconciler:
         self._children = children
         self._secrets = secret_keys
         self._statuses = StatusMemory()
+        #: Each Agent's last complete reconcile, by (namespace, name); gone when one fails.
+        self._reconciled: dict[tuple[str, str], Reconciled] = {}
         #: Each Agent's identity on the bus (None: no broker management configured, agents get no bus).
         self.bus = BusIdentities.from_settings(kube=kube, settings=settings)
 
     async def forget(self, namespace: str, name: str) -> None:
         """The Agent is gone: forget what was kept for it, and its broker user and inbox."""
         self._statuses.forget(namespace, name)
+        self._reconciled.pop((namespace, name), None)
         self._forget_credentials(namespace, name)
         if self._egress is not None:
             self._egress.forget(namespace, name)
@@ -109,6 +125,7 @@ class AgentReconciler:
             }):  # fmt: skip
                 await self._reconcile(inputs, now=now or _now())
         except Exception as error:  # said on the Agent before any other reconcile can succeed
+            self._reconciled.pop((namespace, name), None)  # the retry is complete
             self._forget_credentials(namespace, name)  # the retry reads them (and the broker) again
             await self._report_failure(body, error)
             raise
@@ -120,8 +137,16 @@ class AgentReconciler:
 
     async def _reconcile(self, inputs: AgentInputs, *, now: datetime.datetime) -> None:
         body = inputs.body
+        namespace, key = body["metadata"]["namespace"], (body["metadata"]["namespace"], body["metadata"]["name"])
+        last = self._reconciled.pop(key, None)
+        if inputs.only_status and last is not None and last.generation == body["metadata"].get("generation"):
+            deployment = self._children.get(DEPLOYMENTS, namespace, builders.child_name(last.agent))
+            if deployment is not None:  # else it is gone: made again below
+                await self._write_status(body, last.agent, last.resolution, blocking=list(last.blocking),
+                                         rollout=deployment.rollout, now=now)  # fmt: skip
+                self._reconciled[key] = last
+                return
         agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
-        namespace = body["metadata"]["namespace"]
         token_ref = SecretKeyRef(
             name=builders.child_name(agent, builders.HTTP_TOKEN_SUFFIX), key=builders.HTTP_TOKEN_KEY
         )
@@ -183,6 +208,11 @@ class AgentReconciler:
         if self.bus is not None and bus_login is not None:  # after the pods: they wait for their login
             await self._ensure_bus(agent, resolution, login=bus_login)
         await self._write_status(body, agent, resolution, blocking=blocking, rollout=rollout, now=now)
+        if rollout is not None:
+            self._reconciled[key] = Reconciled(
+                generation=body["metadata"].get("generation"), agent=agent, resolution=resolution,
+                blocking=tuple(blocking),
+            )  # fmt: skip
 
     async def _bus_secret(
         self, agent: Agent, *, fresh_after: float, likely_new: bool

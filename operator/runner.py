@@ -77,7 +77,7 @@ async def run_operator(
         await health.start(host=url.hostname or "0.0.0.0", port=url.port or 8080)
     try:
         async with await KubeClient.from_environment() as kube:
-            runtime = handlers.Runtime(settings=settings, kube=kube)
+            runtime = handlers.Runtime(settings=settings, kube=kube, registry=metrics.registry)
             if runtime.egress is not None:  # the agents' isolation gauges, beside the scheduler's
                 metrics.registry.register(EgressMetrics(runtime.egress))
             await kopf.operator(

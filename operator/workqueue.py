@@ -100,6 +100,10 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._queued) + len(self._running)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether `key` waits for a worker: queued, or to run again once its current run ends."""
+        return key in self._queued or key in self._again
+
     async def _worker(self) -> None:
         while True:
             while not self._queued:

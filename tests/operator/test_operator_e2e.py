@@ -9,13 +9,16 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rockbot.kube import (
     AGENTS,
     CONFIGMAPS,
     DEPLOYMENTS,
     EVENTS,
+    PODS,
     SECRETS,
     SERVICEACCOUNTS,
     SERVICES,
@@ -29,6 +32,7 @@ from tests.operator.audit import AuditLog
 from tests.operator.harness import condition, operator_running
 from tests.operator.kubelet import pods_ready
 from tests.operator.samples import agent_body, tool_body
+from tests.pod_process import free_port
 from tests.waiting import eventually
 
 
@@ -421,3 +425,39 @@ async def test_each_reconcile_of_an_agent_is_a_span_named_by_the_agent(kube: Kub
     attributes = dict(reconciles[0].attributes)
     assert attributes == {"k8s.namespace.name": ns, "gen_ai.agent.name": "analyst", "rockbot.agent.generation": 1}
     assert reconciles[0].parent is None  # a trace of its own, as a timer or a watch event starts it
+
+
+async def reconciles(port: int) -> dict[str, float]:
+    """The operator's Agent reconciles so far, by work (its /metrics, as Prometheus reads them)."""
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as answer:
+        text = await answer.text()
+    return {sample.labels["work"]: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name == "rockbot_operator_agent_reconciles_total"}  # fmt: skip
+
+
+async def test_a_lost_pod_changes_only_the_agents_status_without_comparing_its_children_again(
+    kube: KubeClient, kube_namespace: str, as_operator: str
+):
+    """A Deployment's rollout moving (a pod lost, then replaced and Ready) is news for the Agent's status only: its
+    children, Secrets and broker user were compared at its last reconcile and nothing of theirs changed since."""
+    ns = kube_namespace
+    await create_basics(kube, ns)
+    await kube.create(AGENTS, namespace=ns, body=agent_body(namespace=ns))
+    port = free_port()
+    async with operator_running(settings(ns), health_endpoint=f"http://127.0.0.1:{port}/healthz"):
+        async with pods_ready(kube, ns):
+            await eventually(lambda: is_ready(kube, ns), within=60)
+        settled = await reconciles(port)
+        [pod] = (await kube.list(PODS, namespace=ns)).items
+        await kube.delete(PODS, namespace=ns, name=pod["metadata"]["name"], grace_period_seconds=0)
+
+        async def not_ready() -> None:
+            agent = await kube.get(AGENTS, namespace=ns, name="analyst")
+            assert condition(agent, "Ready")["reason"] == "DeploymentProgressing", condition(agent, "Ready")
+
+        await eventually(not_ready, within=60)
+        async with pods_ready(kube, ns):
+            await eventually(lambda: is_ready(kube, ns), within=60)
+        after = await reconciles(port)
+    assert after["complete"] == settled["complete"]
+    assert after["status"] >= settled.get("status", 0) + 2  # Ready False, then True again
