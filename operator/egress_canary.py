@@ -137,11 +137,12 @@ class _Known:
 
 
 class EgressCanaries:
-    """Proofs of agent pods' egress by namespace and shape; asks `on_proof(namespace)` to look again."""
+    """Proofs of agent pods' egress by namespace and shape; asks `on_proof(namespace, names)` to look at the
+    Agents whose proof changed again."""
 
     def __init__(
         self, *, kube: KubeClient, image: str, targets: Targets, interval_seconds: float,
-        on_proof: Callable[[str], None],
+        on_proof: Callable[[str, list[str]], None],
     ) -> None:  # fmt: skip
         self._kube = kube
         self._image = image
@@ -153,6 +154,8 @@ class EgressCanaries:
         self._isolated_at: dict[tuple[str, Shape], float] = {}  # the last proof that reached nothing (Unix time)
         self._known: dict[tuple[str, str], _Known] = {}  # (namespace, agent) -> its shape's proof
         self._running: dict[str, asyncio.Task[None]] = {}
+        #: Agents (and their labels) that asked for a proof while their namespace's canary task ran.
+        self._waiting: dict[str, dict[str, dict[str, str]]] = {}
         self._slots = asyncio.Semaphore(CONCURRENT)
 
     def condition(
@@ -168,6 +171,8 @@ class EgressCanaries:
         if not fresh and namespace not in self._running:
             self._running[namespace] = asyncio.create_task(self._prove(namespace, name, dict(labels), owner),
                                                            name=f"egress canary in {namespace}")
+        elif not fresh:
+            self._waiting.setdefault(namespace, {})[name] = dict(labels)
         if known is None and shown is not None:
             return ConditionUpdate(type=CONDITION, status=shown["status"], reason=shown["reason"],
                                    message=shown.get("message", ""))
@@ -178,6 +183,7 @@ class EgressCanaries:
 
     def forget(self, namespace: str, name: str) -> None:
         self._known.pop((namespace, name), None)
+        self._waiting.get(namespace, {}).pop(name, None)
 
     async def stop(self) -> None:
         for task in self._running.values():
@@ -194,7 +200,13 @@ class EgressCanaries:
         return listed is not None and asyncio.get_running_loop().time() - listed[0] < self._interval
 
     async def _prove(self, namespace: str, name: str, labels: dict[str, str], owner: K8sObject) -> None:
-        """This Agent's shape, proven (again if stale), then every Agent of the namespace looked at again."""
+        """This Agent's shape, proven (again if stale), then the Agents whose proof that changed looked at again,
+        and those that asked meanwhile (given the proof if theirs is the same shape, else to ask again).
+
+        Only those: each new Agent of a namespace whose proof holds asks for it, and looking at every Agent of
+        the namespace again each time made bringing up N Agents cost N x N reconciles.
+        """
+        changed = [name]
         try:
             policies = await self._list_policies(namespace)
             shape = shape_of(labels, policies)
@@ -209,13 +221,18 @@ class EgressCanaries:
                         proof.condition(pods=PODS_REACHED).message)
             self._known[(namespace, name)] = _Known(shape=shape, proof=proof)
             for (ns, agent), known in list(self._known.items()):  # the others of this shape share the proof
-                if ns == namespace and known.shape == shape:
+                if ns == namespace and known.shape == shape and known.proof is not proof:
                     self._known[(ns, agent)] = _Known(shape=shape, proof=proof)
+                    changed.append(agent)
+            for agent, agent_labels in self._waiting.get(namespace, {}).items():
+                if shape_of(agent_labels, policies) == shape:
+                    self._known[(namespace, agent)] = _Known(shape=shape, proof=proof)
         except (ApiError, OSError, aiohttp.ClientError) as exc:
             self._known[(namespace, name)] = _Known(shape=(), proof=Proof(at=now(), error=str(exc)))
         finally:
             self._running.pop(namespace, None)
-        self._on_proof(namespace)
+            changed += [agent for agent in self._waiting.pop(namespace, {}) if agent not in changed]
+        self._on_proof(namespace, changed)
 
     async def _list_policies(self, namespace: str) -> list[K8sObject]:
         if not self._policies_fresh(namespace):

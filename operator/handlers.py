@@ -264,10 +264,12 @@ class Runtime:
         )
         await self.reconciler.reconcile(inputs)
 
-    def _add_agents_of(self, namespace: str) -> None:
-        """An egress canary proved something in `namespace`: its Agents' EgressRestricted may change."""
-        for name in list(self.agent_refs.get(namespace, {})):
-            self._add(("agent", namespace, name), only_status=True)
+    def _add_agents_of(self, namespace: str, names: list[str]) -> None:
+        """An egress canary proved something in `namespace`: these Agents' EgressRestricted may change."""
+        refs = self.agent_refs.get(namespace, {})
+        for name in names:
+            if name in refs:
+                self._add(("agent", namespace, name), only_status=True)
 
     def _add_owner(self, resource: Resource, namespace: str, name: str, *, only_status: bool = False) -> None:
         child = self.children.get(resource, namespace, name)

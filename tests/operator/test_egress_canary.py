@@ -182,3 +182,32 @@ async def _idle(kube_api: KubeApiEmulator, *, since: int) -> None:
     count = len(kube_api.requests)
     await asyncio.sleep(0.5)
     assert len(kube_api.requests) == count, "the operator is still working"
+
+
+async def test_agents_added_while_and_after_their_canary_runs_share_its_proof_at_a_cost_linear_in_their_number(
+    kube_client: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    """Each Agent asks for its namespace's proof at its first reconcile: those that ask while the canary runs get its
+    proof when it ends, those that ask after get the proof that holds, and each costs its own status, not a look at
+    every Agent of the namespace again (N Agents made N x N reconciles)."""
+    await create_basics(kube_client)
+    early, late = [f"early-{n}" for n in range(6)], [f"late-{n}" for n in range(6)]
+    for name in early:
+        await kube_client.create(AGENTS, namespace=NS, body=agent_body(name))
+    async with host_listeners() as targets, node(kube_api, kube_client, network=False) as kubelet:
+        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
+                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        port = free_port()
+        async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
+            for name in early:
+                await egress_of(kube_client, name, "True")
+            for name in late:
+                await kube_client.create(AGENTS, namespace=NS, body=agent_body(name))
+            for name in late:
+                await egress_of(kube_client, name, "True")
+            mark = len(kube_api.requests)
+            await eventually(lambda: _idle(kube_api, since=mark))
+            metrics = await scrape(port)
+    assert len(kubelet.seen) == 1, "one canary for every Agent: one namespace, one policy shape"
+    status_only = metrics[("rockbot_operator_agent_reconciles_total", frozenset({("work", "status")}))]
+    assert status_only <= 3 * len(early + late)
