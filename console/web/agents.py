@@ -7,6 +7,7 @@ summary built here from the API's objects: no spec field that names a Secret's v
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +63,12 @@ def summarize(agent: K8sObject) -> AgentSummary:
 async def visible_namespaces(
     *, namespaces: set[str], identity: Identity, authorizer: Authorizer
 ) -> list[str]:
-    """The namespaces among `namespaces` whose Agents `identity` may see, sorted."""
-    return sorted([ns for ns in namespaces if await authorizer.allowed(identity=identity, namespace=ns, action=VIEW)])
+    """The namespaces among `namespaces` whose Agents `identity` may see, sorted; asked all at once (when the answers
+    kept have expired, a page waits for one SubjectAccessReview's time, not one per namespace in turn)."""
+    ordered = sorted(namespaces)
+    answers = await asyncio.gather(*(authorizer.allowed(identity=identity, namespace=ns, action=VIEW)
+                                     for ns in ordered))  # fmt: skip
+    return [ns for ns, allowed in zip(ordered, answers, strict=True) if allowed]
 
 
 async def agents_for(*, kube: KubeClient, identity: Identity, authorizer: Authorizer) -> list[AgentSummary]:

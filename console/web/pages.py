@@ -25,6 +25,7 @@ def templates() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
+        auto_reload=False,  # the package's own files: no stat of each template on every page
     )
     environment.filters["pretty_json"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
     versions = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:12] for path in (HERE / "static").iterdir()}
