@@ -1,17 +1,19 @@
 """Console benchmarks (issue 20), printed; real PostgreSQL, RabbitMQ and API server as the tests start them.
 
-    python -m benchmarks.bench_console [--runs 100000] [--renders 200] [--chats 40] [--kubeconfig PATH]
+    python -m benchmarks.bench_console [--runs 100000] [--renders 200] [--chats 40] [--kubeconfig PATH] [--parts 1,2,3]
 
-1. The Runs page with `--runs` runs in PostgreSQL (one INSERT ... SELECT, as bench_runstore): p50/p95 of
-   rendering it over HTTP (a namespace and agent filtered, 50 rows, newest first) and of a run's page, with a
-   permission answer that costs nothing (what is measured is the store, the template and the HTTP server).
+1. The Runs page with `--runs` runs in PostgreSQL (one INSERT ... SELECT, as bench_runstore): the listing's
+   EXPLAIN ANALYZE, then p50/p95 of rendering it (a namespace and agent filtered, a namespace alone, a run's
+   page) over HTTP, in the console's handler (server-side) and in the store, with a permission answer that
+   costs nothing (what is measured is the store, the template and the HTTP server).
 2. Chat's time to the first token: an agent process (`rockbot agent`, its own login on a real RabbitMQ) whose
    model is the scripted OpenAI-compatible SSE server; `--chats` turns streamed from the agent's own
-   `/v1/chat/completions`, and as many through the console's chat (POST, SSE relay over the bus), interleaved;
-   time from sending to the first text in the answer.
+   `/v1/chat/completions`, and as many through each of two consoles (one sending the conversation with the
+   turn, one leaving the agent to ask `console.history` for it), interleaved; time from sending to the first
+   text in the answer, and the median moment of each step on the way.
 3. SubjectAccessReviews per page against the real API server (`--kubeconfig`, the shared rig's by default):
    the Agents, Runs, Agent and Approvals pages loaded 20 times each by one user, with the answers kept 10 s
-   (the default) and not kept at all; the reviews sent, per page load.
+   (the default) and not kept at all; the reviews sent, per page load, and the load's p50.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import aiohttp
 import yaml
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from benchmarks.bench_runstore import seed_runs
 from rockbot.bus import CONSOLE, AmqpBus, Principal
@@ -49,6 +51,7 @@ from rockbot.console.authorization import AccessReviewer, Authorizer
 from rockbot.console.chat import ChatRelay
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter
 from rockbot.console.store import Store
+from rockbot.console.store_models import RunFilter
 from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.health import Readiness
@@ -105,11 +108,17 @@ async def runs_page(*, postgres: PostgresServer, runs: int, renders: int) -> Non
     async with store.engine.begin() as connection:
         await connection.execute(text("ANALYZE"))
     loaded = time.perf_counter() - started
-    listing, opening, cpu = [], [], {}
-    async with serving(_app(authorizer=Everyone(), kube=_agents(20), store=store)) as url, \
-            aiohttp.ClientSession() as http:
-        for kind, samples, path in (("list", listing, "/runs?namespace=ns-7&agent=agent-7"),
-                                    ("open", opening, f"/runs/{_md5(7)}")):
+    print(f"1. Runs page with {runs:,} runs (loaded in {loaded:.0f} s); the listing's plan:")
+    await _explain(store, RunFilter(namespace="ns-7", agent="agent-7"))
+    app = _app(authorizer=Everyone(), kube=_agents(20), store=store)
+    server, reads = _timed(app, store)
+    async with serving(app) as url, aiohttp.ClientSession() as http:
+        for kind, path in (("a page of 50 by namespace+agent", "/runs?namespace=ns-7&agent=agent-7"),
+                           ("a page of 50 by namespace", "/runs?namespace=ns-7"),
+                           ("a run's page", f"/runs/{_md5(7)}")):
+            samples = []
+            server.clear()
+            reads.clear()
             started = time.process_time()
             for _ in range(renders):
                 t = time.perf_counter()
@@ -117,11 +126,58 @@ async def runs_page(*, postgres: PostgresServer, runs: int, renders: int) -> Non
                     body = await answer.text()
                 samples.append(time.perf_counter() - t)
                 assert answer.status == 200, (kind, answer.status, body[:300])
-            cpu[kind] = (time.process_time() - started) / renders
+            cpu = (time.process_time() - started) / renders
+            print(f"   {kind}: over HTTP {_percentiles(samples)}; in the console's handler {_percentiles(server)}, of "
+                  f"which the store {_percentiles(reads)}; {cpu * 1000:.1f} ms CPU of the console and client per "
+                  "render (goal p95 < 100 ms)")
     await store.close()
-    print(f"1. Runs page with {runs:,} runs (loaded in {loaded:.0f} s), over HTTP: a page of 50 by namespace+agent "
-          f"{_percentiles(listing)} ({cpu['list'] * 1000:.1f} ms CPU of the console and client per render); a run's "
-          f"page {_percentiles(opening)} ({cpu['open'] * 1000:.1f} ms CPU) (goal p95 < 100 ms)")
+
+
+def _timed(app: web.Application, store: Store) -> tuple[list[float], list[float]]:
+    """Time each request in the console's handler (a middleware outside every other) and each store read."""
+    server: list[float] = []
+    reads: list[float] = []
+
+    @web.middleware
+    async def timing(request: web.Request, handler):
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            server.append(time.perf_counter() - started)
+
+    def timed_read(read):
+        async def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return await read(*args, **kwargs)
+            finally:
+                reads.append(time.perf_counter() - started)
+        return timed
+
+    app.middlewares.insert(0, timing)
+    store.list_runs, store.get_run = timed_read(store.list_runs), timed_read(store.get_run)
+    return server, reads
+
+
+async def _explain(store: Store, filters: RunFilter) -> None:
+    """Print EXPLAIN ANALYZE of the first page's query, as `Store.list_runs` builds it."""
+    statements: list[str] = []
+
+    def keep(connection, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", keep)
+    try:
+        await store.list_runs(filters=filters, limit=50)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", keep)
+    statement, parameters = statements[-1]
+    async with store.engine.connect() as connection:
+        raw = await connection.get_raw_connection()
+        plan = await raw.driver_connection.fetch("EXPLAIN ANALYZE " + statement, *parameters)
+    print("\n".join(f"     {row[0]}" for row in plan))
 
 
 def _md5(i: int) -> str:
@@ -169,9 +225,93 @@ def _is_text(line: bytes, *, relayed: bool) -> bool:
     return bool((choices[0].get("delta") or {}).get("content"))
 
 
-async def chat_first_token(*, chats: int) -> None:
+class _Phases:
+    """Wall-clock marks (time.time(), one machine) of each relayed turn, keyed by its message (`<label> <n>`):
+    where the console path's time goes. The agent's own moments are its messages' `published_at` stamps (ms)."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, dict[str, float]] = {}
+        self._turns: dict[str, str] = {}  # request id or session -> the turn's message
+
+    def posted(self, turn: str, *, session: str) -> None:
+        self._turns[session] = turn
+        self.mark(turn, "posted")
+
+    def mark(self, turn: str | None, what: str, at: float | None = None) -> None:
+        if turn is not None:
+            self.marks.setdefault(turn, {}).setdefault(what, time.time() if at is None else at)
+
+    def wrap(self, *, bus: AmqpBus, history: HistoryAnswerer, relays: list[ChatRelay], store: Store,
+             llm: ScriptedLLM) -> None:
+        """Mark the moments of each turn by wrapping the console's parts (before they consume)."""
+        publish, on_history, read = bus.publish, history._on_request, store.session_history
+
+        async def published(**kwargs):
+            body = kwargs["body"]
+            turn = body.content if kwargs["queue"].name.endswith(".inbox") else None
+            if turn is not None:
+                self._turns[body.request_id] = turn
+                self.mark(turn, "inbox publish")
+            await publish(**kwargs)
+            self.mark(turn, "inbox confirmed")
+
+        async def history_asked(delivery):
+            turn = self._turns.get(json.loads(delivery.body).get("session_id"))
+            self.mark(turn, "agent asks history", delivery.published_at)
+            self.mark(turn, "console gets history request")
+            await on_history(delivery)
+            self.mark(turn, "history answer confirmed")
+
+        async def history_read(**kwargs):
+            turn = self._turns.get(kwargs["session_id"])
+            self.mark(turn, "store read starts")
+            found = await read(**kwargs)
+            self.mark(turn, "store read")
+            return found
+
+        def progress(on_progress):
+            async def received(delivery):
+                if delivery.message_type == "TurnProgress":
+                    turn = self._turns.get(delivery.correlation_id or "")
+                    self.mark(turn, "agent sends first progress", delivery.published_at)
+                    self.mark(turn, "console gets first progress")
+                await on_progress(delivery)
+            return received
+
+        def answer(body):
+            said = body["messages"][-1]["content"]
+            if not said.startswith("direct"):
+                self.mark(said, "model asked")
+            return Turn(text="The first token, then the rest of a short answer.")
+
+        bus.publish, history._on_request, store.session_history = published, history_asked, history_read
+        for relay in relays:
+            relay._received = progress(relay._received)
+        llm.play(answer)
+
+    def summary(self, label: str) -> str:
+        """Each moment's median time after the browser posted, in the order they come."""
+        offsets: dict[str, list[float]] = {}
+        for turn, marks in self.marks.items():
+            if turn.startswith(label) and int(turn.split()[-1]) >= WARM_UP:
+                for name, at in marks.items():
+                    offsets.setdefault(name, []).append(at - marks["posted"])
+        medians = sorted((statistics.median(values), name) for name, values in offsets.items())
+        return ", ".join(f"{name} +{median * 1000:.1f}" for median, name in medians[1:])
+
+
+#: Turns of each kind not counted (the first ones warm every path up).
+WARM_UP = 2
+#: Turns of one conversation (a turn after the first carries or asks for the ones before).
+TURNS_PER_SESSION = 4
+#: The console's two ways: sending the conversation with the turn (its store given to the relay), or leaving the
+#: agent to ask `console.history` for it (no store: as before the console sent it).
+WAYS = ("carried", "asked")
+
+
+async def chat_first_token(*, chats: int, store_url: str) -> None:
     llm = await ScriptedLLM(loop=True).start()
-    llm.play(Turn(text="The first token, then the rest of a short answer."))
+    phases = _Phases()
     with tempfile.TemporaryDirectory(prefix="rockbot-bench-console-") as root:
         (Path(root) / "rabbit").mkdir()
         broker = RabbitBroker(root=Path(root) / "rabbit")
@@ -183,52 +323,63 @@ async def chat_first_token(*, chats: int) -> None:
                 await vhost.provision([config])
                 me = Principal.agent(namespace="bench", name="bench")
                 console_bus = await AmqpBus.connect(url=vhost.url_of(CONSOLE))
-                store = await Store.open(url=f"sqlite:///{root}/runs.db")
+                store = await Store.open(url=store_url)
                 metrics = RecorderMetrics(CollectorRegistry())
                 writer = RunWriter(store=store, bus=console_bus, readiness=Readiness(), metrics=metrics)
                 history = HistoryAnswerer(store=store, bus=console_bus, metrics=metrics)
-                relay = ChatRelay()
+                relays = {"carried": ChatRelay(store=store), "asked": ChatRelay()}
+                phases.wrap(bus=console_bus, history=history, relays=list(relays.values()), store=store, llm=llm)
                 for part in (writer, history):  # the console records runs and answers histories, as deployed
                     await part.start()
-                await relay.start(bus=console_bus)
+                for relay in relays.values():
+                    await relay.start(bus=console_bus)
                 try:
                     async with agent_process(config, bus_url=vhost.url_of(me), folder=Path(root)) as agent, \
-                            serving(_app(authorizer=Everyone(), kube=_agents(1), chat=relay)) as console, \
+                            serving(_app(authorizer=Everyone(), kube=_agents(1), chat=relays["carried"])) as carried, \
+                            serving(_app(authorizer=Everyone(), kube=_agents(1), chat=relays["asked"])) as asked, \
                             aiohttp.ClientSession() as http:
-                        direct, relayed = await _interleaved(http, agent=agent, console=console, chats=chats)
+                        times = await _interleaved(http, agent=agent, consoles={"carried": carried, "asked": asked},
+                                                   chats=chats, phases=phases)
                 finally:
-                    for part in (relay, history, writer):
+                    for part in (*relays.values(), history, writer):
                         await part.stop()
                     await console_bus.close()
                     await store.close()
         finally:
             broker.stop()
             await llm.stop()
-    added = statistics.median(relayed) - statistics.median(direct)
-    print(f"2. chat, time to the first token ({chats} turns each, interleaved): the agent's own endpoint "
-          f"{_percentiles(direct)}; through the console (bus relay, SSE) {_percentiles(relayed)}; the console adds "
-          f"{added * 1000:.1f} ms at p50 (goal < 20 ms)")
+    direct = statistics.median(times["direct"])
+    print(f"2. chat, time to the first token ({chats} turns each, interleaved, {TURNS_PER_SESSION} per conversation): "
+          f"the agent's own endpoint {_percentiles(times['direct'])}")
+    for way in WAYS:
+        added = statistics.median(times[way]) - direct
+        print(f"   through the console, conversation {way}: {_percentiles(times[way])}, adds {added * 1000:.1f} ms at "
+              f"p50 (goal < 20 ms)\n     where it goes (ms after the post, p50): {phases.summary(way)}")
 
 
-async def _interleaved(http: aiohttp.ClientSession, *, agent: str, console: str,
-                       chats: int) -> tuple[list[float], list[float]]:
-    direct, relayed = [], []
+async def _interleaved(http: aiohttp.ClientSession, *, agent: str, consoles: dict[str, str], chats: int,
+                       phases: _Phases) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"direct": [], **{way: [] for way in consoles}}
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    for n in range(chats + 2):  # the first two warm both paths up, not counted
-        body = {"messages": [{"role": "user", "content": f"hello {n}"}], "stream": True}
+    for n in range(chats + WARM_UP):
+        body = {"messages": [{"role": "user", "content": f"direct {n}"}], "stream": True}
         started = time.perf_counter()
         async with http.post(f"{agent}/v1/chat/completions", json=body, headers=headers) as answer:
             seconds = await _first_text(answer, relayed=False, started=started)
-        if n >= 2:
-            direct.append(seconds)
-        turn = {"session": f"s{n}", "message": f"hello {n}"}
-        started = time.perf_counter()
-        async with http.post(f"{console}/agents/bench/bench/chat", json=turn,
-                             headers={"X-CSRF-Token": SESSIONS.csrf_token(principal="local")}) as answer:
-            seconds = await _first_text(answer, relayed=True, started=started)
-        if n >= 2:
-            relayed.append(seconds)
-    return direct, relayed
+        if n >= WARM_UP:
+            times["direct"].append(seconds)
+        for way, console in consoles.items():
+            said = f"{way} {n}"
+            turn = {"session": f"{way}-{n // TURNS_PER_SESSION}", "message": said}
+            phases.posted(said, session=turn["session"])
+            started = time.perf_counter()
+            async with http.post(f"{console}/agents/bench/bench/chat", json=turn,
+                                 headers={"X-CSRF-Token": SESSIONS.csrf_token(principal="local")}) as answer:
+                seconds = await _first_text(answer, relayed=True, started=started)
+            phases.mark(said, "browser gets first text", phases.marks[said]["posted"] + seconds)
+            if n >= WARM_UP:
+                times[way].append(seconds)
+    return times
 
 
 PAGES = ("/agents", "/runs?namespace=ns-0", "/agents/ns-0/agent-0", "/approvals")
@@ -250,17 +401,21 @@ async def reviews_per_page(*, kubeconfig: str, loads: int = 20) -> None:
                 counts = []
                 async with serving(app) as url, aiohttp.ClientSession() as http:
                     for path in PAGES:
-                        before = reviewer.reviews
+                        before, times = reviewer.reviews, []
                         for _ in range(loads):
+                            started = time.perf_counter()
                             async with http.get(url + path) as answer:
                                 await answer.read()
                                 assert answer.status in (200, 403), (path, answer.status)
-                        counts.append(f"{path.split('?')[0]} {(reviewer.reviews - before) / loads:.2f}")
+                            times.append(time.perf_counter() - started)
+                        counts.append(f"{path.split('?')[0]} {(reviewer.reviews - before) / loads:.2f} "
+                                      f"(p50 {statistics.median(times) * 1000:.1f} ms)")
                 figures.append(f"kept {ttl:g} s: " + ", ".join(counts))
         finally:
             await store.close()
             await kube.close()
-    print(f"3. SubjectAccessReviews per page load (5 namespaces of Agents, {loads} loads each, one user): "
+    print(f"3. SubjectAccessReviews per page load and the load's time (5 namespaces of Agents, {loads} loads each, "
+          "one user): "
           + "; ".join(figures))
 
 
@@ -270,18 +425,25 @@ async def main() -> None:
     parser.add_argument("--renders", type=int, default=200)
     parser.add_argument("--chats", type=int, default=40)
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG", "/var/tmp/k8s/kubeconfig"))
+    parser.add_argument("--parts", default="1,2,3", help="which of the three measures to take (e.g. 2)")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     root = Path(tempfile.mkdtemp(prefix="rockbot-bench-pg-"))
     postgres = PostgresServer(root=root, durable=True)
     postgres.init()
     postgres.start()
     try:
-        await runs_page(postgres=postgres, runs=args.runs, renders=args.renders)
+        if "1" in parts:
+            await runs_page(postgres=postgres, runs=args.runs, renders=args.renders)
+        if "2" in parts:  # the console's run store is PostgreSQL, as deployed
+            await chat_first_token(chats=args.chats, store_url=postgres.create_database())
     finally:
         postgres.stop()
         shutil.rmtree(root, ignore_errors=True)
-    await chat_first_token(chats=args.chats)
-    await reviews_per_page(kubeconfig=args.kubeconfig)
+    if "3" in parts:
+        await reviews_per_page(kubeconfig=args.kubeconfig)
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
