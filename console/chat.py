@@ -51,8 +51,9 @@ class ChatFailed(Exception):
 @dataclass(kw_only=True)
 class _Turn:
     agent: Principal
-    steps: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(maxsize=MAX_BUFFERED))
-    answer: asyncio.Future[InboxReply] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: What the agent sent, in its order, the answer last (one queue: the page's stream waits on nothing else).
+    steps: asyncio.Queue[Step] = field(default_factory=asyncio.Queue)
+    answered: bool = False
 
 
 class ChatRelay:
@@ -105,14 +106,9 @@ class ChatRelay:
             except BusError as exc:
                 raise ChatFailed(f"the message could not be given to {namespace}/{agent}: {exc}") from exc
             async with asyncio.timeout(self._timeout):
-                while not (held.answer.done() and held.steps.empty()):
-                    step = asyncio.ensure_future(held.steps.get())
-                    await asyncio.wait({step, held.answer}, return_when=asyncio.FIRST_COMPLETED)
-                    if step.done():
-                        yield step.result()
-                    else:
-                        step.cancel()
-                yield held.answer.result()
+                while not isinstance(step := await held.steps.get(), InboxReply):
+                    yield step
+            yield step
         except TimeoutError:
             raise ChatFailed(f"{namespace}/{agent} did not answer within {self._timeout:g} s") from None
         finally:
@@ -142,11 +138,12 @@ class ChatRelay:
         try:
             if delivery.message_type == TurnProgress.__name__:
                 event = delivery.decode(TurnProgress, max_bytes=MAX_REPLY_BYTES).event
-                if held.steps.full():
+                if held.steps.qsize() >= MAX_BUFFERED:
                     log.warning("dropping progress of %s: its browser reads too slowly", delivery.correlation_id)
-                else:
+                elif not held.answered:
                     held.steps.put_nowait(event)
-            elif not held.answer.done():
-                held.answer.set_result(delivery.decode(InboxReply, max_bytes=MAX_REPLY_BYTES))
+            elif not held.answered:  # always queued, however many progress messages wait
+                held.answered = True
+                held.steps.put_nowait(delivery.decode(InboxReply, max_bytes=MAX_REPLY_BYTES))
         except BadMessage as exc:
             log.warning("dropping an unreadable message from %s: %s", delivery.user_id, exc)
