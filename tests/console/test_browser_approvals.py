@@ -1,5 +1,6 @@
-"""In a real browser: a person approves an agent's waiting tool call and reads it in the run's timeline, denies
-another and sees the model's error there; a model answer with HTML is text. Screenshots in test-artifacts/console/."""
+"""In a real browser: a person approves an agent's waiting `execute_python_script` (run by the scripts-manager in
+its local sandbox) and reads the script's output in the run's timeline, denies another call and sees the model's
+error there; a model answer with HTML is text. Screenshots in test-artifacts/console/."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from rockbot.agent.approvals import BusApprover
 from rockbot.agent.recording import bus_publisher
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import CONSOLE, MemoryBroker, Principal
+from rockbot.agent.sandbox import ScriptSandbox
+from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, MemoryBroker, Principal
 from rockbot.console.approvals import ApprovalDesk
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import TokenReviewer
@@ -27,6 +29,8 @@ from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.health import Readiness
 from rockbot.kube import AGENTS, KubeClient
+from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.agent.test_approvals import RAN, delete_database
 from tests.agent.test_loop import tool_set
@@ -39,6 +43,8 @@ from tests.waiting import eventually
 APPROVER = "[{apiGroups: [rockbot.dev], resources: [agents], verbs: [get, list]}, " \
            "{apiGroups: [rockbot.dev], resources: [agents/approve], verbs: [create]}]"
 HOSTILE = "Done. <script>alert('owned')</script><b>not bold</b>"
+#: What the approved script does: its output must show in the run.
+SCRIPT = "import json, sys\nprint('dropped', json.load(sys.stdin)['name'])\n"
 
 
 @dataclass(kw_only=True)
@@ -57,6 +63,10 @@ async def world(kube_admin: KubeClient, namespaces: list[str], scripted_llm, tmp
     broker = MemoryBroker()
     console_bus = await login(broker, CONSOLE)
     agent_bus = await login(broker, Principal.agent(namespace=mine, name="helper"))
+    scripts_bus = await login(broker, SCRIPTS_MANAGER)
+    scripts = ScriptsManager(bus=scripts_bus, settings=ScriptsManagerSettings(
+        scripts_backend="local", health_host="127.0.0.1", health_port=0))  # the local sandbox (bubblewrap)
+    await scripts.start()
     metrics = RecorderMetrics(CollectorRegistry())
     writer = RunWriter(store=store, bus=console_bus, readiness=Readiness(), metrics=metrics)
     await writer.start()
@@ -68,10 +78,12 @@ async def world(kube_admin: KubeClient, namespaces: list[str], scripted_llm, tmp
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     RAN.clear()
-    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace=mine,
-                          approvals={"delete_database": {"timeout_seconds": 60}})
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace=mine, builtin_tools=["scripts"],
+                          approvals={"delete_database": {"timeout_seconds": 60},
+                                     "execute_python_script": {"timeout_seconds": 60}})
     agent = AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, tool_sets=[tool_set(delete_database)],
-                                     bus=agent_bus, publish_runs=bus_publisher(agent_bus))
+                                     bus=agent_bus, publish_runs=bus_publisher(agent_bus),
+                                     sandbox=ScriptSandbox(bus=agent_bus, namespace=mine, agent="helper"))
     agent.approvals.approver = BusApprover(bus=agent_bus)
     try:
         async with agent:
@@ -79,7 +91,9 @@ async def world(kube_admin: KubeClient, namespaces: list[str], scripted_llm, tmp
     finally:
         await desk.stop()
         await writer.stop()
+        await scripts.stop()
         await runner.cleanup()
+        await scripts_bus.close()
         await agent_bus.close()
         await console_bus.close()
         await store.close()
@@ -126,18 +140,20 @@ async def test_approve_then_deny_in_the_browser_and_read_both_runs(
     page.on("dialog", lambda dialog: dialogs.append(dialog.message))
     await log_in(page, world.url, token)
 
-    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="delete_database", arguments={"name": "staging"})]),
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={
+                          "script": SCRIPT, "input_data": {"name": "staging"}})]),
                       Turn(text=HOSTILE))
     await page.goto(f"{world.url}/approvals")  # open before anything waits: the page shows new calls by itself
     assert await page.locator("section.approval").count() == 0
     turn = asyncio.create_task(world.agent.chat("s1", "drop staging", caller="http"))
     await page.wait_for_selector("section.approval", timeout=15_000)  # the page reloaded itself with the call
     await decide_in_browser(page, world, button="approve", reason="staging is disposable", shot="approvals")
-    await asyncio.wait_for(turn, 10)
-    assert RAN == ["staging"]
+    await asyncio.wait_for(turn, 30)
+    ran = scripted_llm.requests[1].messages[-1]["content"]  # what the model was told: the script ran, once approved
+    assert ran.startswith("exit code 0 after ") and "--- stdout ---\ndropped staging\n" in ran, ran
     timeline = await open_latest_run(page, world, runs=1, shot="run")
     assert "WaitingForApproval" in timeline and "Approved" in timeline and "staging is disposable" in timeline
-    assert "deleted staging" in timeline  # the tool's output, in the run
+    assert "execute_python_script" in timeline and "dropped staging" in timeline  # the script's output, in the run
     assert HOSTILE in timeline and await page.locator("ol.timeline b").count() == 0  # the model's HTML is text
 
     scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="delete_database", arguments={"name": "prod"})]),
@@ -145,7 +161,7 @@ async def test_approve_then_deny_in_the_browser_and_read_both_runs(
     turn = asyncio.create_task(world.agent.chat("s2", "drop prod", caller="http"))
     await decide_in_browser(page, world, button="deny", reason="never prod", shot="approvals-deny")
     await asyncio.wait_for(turn, 10)
-    assert RAN == ["staging"]
+    assert RAN == []  # the denied tool never ran
     timeline = await open_latest_run(page, world, runs=2, shot="run-denied")
     assert "Denied" in timeline and "never prod" in timeline and "Rejected" in timeline
 
