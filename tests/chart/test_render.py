@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,6 +63,17 @@ def test_the_oldest_supported_kubernetes_is_one_the_schemas_exist_for() -> None:
     assert OLDEST_KUBERNETES in known
 
 
+@pytest.fixture(scope="module")
+def schemas_read_once() -> Iterator[None]:
+    """kubernetes-validate reads a kind's schema and all of a release's definitions (megabytes of JSON) from disk at
+    every call: read each file once for the module (the same schemas judge every manifest, ten times cheaper)."""
+    with pytest.MonkeyPatch.context() as patch:
+        utils = kubernetes_validate.utils
+        patch.setattr(utils, "schema_contents", functools.cache(utils.schema_contents))
+        yield
+
+
+@pytest.mark.usefixtures("schemas_read_once")
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("name", COMBINATIONS)
 def test_every_manifest_matches_the_kubernetes_openapi_schema(render: Render, name: str, version: str) -> None:
