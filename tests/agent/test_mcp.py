@@ -25,6 +25,8 @@ from rockbot.contracts.agent_config import (
 )
 from tests.agent.configs import agent_config
 
+pytestmark = pytest.mark.usefixtures("patient_mcp_start")
+
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
 CONTEXT = ToolContext(session_id="s", tool_call_id="c")
 

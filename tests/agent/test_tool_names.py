@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.operator.resolving import resolve_agent
 from rockbot.resources.common import SecretKeyRef
 from tests.agent.test_mcp import SERVER
 from tests.operator.samples import ALL_SECRETS, agent, agent_body, tool_body
+
+pytestmark = pytest.mark.usefixtures("patient_mcp_start")
 
 LOOKALIKE = {"server": "lookalike", "transport": "stdio", "command": [sys.executable, SERVER, "stdio-lookalike"]}
 
