@@ -107,13 +107,6 @@ class Registry:
     def get(self, key: tuple[str, str]) -> ResourceType | None:
         return self._types.get(key)
 
-    def by_kind(self, *, api_version: str, kind: str) -> ResourceType | None:
-        group, _, version = api_version.rpartition("/")
-        for rtype in self._types.values():
-            if rtype.group == group and rtype.kind == kind and version in rtype.versions:
-                return rtype
-        return None
-
     def add(self, rtype: ResourceType) -> None:
         """Serve a custom resource (replacing an older definition of it)."""
         self.remove(rtype.key)
@@ -126,9 +119,6 @@ class Registry:
         if old is not None:
             for version in old.versions:
                 del self._discovery[kmock.resource(old.group, version, old.plural)]
-
-    def names_taken(self, *, group: str, plural: str) -> bool:
-        return (group, plural) in self._types
 
 
 @functools.cache
