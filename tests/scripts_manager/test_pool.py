@@ -65,6 +65,13 @@ async def pool_full(kube: KubeClient, backend: PodBackend, size: int) -> None:
     await eventually(full)
 
 
+async def the_idle_pod(kube: KubeClient, backend: PodBackend) -> str:
+    """The name of the one idle pod of a pool of 1, once it runs."""
+    await pool_full(kube, backend, 1)
+    (idle,) = await idle_pods(kube)
+    return idle["metadata"]["name"]
+
+
 def sample(backend: PodBackend, name: str, **labels: str) -> float:
     return backend.metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -276,9 +283,7 @@ async def test_a_job_writes_on_the_session_held_to_its_idle_pod_and_attaches_no_
     kube: KubeClient, kube_api: KubeApiEmulator, one_warm: PodBackend
 ) -> None:
     async with node(kube_api, kube) as kubelet:
-        await pool_full(kube, one_warm, 1)
-        (idle,) = await idle_pods(kube)
-        name = idle["metadata"]["name"]
+        name = await the_idle_pod(kube, one_warm)
 
         async def held() -> None:
             streams = kubelet.pods[name].streams
@@ -299,9 +304,7 @@ async def test_a_held_session_sends_blank_lines_its_runner_skips_until_the_job(
     """So a kubelet's idle-stream timeout never ends an idle pod's session (and with it, its runner)."""
     monkeypatch.setattr(pool_module, "_KEEPALIVE_SECONDS", 0.05)
     async with node(kube_api, kube) as kubelet, pod_backend(pooled(make_settings, 1)) as backend:
-        await pool_full(kube, backend, 1)
-        (idle,) = await idle_pods(kube)
-        name = idle["metadata"]["name"]
+        name = await the_idle_pod(kube, backend)
 
         async def kept_alive() -> None:
             assert kubelet.pods[name].stdin_received.count(b"\n") >= 3
