@@ -3,10 +3,11 @@
 Warm path: when the job's limits match a class of the warm pool (pool.py), claim an idle pod of that
 class, write the job on the attach session the pool opened to it while it was idle (or attach now, if it
 has none), read the answer from the attach stream. Cold path (no pool, another class, or no idle pod):
-create a pod for the job, attach as soon as its container runs, then the same. Either way the answer
-is the runner's result line, taken from the stream as soon as it is printed (pod_jobs.py), not from
-the kubelet's report that the container ended, which comes on its status relist; the pod is deleted on every path, in a task of its own that the answer does not
-wait for (and that a cancelled request cannot stop; `close` waits for them all).
+create a pod for the job, attach as soon as its container runs, then the same. Either way the answer is
+the runner's result line, taken from the stream as soon as it is printed (pod_jobs.py), not from the
+kubelet's report that the container ended, which comes on its status relist; the pod is deleted on every
+path, in a task of its own that the answer does not wait for (and that a cancelled request cannot stop;
+`close` waits for them all).
 
 A claimed pod that fails before its runner said the script started (it died, was evicted, or the
 attach was refused) is deleted and the job goes to another pod or the cold path: the script has not
