@@ -63,7 +63,7 @@ from tests.operator.deployed import (
     operator_requests,
     start_operator,
 )
-from tests.pod_process import PodProcess, chart_pod_spec
+from tests.pod_process import PodProcess, chart_pod_spec, http_get
 
 #: How long without a request from the operator counts as "it has nothing left to do".
 QUIET_SECONDS = 2.0
@@ -388,6 +388,7 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
     print(f"operator CPU until quiet: {cpu:.1f} s = {1000 * cpu / count:.1f} ms per Agent")
     print(f"operator API requests: {len(made)} = {len(made) / count:.1f} per Agent ({len(writes(made))} writes)")
     print(f"  {summary(made)}")
+    print(f"Agent reconciles per Agent: {await reconciles(operator, count)}")
     print(f"others' writes meanwhile (test client, controllers, kubelet): {summary(api.others_writes(mark))}")
     warnings = sum(1 for record in operator.process.records() if record.get("level") in ("WARNING", "ERROR"))
     print(f"client-side timeouts in the operator's log: {timeouts}; warnings and errors logged: {warnings}")
@@ -428,6 +429,17 @@ async def run_phases(args: argparse.Namespace, api: Api) -> None:
                     what="every Agent compared after the restart")
         await quiet(api)
         await refused_phase(args, api, operator)
+
+
+async def reconciles(operator: DeployedOperator, count: int) -> str:
+    """The operator's Agent reconciles by work (its /metrics), per Agent."""
+    answer = await http_get(f"{operator.probes.base}/metrics")
+    found: dict[str, float] = {}
+    for line in (answer[1] if answer is not None else "").splitlines():
+        if line.startswith("rockbot_operator_agent_reconciles_total{"):
+            work = line.split('work="', 1)[1].split('"', 1)[0]
+            found[work] = float(line.rsplit(" ", 1)[1])
+    return ", ".join(f"{value / count:.2f} {work}" for work, value in sorted(found.items())) or "none counted"
 
 
 def profile(pid: int, output: str) -> subprocess.Popen[bytes]:

@@ -69,12 +69,29 @@ class AgentInputs:
 
 @dataclass(frozen=True, kw_only=True)
 class Reconciled:
-    """What the last complete reconcile of an Agent found, for a status-only one to reuse."""
+    """What an Agent's status is made of besides its Deployment's rollout, as a complete reconcile found it.
+
+    Kept per Agent for status-only reconciles, so only the little the status needs (not the Agent's model
+    or resolved config, some 25 KB an Agent).
+    """
 
     generation: int | None
-    agent: Agent
-    resolution: Resolution
+    deployment: str
+    replicas: int
+    labels: dict[str, str]
+    owner: K8sObject
+    tools: list[K8sObject]  # as the status lists them
+    tool_problems: tuple[str, ...]
     blocking: tuple[str, ...]
+
+    @classmethod
+    def of(cls, body: K8sObject, agent: Agent, resolution: Resolution, *, blocking: list[str]) -> Reconciled:
+        return cls(
+            generation=body["metadata"].get("generation"), deployment=builders.child_name(agent),
+            replicas=agent.spec.replicas, labels=builders.labels(agent), owner=builders.owner_reference(agent),
+            tools=[tool.to_wire() for tool in resolution.tools], tool_problems=tuple(resolution.tool_problems),
+            blocking=tuple(blocking),
+        )  # fmt: skip
 
 
 class AgentReconciler:
@@ -140,10 +157,9 @@ class AgentReconciler:
         namespace, key = body["metadata"]["namespace"], (body["metadata"]["namespace"], body["metadata"]["name"])
         last = self._reconciled.pop(key, None)
         if inputs.only_status and last is not None and last.generation == body["metadata"].get("generation"):
-            deployment = self._children.get(DEPLOYMENTS, namespace, builders.child_name(last.agent))
+            deployment = self._children.get(DEPLOYMENTS, namespace, last.deployment)
             if deployment is not None:  # else it is gone: made again below
-                await self._write_status(body, last.agent, last.resolution, blocking=list(last.blocking),
-                                         rollout=deployment.rollout, now=now)  # fmt: skip
+                await self._write_status(body, last, rollout=deployment.rollout, now=now)
                 self._reconciled[key] = last
                 return
         agent = Agent.model_validate({"metadata": body["metadata"], "spec": body.get("spec", {})})
@@ -178,7 +194,8 @@ class AgentReconciler:
         blocking = list(resolution.blocking_problems) + forbidden
         rollout: Rollout | None = None
         if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
-            await self._write_status(body, agent, resolution, blocking=blocking, rollout=None, now=now)
+            await self._write_status(body, Reconciled.of(body, agent, resolution, blocking=blocking), rollout=None,
+                                     now=now)  # fmt: skip
             return
         # What the pods use (their identity, config, Service and token) at once, then the pods: a request's
         # wait is not multiplied by the children, and a pod never runs with a stranger's object of those.
@@ -207,12 +224,10 @@ class AgentReconciler:
                 blocking.append(str(error))
         if self.bus is not None and bus_login is not None:  # after the pods: they wait for their login
             await self._ensure_bus(agent, resolution, login=bus_login)
-        await self._write_status(body, agent, resolution, blocking=blocking, rollout=rollout, now=now)
+        found = Reconciled.of(body, agent, resolution, blocking=blocking)
+        await self._write_status(body, found, rollout=rollout, now=now)
         if rollout is not None:
-            self._reconciled[key] = Reconciled(
-                generation=body["metadata"].get("generation"), agent=agent, resolution=resolution,
-                blocking=tuple(blocking),
-            )  # fmt: skip
+            self._reconciled[key] = found
 
     async def _bus_secret(
         self, agent: Agent, *, fresh_after: float, likely_new: bool
@@ -277,14 +292,7 @@ class AgentReconciler:
         await self._tell(body, "Warning", update.reason, message)
 
     async def _write_status(
-        self,
-        body: K8sObject,
-        agent: Agent,
-        resolution: Resolution,
-        *,
-        blocking: list[str],
-        rollout: Rollout | None,
-        now: datetime.datetime,
+        self, body: K8sObject, found: Reconciled, *, rollout: Rollout | None, now: datetime.datetime
     ) -> None:
         generation = body["metadata"].get("generation")
         current = self._statuses.current(body)
@@ -293,32 +301,32 @@ class AgentReconciler:
                 type="ToolsResolved",
                 status="True",
                 reason="AllResolved",
-                message=f"{len(resolution.tools)} tools offered to the model",
+                message=f"{len(found.tools)} tools offered to the model",
             )
-            if not resolution.tool_problems
+            if not found.tool_problems
             else ConditionUpdate(
                 type="ToolsResolved",
                 status="False",
                 reason="ToolsUnresolved",
-                message="; ".join(resolution.tool_problems),
+                message="; ".join(found.tool_problems),
             )
         )
-        wanted_replicas = agent.spec.replicas
+        wanted_replicas = found.replicas
         ready_replicas = rollout.ready if rollout is not None else 0
-        ready = readiness(wanted_replicas=wanted_replicas, rollout=rollout, blocking=blocking)
+        ready = readiness(wanted_replicas=wanted_replicas, rollout=rollout, blocking=list(found.blocking))
         updates = [ready, tools_update]
         if self._egress is not None:
             shown = next((c for c in current.get("conditions") or [] if c.get("type") == CONDITION), None)
             updates.append(self._egress.condition(
-                namespace=body["metadata"]["namespace"], name=body["metadata"]["name"], labels=builders.labels(agent),
-                owner=builders.owner_reference(agent), shown=shown,
+                namespace=body["metadata"]["namespace"], name=body["metadata"]["name"], labels=found.labels,
+                owner=found.owner, shown=shown,
             ))  # fmt: skip
         conditions = merge_conditions(current.get("conditions") or [], updates, generation=generation, now=now)
         status = {
             "observedGeneration": generation,
             "conditions": conditions,
-            "tools": [tool.to_wire() for tool in resolution.tools],
-            "toolCount": len(resolution.tools),
+            "tools": found.tools,
+            "toolCount": len(found.tools),
             "replicas": wanted_replicas,
             "readyReplicas": ready_replicas,
         }
