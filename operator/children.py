@@ -111,8 +111,9 @@ class Children:
         self._items: dict[Key, Child] = {}
         #: For each write in flight, the resourceVersions the watch delivered meanwhile.
         self._writing: dict[Key, set[str]] = {}
-        #: Called with a child that changed while we wrote it (the watch showed more than our write).
-        self.on_news: Callable[[Child], None] | None = None
+        #: Called with a child that changed while we wrote it (the watch showed more than our write), and whether
+        #: only its status did (a Deployment's controller reporting on the write: news for its owner's status only).
+        self.on_news: Callable[[Child, bool], None] | None = None
 
     def get(self, resource: Resource, namespace: str, name: str) -> Child | None:
         return self._items.get((resource.plural, namespace, name))
@@ -152,12 +153,14 @@ class Children:
         def record(answer: K8sObject) -> Child:
             version = str(answer["metadata"].get("resourceVersion", ""))
             held = self._items.get(key)
+            answered = Child.of(resource, answer, awaiting_echo=True)
             if delivered - {version} and held is not None and self.on_news is not None:
-                self.on_news(held)  # someone else changed it too, meanwhile: its owner must look again
+                # someone else changed it too, meanwhile: its owner must look again
+                self.on_news(held, (held.content, held.controller) == (answered.content, answered.controller))
             if held is not None and version in delivered:
                 return held
-            child = self._items[key] = Child.of(resource, answer, awaiting_echo=True)
-            return child
+            self._items[key] = answered
+            return answered
 
         try:
             yield record

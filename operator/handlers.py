@@ -276,7 +276,7 @@ class Runtime:
         if child is not None:
             self._add_owner_of(child, only_status=only_status)
 
-    def _add_owner_of(self, child: Child, *, only_status: bool = False) -> None:
+    def _add_owner_of(self, child: Child, only_status: bool = False) -> None:
         if child.owner is not None:
             self._add(("agent", child.namespace, child.owner), only_status=only_status)
 

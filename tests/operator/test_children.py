@@ -109,8 +109,8 @@ def test_events_older_than_our_write_are_not_taken_until_its_echo_arrives():
 
 def test_a_write_whose_echo_came_before_its_answer_keeps_what_the_watch_showed():
     children = Children()
-    news: list[str] = []
-    children.on_news = lambda child: news.append(child.resource_version)
+    news: list[tuple[str, bool]] = []
+    children.on_news = lambda child, only_status: news.append((child.resource_version, only_status))
     meta = {"name": "d", "namespace": "n", "generation": 1}
     ours = {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "3"}}
     started = {"observedGeneration": 1, "updatedReplicas": 1, "readyReplicas": 1}
@@ -120,9 +120,16 @@ def test_a_write_whose_echo_came_before_its_answer_keeps_what_the_watch_showed()
                                            "status": started}) is False  # and the controller's status
         child = record(ours)
     assert child.rollout is not None and child.rollout.ready == 1  # not the (older) answer
-    assert news == ["4"]  # the controller's change, seen meanwhile, is news for the Agent
+    assert news == [("4", True)]  # the controller's report, seen meanwhile, is news for the Agent's status only
     later = {**ours, "metadata": {**meta, "resourceVersion": "5"}, "status": {**started, "readyReplicas": 0}}
     assert children.seen(DEPLOYMENTS, later) is True  # nothing is waiting for an echo
+
+    news.clear()
+    with children.writing(DEPLOYMENTS, "n", "d") as record:  # someone edits the spec while we patch it
+        assert children.seen(DEPLOYMENTS, {**later, "metadata": {**meta, "resourceVersion": "7"},
+                                           "spec": {"replicas": 3}}) is False
+        record({**later, "metadata": {**meta, "resourceVersion": "6"}})
+    assert news == [("7", False)]  # news for the whole Agent
 
 
 def test_a_deployment_status_change_is_news_only_when_the_rollout_moves():
