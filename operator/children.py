@@ -48,6 +48,8 @@ EXACT_FIELDS: dict[str, tuple[str, ...]] = {CONFIGMAPS.plural: ("data", "binaryD
 _VOLATILE = {"resourceVersion", "managedFields"}
 #: Known from the resource (a list's items lack them), or not content: never compared.
 _IDENTITY = {"apiVersion", "kind", "status"}
+#: A controller's bookkeeping on our children, written just after we create them: no news for their Agent.
+_BOOKKEEPING = {"deployment.kubernetes.io/revision"}
 
 
 class ForeignOwner(Exception):
@@ -90,6 +92,11 @@ class Child:
         controller = next((ref for ref in metadata.get("ownerReferences") or [] if ref.get("controller")), {})
         content = {key: value for key, value in body.items() if key not in _IDENTITY}
         content["metadata"] = {key: value for key, value in metadata.items() if key not in _VOLATILE}
+        annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k not in _BOOKKEEPING}
+        if annotations:
+            content["metadata"]["annotations"] = annotations
+        else:
+            content["metadata"].pop("annotations", None)
         return cls(
             namespace=metadata["namespace"],
             resource_version=str(metadata.get("resourceVersion", "")),

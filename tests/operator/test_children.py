@@ -142,6 +142,8 @@ def test_a_deployment_status_change_is_news_only_when_the_rollout_moves():
     touched = {**started, "conditions": [{"type": "Progressing", "lastUpdateTime": "later"}]}
     assert children.seen(DEPLOYMENTS, {"kind": "Deployment", "metadata": {**meta, "resourceVersion": "3"},
                                        "status": touched}) is False
+    revised = {**meta, "resourceVersion": "4", "annotations": {"deployment.kubernetes.io/revision": "1"}}
+    assert children.seen(DEPLOYMENTS, {"kind": "Deployment", "metadata": revised, "status": touched}) is False
 
 
 async def test_an_adopted_config_map_keeps_none_of_a_strangers_keys(kube: KubeClient, kube_namespace: str):
