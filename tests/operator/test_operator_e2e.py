@@ -125,6 +125,8 @@ async def test_a_settled_agent_costs_no_writes_even_across_an_operator_restart(
                 await is_ready(kube, ns)
                 tool = await kube.get(TOOLS, namespace=ns, name="weather")
                 assert tool["status"]["usedBy"] == ["analyst"]
+                events = (await kube.list(EVENTS, namespace=ns)).items  # posted after the status that says Ready
+                assert "DeploymentReady" in {e["reason"] for e in events if e["involvedObject"]["name"] == "analyst"}
 
             await eventually(settled, within=60)
 
