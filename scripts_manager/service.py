@@ -145,7 +145,7 @@ class ScriptService:
                 message=f"this request comes from agent {sender.agent_id}, not {request.agent}: ask as yourself",
             )))  # fmt: skip
         fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
-        waited = queue_wait(delivery)
+        taken, waited = time.time_ns(), queue_wait(delivery)
         key = (sender.user, request.request_id)
         new = not self._once.knows(key)  # a copy of a request taken before joins it, whatever the sender holds
         if new and self._held[sender.user] >= self._settings.scripts_queued_per_agent:
@@ -160,7 +160,7 @@ class ScriptService:
         try:
             return await self._once.run(
                 key=key, fingerprint=fingerprint.hexdigest(),
-                work=lambda: self._run(request, sender=sender, waited=waited),
+                work=lambda: self._run(request, sender=sender, waited=waited, taken=taken),
             )  # fmt: skip
         except Conflict:
             return self._count(_error(
@@ -176,13 +176,15 @@ class ScriptService:
                 if not self._held[sender.user]:
                     del self._held[sender.user]
 
-    async def _run(self, request: ScriptInvokeRequest, *, sender: Principal, waited: float | None) -> Reply:
+    async def _run(
+        self, request: ScriptInvokeRequest, *, sender: Principal, waited: float | None, taken: int
+    ) -> Reply:
         """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""
         backend = self._metrics.backend
         with tracer.start_as_current_span("run script") as span:
             if waited is not None:
                 self._metrics.queue_wait.labels(backend).observe(waited)
-                _queue_wait_span(waited)
+                _queue_wait_span(waited, taken=taken)
             span.set_attributes({
                 "rockbot.script.backend": backend, "rockbot.script.request_id": request.request_id,
                 "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
@@ -245,10 +247,13 @@ def _outcome(reply: Reply) -> str:
     return "succeeded" if reply.exit_code == 0 else "exited_nonzero"
 
 
-def _queue_wait_span(waited: float) -> None:
-    """The time the request spent in `script.invoke` before this manager took it, as a span of its own."""
-    now = time.time_ns()
-    tracer.start_span("queue wait", start_time=now - int(waited * 1e9)).end(end_time=now)
+def _queue_wait_span(waited: float, *, taken: int) -> None:
+    """The time the request spent in `script.invoke`, as a span of its own ending when this manager took it.
+
+    `taken` (ns since the epoch) is stamped on delivery, not when the run begins: on a busy manager the two
+    differ, and a span drawn back from the later one would start after the send and end after the take.
+    """
+    tracer.start_span("queue wait", start_time=taken - int(waited * 1e9)).end(end_time=taken)
 
 
 class _Refusal(Exception):

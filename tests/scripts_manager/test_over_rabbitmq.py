@@ -24,6 +24,10 @@ from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_service import _make_gate
 from tests.waiting import bounded, eventually
 
+#: The timeout of a script that waits on the test's gate: longer than the slowest loaded run of a test (one took 71 s,
+#: so a 30 s timeout answered the script before the gate opened); the gate, not the timeout, ends it.
+GATED = 240
+
 
 async def test_script_round_trip_through_rabbitmq(vhost: Vhost, make_settings: MakeSettings) -> None:
     manager = ScriptsManager(settings=make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER)))
@@ -76,7 +80,7 @@ async def test_a_manager_stopped_mid_run_leaves_the_request_to_another_that_answ
     first, second = ScriptsManager(settings=settings), ScriptsManager(settings=settings)
     gate = await asyncio.to_thread(_make_gate)
     request = ScriptInvokeRequest(
-        request_id=f"mid-run-{uuid.uuid4().hex}", agent="alice", timeout_seconds=20,
+        request_id=f"mid-run-{uuid.uuid4().hex}", agent="alice", timeout_seconds=GATED,
         script=f"print(open({str(gate)!r}).read())",
     )  # fmt: skip
 
@@ -119,7 +123,7 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
     await asyncio.to_thread(starts.touch, 0o666)
     await asyncio.to_thread(starts.chmod, 0o666)
     request = ScriptInvokeRequest(
-        request_id=f"dropped-{uuid.uuid4().hex}", agent="alice", timeout_seconds=30,
+        request_id=f"dropped-{uuid.uuid4().hex}", agent="alice", timeout_seconds=GATED,
         script=f"open({str(starts)!r}, 'a').write('started\\n')\nprint(open({str(gate)!r}).read())",
     )  # fmt: skip
 
@@ -134,7 +138,7 @@ async def test_a_manager_whose_connection_drops_mid_run_runs_the_script_once_and
                 queues = await asyncio.to_thread(vhost.queues)
                 assert queues[SCRIPT_INVOKE.name] == (0, 1), queues  # back with the reconnected manager
 
-            await eventually(redelivered_and_joined, within=30)
+            await eventually(redelivered_and_joined, within=120)
             token = uuid.uuid4().hex
             await asyncio.to_thread(gate.write_text, token)
             await eventually(lambda: _answered_and_drained(vhost, replies, answers), within=30)
