@@ -55,6 +55,9 @@ TASK_LABEL = f"{GROUP}/task"
 PROMPT_PREVIEW = 200
 #: The largest request read (a prompt of 100 000 characters, all escaped, and the rest).
 MAX_REQUEST_BYTES = 1024 * 1024
+#: Reads and conditional writes of a task an agent schedules again: the scheduler writes the task's status (its
+#: next schedule time) right after it is made, and that write, not the agent's, is what a first conflict means.
+UPDATE_ATTEMPTS = 3
 
 
 class Refusal(Exception):
@@ -229,22 +232,22 @@ class SchedulingRequests:
             raise Refusal(ErrorCode.INVALID_ARGUMENTS, f"the task was rejected: {exc.message}") from None
         except Conflict:
             pass
-        existing = await self._owned(agent, name=operation.name)
-        if (existing.get("status") or {}).get("completed"):
-            return await self._recreate(existing, body=body)
-        try:
-            return await self._kube.patch(
-                SCHEDULED_TASKS,
-                namespace=metadata["namespace"],
-                name=name,
-                body={"metadata": {"resourceVersion": existing["metadata"]["resourceVersion"]}, "spec": spec},
-            )
-        except Invalid as exc:
-            raise Refusal(ErrorCode.INVALID_ARGUMENTS, f"the task was rejected: {exc.message}") from None
-        except Conflict:
-            raise Refusal(
-                ErrorCode.UNAVAILABLE, f"task {operation.name!r} changed meanwhile; try again", retryable=True
-            ) from None
+        for _ in range(UPDATE_ATTEMPTS):
+            existing = await self._owned(agent, name=operation.name)
+            if (existing.get("status") or {}).get("completed"):
+                return await self._recreate(existing, body=body)
+            try:
+                return await self._kube.patch(
+                    SCHEDULED_TASKS,
+                    namespace=metadata["namespace"],
+                    name=name,
+                    body={"metadata": {"resourceVersion": existing["metadata"]["resourceVersion"]}, "spec": spec},
+                )
+            except Invalid as exc:
+                raise Refusal(ErrorCode.INVALID_ARGUMENTS, f"the task was rejected: {exc.message}") from None
+            except Conflict:
+                continue  # most often the scheduler's own status write since the read: read it again
+        raise Refusal(ErrorCode.UNAVAILABLE, f"task {operation.name!r} changed meanwhile; try again", retryable=True)
 
     async def _recreate(self, existing: dict[str, Any], *, body: dict[str, Any]) -> dict[str, Any]:
         """A completed run-once task scheduled again is a new task: a new uid, so new run ids, and it fires."""

@@ -159,6 +159,28 @@ async def test_scheduling_a_name_again_updates_the_task(helper: AgentRuntime, cl
     assert (spec["schedule"], spec["prompt"], spec["runOnce"]) == ("*/10 * * * *", "two", True)
 
 
+async def test_scheduling_again_while_the_scheduler_writes_the_tasks_status_still_updates_it(
+    helper: AgentRuntime, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI saw "task 'ping' changed meanwhile" when the scheduler's status write fell between the tool's read of the
+    # task and its conditional write: that write is not the agent's business, so the tool reads again.
+    await call(helper, "schedule_task", name="ping", cron="0 9 * * *", prompt="one")
+    owned, raced = SchedulingRequests._owned, []
+
+    async def owned_then_status_written(self: SchedulingRequests, agent: dict[str, Any], *, name: str):
+        task = await owned(self, agent, name=name)
+        if not raced:
+            raced.append(await cluster.kube.patch(SCHEDULED_TASKS, namespace=cluster.ns, name="helper.ping",
+                                                  subresource="status", body={"status": {"observedGeneration": 99}}))
+        return task
+
+    monkeypatch.setattr(SchedulingRequests, "_owned", owned_then_status_written)
+    updated = await call(helper, "schedule_task", name="ping", cron="*/10 * * * *", prompt="two")
+    assert raced and updated.ok, updated.error
+    spec = (await cluster.get_task("helper.ping"))["spec"]
+    assert (spec["schedule"], spec["prompt"]) == ("*/10 * * * *", "two")
+
+
 async def test_scheduling_a_completed_run_once_task_again_fires_it_again(
     helper: AgentRuntime, cluster: Cluster, clock: ManualClock
 ) -> None:
