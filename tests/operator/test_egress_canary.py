@@ -106,8 +106,7 @@ async def test_agents_on_a_network_that_ignores_policies_show_egress_not_restric
     for name in ("analyst", "writer"):
         await kube_client.create(AGENTS, namespace=NS, body=agent_body(name))
     async with host_listeners() as targets, node(kube_api, kube_client, network=True) as kubelet:
-        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
-                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        settings = canary_settings(targets["host"])
         port = free_port()
         async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
             analyst = await egress_of(kube_client, "analyst", "False")
@@ -137,8 +136,7 @@ async def test_agents_whose_canary_reaches_nothing_show_egress_restricted(
     await create_basics(kube_client)
     await kube_client.create(AGENTS, namespace=NS, body=agent_body("analyst"))
     async with host_listeners() as targets, node(kube_api, kube_client, network=False) as kubelet:
-        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
-                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        settings = canary_settings(targets["host"])
         port = free_port()
         async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
             found = await egress_of(kube_client, "analyst", "True")
@@ -195,8 +193,7 @@ async def test_agents_added_while_and_after_their_canary_runs_share_its_proof_at
     for name in early:
         await kube_client.create(AGENTS, namespace=NS, body=agent_body(name))
     async with host_listeners() as targets, node(kube_api, kube_client, network=False) as kubelet:
-        settings = OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
-                                    egress_canary=True, egress_canary_targets={"outside": targets["host"]})
+        settings = canary_settings(targets["host"])
         port = free_port()
         async with operator_running(settings, health_endpoint=f"http://127.0.0.1:{port}/healthz"):
             for name in early:
@@ -211,3 +208,9 @@ async def test_agents_added_while_and_after_their_canary_runs_share_its_proof_at
     assert len(kubelet.seen) == 1, "one canary for every Agent: one namespace, one policy shape"
     status_only = metrics[("rockbot_operator_agent_reconciles_total", frozenset({("work", "status")}))]
     assert status_only <= 3 * len(early + late)
+
+
+def canary_settings(outside: str) -> OperatorSettings:
+    """The operator of NS alone, with its egress canary trying `outside` (a listener of the test's host)."""
+    return OperatorSettings(namespaces=[NS], agent_image="registry.example/rockbot:test", resync_seconds=3600,
+                            egress_canary=True, egress_canary_targets={"outside": outside})
