@@ -326,15 +326,24 @@ async def test_the_idle_pod_running_longest_is_claimed_first(
     """A container reported running a moment ago may still be starting its runner; one running for long is not."""
     async with node(kube_api, kube), pod_backend(pooled(make_settings, 2)) as backend:
         await pool_full(kube, backend, 2)
-        for number in range(5):  # until the two idle pods started in different seconds (the API's precision)
-            await backend.run(job(request_id=f"age-{number}"))
-            await pool_full(kube, backend, 2)
-            idle = sorted(await idle_pods(kube), key=running_since)
-            if running_since(idle[0]) < running_since(idle[1]):
-                break
+        await asyncio.sleep(1.1)  # the replacement below starts in a later second (the API's precision)
+        await backend.run(job(request_id="make-room"))
+        await pool_full(kube, backend, 2)
+        idle = sorted(await idle_pods(kube), key=running_since)
+        assert running_since(idle[0]) < running_since(idle[1])
+        await sessions_held(backend, idle)  # else the pod with a session would be preferred, whatever its age
         result = await backend.run(job(request_id="the-one"))
         await pool_full(kube, backend, 2)
     assert result.pod == idle[0]["metadata"]["name"]
+
+
+async def sessions_held(backend: PodBackend, pods: list[dict[str, Any]]) -> None:
+    async def held() -> None:
+        assert backend.pool is not None
+        for pod in pods:
+            assert (holding := backend.pool._held.get(pod["metadata"]["name"])) and holding.session is not None
+
+    await eventually(held)
 
 
 async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
