@@ -222,7 +222,7 @@ class FakeKubelet:
                 self._deleted(pod.name)
             if self._tasks:  # killed containers end their runs by themselves; anything else is cancelled
                 await asyncio.wait(set(self._tasks), timeout=5)
-            for task in list(self._tasks):
+            for task in [*self._tasks, *self._timers]:  # a pod still starting may have set its deadline meanwhile
                 task.cancel()
             await asyncio.gather(*self._tasks, *self._timers, return_exceptions=True)
 

@@ -5,6 +5,7 @@ WebSocket (the emulator's fake kubelet runs the containers).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -175,6 +176,28 @@ async def test_the_node_stops_a_pod_at_its_lowered_deadline(kube: KubeClient, no
         assert (status["phase"], status.get("reason")) == ("Failed", "DeadlineExceeded")
 
     await eventually(stopped)
+
+
+async def test_a_node_stopped_while_a_pod_starts_stops_without_waiting_for_that_pods_deadline(
+    kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    """The pod's first status write answers only after the node began to stop; the deadline it then sets must
+    not keep the node's teardown (and its test) waiting for an hour."""
+    kube_api.hang(method="PATCH", path_suffix="/pods/starting/status")
+    kubelet = FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)
+    running_node = asyncio.create_task(kubelet.run())
+    await kube.create(PODS, namespace=NS, body=pod("starting", stdin=False, activeDeadlineSeconds=3600,
+                                                   command=["python3", "-c", "pass"]))
+    await eventually(lambda: _bound(kube, "starting"))
+    running_node.cancel()
+    await asyncio.sleep(0.1)  # the node's teardown has begun
+    kube_api.end_watches()  # the hung status write answers (503): the pod's start goes on to set its deadline
+    done, _ = await asyncio.wait([running_node], timeout=60)
+    assert done, "the node's teardown waited for a pod's deadline set while it stopped"
+
+
+async def _bound(kube: KubeClient, name: str) -> None:
+    assert (await kube.get(PODS, namespace=NS, name=name))["spec"].get("nodeName")
 
 
 async def test_with_a_held_relist_container_states_are_reported_only_at_the_relist(
