@@ -72,6 +72,30 @@ _TEXT_FIELDS = {"message": ("content",), "tool_call": ("arguments", "result"), "
                 "approval": ("reason",)}
 
 
+def _history_query() -> Any:
+    """A session's recorded messages (newest `HISTORY_RUNS` Full, Succeeded runs), built once: what a chat turn waits
+    for, where building the statement and its cache key cost more than the database's answer."""
+    recent = (
+        select(runs.c.run_id, runs.c.started_at)
+        .where(
+            runs.c.namespace == bindparam("namespace"), runs.c.agent == bindparam("agent"),
+            runs.c.session_id == bindparam("session_id"), runs.c.caller == bindparam("caller"),
+            runs.c.record == "Full", runs.c.outcome == "Succeeded",
+        )
+        .order_by(runs.c.started_at.desc()).limit(HISTORY_RUNS)
+        .subquery()
+    )  # fmt: skip
+    return (
+        select(run_events.c.run_id, run_events.c.body, run_events.c.name)
+        .join(recent, recent.c.run_id == run_events.c.run_id)
+        .where(run_events.c.kind == "message")
+        .order_by(recent.c.started_at, run_events.c.at, run_events.c.id)
+    )
+
+
+_HISTORY = _history_query()
+
+
 class StoreUnavailable(Exception):
     """The database cannot be reached or refused the work; the same work may succeed later."""
 
@@ -287,22 +311,8 @@ class Store:
     ) -> HistoryReply:
         """The messages of a session's finished runs recorded in `Full` (the conversation key: agent, caller,
         session), oldest first, at most `max_messages` of the newest, starting at a user message."""
-        recent = (
-            select(runs.c.run_id, runs.c.started_at)
-            .where(
-                runs.c.namespace == namespace, runs.c.agent == agent, runs.c.session_id == session_id,
-                runs.c.caller == caller, runs.c.record == "Full", runs.c.outcome == "Succeeded",
-            )
-            .order_by(runs.c.started_at.desc()).limit(HISTORY_RUNS)
-            .subquery()
-        )  # fmt: skip
-        query = (
-            select(run_events.c.run_id, run_events.c.body, run_events.c.name)
-            .join(recent, recent.c.run_id == run_events.c.run_id)
-            .where(run_events.c.kind == "message")
-            .order_by(recent.c.started_at, run_events.c.at, run_events.c.id)
-        )
-        rows = await self._read(lambda connection: _rows(connection, query))
+        key = {"namespace": namespace, "agent": agent, "session_id": session_id, "caller": caller}
+        rows = await self._read(lambda connection: _rows(connection, _HISTORY, key))
         messages = [_chat_message(role=row.name, body=row.body) for row in rows]
         start = max(0, len(messages) - max_messages)
         while start < len(messages) and messages[start]["role"] != "user":
@@ -414,8 +424,8 @@ async def _mappings(connection: AsyncConnection, query: Any) -> Sequence[Any]:
     return (await connection.execute(query)).mappings().all()
 
 
-async def _rows(connection: AsyncConnection, query: Any) -> Sequence[Any]:
-    return (await connection.execute(query)).all()
+async def _rows(connection: AsyncConnection, query: Any, parameters: dict[str, Any] | None = None) -> Sequence[Any]:
+    return (await connection.execute(query, parameters)).all()
 
 
 async def _run(connection: AsyncConnection, run_id: str) -> RunDetail | None:
