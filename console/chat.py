@@ -11,6 +11,9 @@ The console reads the person's conversation from the run store and sends it with
 the agent starts the model at once instead of asking `console.history` for it first (a bus round trip that was
 most of what chat through the console added before the first token). A conversation too large for the inbox's
 bound, or a store that does not answer, is left out: the agent then asks for it, as it does for other callers.
+The page starts that read (`read_conversation`) as soon as it knows whose turn in which session it is, while the
+cluster's RBAC is asked whether the person may chat: the read is the person's own conversation and nothing of it
+leaves the console before RBAC says yes (a refused turn's read is cancelled or dropped).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
 from rockbot.bus import Bus, Delivery, Principal, Subscription
@@ -82,9 +85,15 @@ class ChatRelay:
             await self._subscription.close()
             self._subscription = None
 
-    async def turn(self, *, namespace: str, agent: str, user: str, session_id: str,
-                   content: str) -> AsyncIterator[Step]:
-        """Send `content` as `user`'s turn in `session_id` and yield the agent's events, then its `InboxReply`.
+    def read_conversation(self, *, namespace: str, agent: str, user: str,
+                          session_id: str) -> asyncio.Task[HistoryReply | None]:
+        """Start reading `user`'s conversation `session_id` with the agent, for `turn` (None: it goes without)."""
+        return asyncio.ensure_future(self._conversation(namespace, agent, user, session_id))
+
+    async def turn(self, *, namespace: str, agent: str, user: str, session_id: str, content: str,
+                   conversation: Awaitable[HistoryReply | None] | None = None) -> AsyncIterator[Step]:
+        """Send `content` as `user`'s turn in `session_id` and yield the agent's events, then its `InboxReply`;
+        `conversation`: that conversation as `read_conversation` reads it (read here when not given).
 
         `ChatFailed` when the inbox refuses the message or nothing more comes within the timeout."""
         if self._bus is None:
@@ -93,10 +102,12 @@ class ChatRelay:
         request_id = uuid.uuid4().hex
         target = Principal.agent(namespace=namespace, name=agent)
         held = self._turns[request_id] = _Turn(agent=target)
+        if conversation is None:
+            conversation = self._conversation(namespace, agent, user, session_id)
         try:
             request = InboxRequest(kind="user_message", request_id=request_id, session_id=session_id,
                                    content=content, reply_to=self._replies.name, on_behalf_of=user, progress=True,
-                                   conversation=await self._conversation(namespace, agent, user, session_id))
+                                   conversation=await conversation)
             if len(request.model_dump_json()) > MAX_REQUEST_BYTES:  # the agent would refuse it: it asks instead
                 request = request.model_copy(update={"conversation": None})
             try:

@@ -10,6 +10,7 @@ address, kept under the caller `console:<user>`: nobody else can open or continu
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -26,6 +27,7 @@ from rockbot.console.web.gate import IDENTITY
 from rockbot.console.web.pages import Pages
 from rockbot.contracts.conversations import console_caller
 from rockbot.contracts.inbox import InboxReply
+from rockbot.contracts.recording import HistoryReply
 
 log = logging.getLogger(__name__)
 
@@ -69,20 +71,33 @@ class ChatPages:
                                   messages=messages, new_session=new_session())
 
     async def send(self, request: web.Request) -> web.StreamResponse:
+        """Stream the answer to a posted turn. The person's conversation is read from the run store while RBAC is
+        asked (a SubjectAccessReview when no answer is kept), not after: both were on the way to the first token."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        await self._pages.require(request, namespace=namespace, action=CHAT)
+        user = request[IDENTITY].username
         _caller(request)
         try:
             turn = ChatTurn.model_validate_json(await request.read())
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise web.HTTPBadRequest(text=f"invalid turn: {problems}") from exc
+        conversation = self._relay.read_conversation(namespace=namespace, agent=name, user=user,
+                                                     session_id=turn.session)
+        try:
+            await self._pages.require(request, namespace=namespace, action=CHAT)
+            return await self._stream(request, namespace=namespace, name=name, turn=turn, conversation=conversation)
+        finally:
+            conversation.cancel()  # a refused turn's read is not waited for (done: nothing happens)
+
+    async def _stream(self, request: web.Request, *, namespace: str, name: str, turn: ChatTurn,
+                      conversation: asyncio.Task[HistoryReply | None]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                                "X-Accel-Buffering": "no"})  # fmt: skip
         await response.prepare(request)
         try:
             async for step in self._relay.turn(namespace=namespace, agent=name, user=request[IDENTITY].username,
-                                               session_id=turn.session, content=turn.message):  # fmt: skip
+                                               session_id=turn.session, content=turn.message,
+                                               conversation=conversation):  # fmt: skip
                 if isinstance(step, InboxReply):
                     await _event(response, "answer" if step.error is None else "error", _reply(step))
                 else:
