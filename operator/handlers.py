@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import kopf
@@ -92,6 +92,18 @@ class Runtime:
         self._only_status: set[Key] = set()
         self._resync_mark = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        #: Others following every Agent event (the scheduler): one watch of Agents for the whole operator.
+        self._followers: list[tuple[Callable[[K8sObject], None], Callable[[str, str], None]]] = []
+
+    def follow_agents(
+        self, on_upsert: Callable[[K8sObject], None], on_delete: Callable[[str, str], None]
+    ) -> Callable[[], None]:
+        """Call these for every Agent known now and every change from now on (see `scheduling.firing.AgentFeed`)."""
+        follower = (on_upsert, on_delete)
+        self._followers.append(follower)
+        for body in list(self.agents.values()):
+            on_upsert(body)
+        return lambda: self._followers.remove(follower)
 
     # ---- what the watches call
 
@@ -99,7 +111,9 @@ class Runtime:
         metadata = body["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
         key = ("agent", namespace, name)
-        self.agents[(namespace, name)] = _snapshot(body, kind="Agent")
+        snapshot = self.agents[(namespace, name)] = _snapshot(body, kind="Agent")
+        for on_upsert, _ in self._followers:
+            on_upsert(snapshot)
         version = (
             metadata.get("generation"), _items(metadata.get("labels")), _items(metadata.get("annotations")),
             metadata.get("deletionTimestamp"),
@@ -117,6 +131,8 @@ class Runtime:
     def agent_deleted(self, namespace: str, name: str) -> None:
         key = ("agent", namespace, name)
         self.agents.pop((namespace, name), None)
+        for _, on_delete in self._followers:
+            on_delete(namespace, name)
         ref = self.agent_refs.get(namespace, {}).pop(name, None)
         self._versions.pop(key, None)
         self._news.pop(key, None)

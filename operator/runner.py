@@ -46,7 +46,7 @@ def build_registry(
 
     handlers.register(registry, runtime)
     register_broker(registry, runtime, readiness=readiness)  # before scheduling, which logs in as the operator
-    register_scheduling(registry, runtime, readiness=readiness, metrics=metrics)
+    register_scheduling(registry, runtime, readiness=readiness, metrics=metrics, agents=runtime)
 
     @kopf.on.startup(registry=registry)
     def started(**_: Any) -> None:  # registered last: runs after every other startup handler

@@ -27,9 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -57,6 +57,16 @@ TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
 Key = tuple[str, str]
 
 
+class AgentFeed(Protocol):
+    """Agents as another watch of them shows them (the operator's own): no second stream of every Agent event."""
+
+    def follow_agents(
+        self, on_upsert: Callable[[dict[str, Any]], None], on_delete: Callable[[str, str], None]
+    ) -> Callable[[], None]:
+        """Call these for every Agent known now and every change from now on, until the returned function is called."""
+        ...
+
+
 @dataclass
 class _TaskState:
     body: dict[str, Any]
@@ -77,8 +87,12 @@ class Scheduler:
         clock: Clock,
         namespaces: list[str] | None = None,
         metrics: SchedulingMetrics | None = None,
+        agents: AgentFeed | None = None,
     ) -> None:
+        """`agents`: where the Agents come from when something else watches them already; else watched here."""
         self._kube = kube
+        self._feed = agents
+        self._unfollow: Callable[[], None] | None = None
         self._bus = bus
         self._clock = clock
         self.metrics = metrics or SchedulingMetrics()
@@ -92,10 +106,11 @@ class Scheduler:
 
     async def start(self) -> None:
         self._replies = await self._bus.consume(queue=OPERATOR_RUNS, handler=self._on_reply, prefetch=16)
-        mirrored = [
-            (AGENTS, self._agent_changed, self._agent_deleted),
-            (SCHEDULED_TASKS, self._task_changed, self._task_deleted),
-        ]
+        mirrored = [(SCHEDULED_TASKS, self._task_changed, self._task_deleted)]
+        if self._feed is None:
+            mirrored.append((AGENTS, self._agent_changed, self._agent_deleted))
+        else:
+            self._unfollow = self._feed.follow_agents(self._agent_changed, self._agent_deleted)
         for namespace in self._namespaces:
             for resource, on_upsert, on_delete in mirrored:
                 watching = mirror(
@@ -105,6 +120,9 @@ class Scheduler:
                 self._watchers.append(asyncio.create_task(watching, name=name))
 
     async def stop(self) -> None:
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
         if self._replies is not None:
             await self._replies.close()
             self._replies = None

@@ -1,7 +1,8 @@
 """kopf glue: start the scheduler, the agents' request consumer and their usage ledger with the operator, stop them
 with it.
 
-The scheduler watches ScheduledTasks and Agents itself (see `rockbot.kube.mirroring`), so kopf only owns its
+The scheduler watches ScheduledTasks itself (see `rockbot.kube.mirroring`) and follows the operator's watch of
+Agents (one stream of Agent events for the whole operator), so kopf only owns its
 lifetime: one `on.startup` and one `on.cleanup` handler on the operator's registry. The broker may
 come up after the operator (a fresh `helm install`): scheduling then starts once it answers, the
 operator meanwhile reconciles Agents and reports itself not ready, saying why. Stopping waits for
@@ -21,7 +22,7 @@ from rockbot.clock import Clock, SystemClock
 from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within
 from rockbot.kube import KubeClient
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
-from rockbot.operator.scheduling.firing import Scheduler
+from rockbot.operator.scheduling.firing import AgentFeed, Scheduler
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.usage import UsageLedger
@@ -42,8 +43,11 @@ def register_scheduling(
     clock: Clock | None = None,
     readiness: Readiness | None = None,
     metrics: SchedulingMetrics | None = None,
+    agents: AgentFeed | None = None,
 ) -> None:
     """Fire ScheduledTasks and serve the agents' scheduling tools while the operator runs.
+
+    `agents`: the operator's own watch of Agents, which the scheduler follows instead of watching them again.
 
     Without `bus`, the operator connects to `settings.amqp_url` after startup, retrying until the
     broker answers (`readiness` says so meanwhile); when that is not set (an operator run for
@@ -56,7 +60,7 @@ def register_scheduling(
     async def start(connection: Bus) -> None:
         now = clock or SystemClock()
         scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces,
-                              metrics=metrics)
+                              metrics=metrics, agents=agents)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)
         usage = UsageLedger(kube=runtime.kube, bus=connection)
         for part in (scheduler, requests, usage):

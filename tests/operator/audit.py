@@ -40,11 +40,15 @@ class AuditEvent:
 
 
 class AuditLog:
-    """The completed requests (stage ResponseComplete) about `namespace` logged after this reader was made."""
+    """The completed requests (stage ResponseComplete) about `namespace` logged after this reader was made.
 
-    def __init__(self, path: Path, *, namespace: str) -> None:
+    `stage="ResponseStarted"`: the watches begun instead (a watch completes only when it ends).
+    """
+
+    def __init__(self, path: Path, *, namespace: str, stage: str = "ResponseComplete") -> None:
         self._path = path
         self._namespace = namespace
+        self._stage = f'"{stage}"'.encode()
         self._offset = path.stat().st_size if path.exists() else 0
         self.events: list[AuditEvent] = []
 
@@ -61,7 +65,7 @@ class AuditLog:
         self._offset += end
         mark = self._namespace.encode()
         for line in data[:end].splitlines():
-            if mark in line and b'"ResponseComplete"' in line:
+            if mark in line and self._stage in line:
                 event = AuditEvent.of(json.loads(line))
                 if event.namespace == self._namespace or self._namespace in event.user:
                     self.events.append(event)

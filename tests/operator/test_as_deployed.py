@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 
-from rockbot.kube import AGENTS, DEPLOYMENTS, TOOLS, KubeClient
+from rockbot.kube import AGENTS, DEPLOYMENTS, SCHEDULED_TASKS, TOOLS, KubeClient
+from tests.fixtures.kube_real import KubeCluster
 from tests.fixtures.rabbitmq import RabbitBroker
+from tests.operator.audit import AuditLog
+from tests.operator.conftest import OPERATOR_USER
 from tests.operator.deployed import DeployedOperator, start_operator
 from tests.operator.harness import condition
 from tests.operator.samples import agent_body, tool_body
@@ -94,3 +97,33 @@ async def test_sigterm_stops_the_operator_within_seconds_when_the_broker_is_gone
     operator.process.terminate()
     code = await operator.process.exited(within=STOP_WITHIN)
     assert code == 0, f"still running {STOP_WITHIN} s after SIGTERM (exit {code}):\n{operator.process.output()[-3000:]}"
+
+
+async def test_the_scheduler_follows_the_operators_own_watch_of_agents(kube: KubeClient, kube_namespace: str,
+                                                                     kube_cluster: KubeCluster, start, late_rabbitmq):
+    """One stream of Agent events for the whole operator: the scheduler hears of an Agent from the operator's watch
+    (a task waiting for its Agent learns at once that it exists), and watches no Agent itself."""
+    ns = kube_namespace
+    begun = AuditLog(kube_cluster.kubeconfig.parent / "logs" / "audit.log", namespace=ns, stage="ResponseStarted")
+    await asyncio.to_thread(late_rabbitmq.start)
+    operator = start(broker=late_rabbitmq)
+    await wait_until(lambda: "scheduling started" in operator.process.output(), within=30,
+                     what="scheduling started", process=operator.process)
+    await kube.create(SCHEDULED_TASKS, namespace=ns, body={
+        "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask", "metadata": {"name": "report"},
+        "spec": {"agentRef": {"name": "analyst"}, "schedule": "0 0 1 1 *", "prompt": "Write the report."}})
+
+    def agent_ready_reason(reason: str) -> Callable[[], Any]:
+        async def probe() -> None:
+            task = await kube.get(SCHEDULED_TASKS, namespace=ns, name="report")
+            assert condition(task, "AgentReady")["reason"] == reason
+
+        return probe
+
+    await eventually(agent_ready_reason("AgentNotFound"), within=30)
+    await kube.create(AGENTS, namespace=ns, body=agent_body(namespace=ns))
+    await eventually(agent_ready_reason("AgentNotReady"), within=30)  # no pod runs here: known, not Ready
+
+    watches = [e.resource for e in begun.read() if e.user == OPERATOR_USER and e.verb == "watch"]
+    assert "scheduledtasks" in watches, f"the scheduler's own watch was not seen begun: {watches}"
+    assert watches.count("agents") == 1, f"Agents watched {watches.count('agents')} times: {watches}"
