@@ -10,7 +10,9 @@
    model is the scripted OpenAI-compatible SSE server; `--chats` turns streamed from the agent's own
    `/v1/chat/completions`, and as many through each of two consoles (one sending the conversation with the
    turn, one leaving the agent to ask `console.history` for it), interleaved; time from sending to the first
-   text in the answer, and the median moment of each step on the way.
+   text in the answer, and the median moment of each step on the way. The client (the person's browser, the
+   endpoint's caller) runs in a process of its own, so the consoles' event loop is theirs alone, as deployed
+   (with the console's run writer and history answers, which share it in a real console too).
 3. SubjectAccessReviews per page against the real API server (`--kubeconfig`, the shared rig's by default):
    the Agents, Runs, Agent and Approvals pages loaded 20 times each by one user, with the answers kept 10 s
    (the default) and not kept at all; the reviews sent, per page load, and the load's p50.
@@ -20,9 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
+import datetime
+import functools
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -52,6 +58,7 @@ from rockbot.console.chat import ChatRelay
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter
 from rockbot.console.store import Store
 from rockbot.console.store_models import RunFilter
+from rockbot.console.web import chat as chat_pages
 from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.health import Readiness
@@ -232,19 +239,35 @@ class _Phases:
     def __init__(self) -> None:
         self.marks: dict[str, dict[str, float]] = {}
         self._turns: dict[str, str] = {}  # request id or session -> the turn's message
+        self._current: str | None = None  # the turn being posted (they go one at a time)
 
-    def posted(self, turn: str, *, session: str) -> None:
-        self._turns[session] = turn
-        self.mark(turn, "posted")
+    def middleware(self):
+        """A middleware (outside every other) marking when the console took a turn's post: which turn is current."""
+
+        @web.middleware
+        async def taken(request: web.Request, handler):
+            if request.method == "POST":
+                posted = json.loads(await request.read())  # kept: the handler reads the same bytes
+                self._turns[posted["session"]] = self._current = posted["message"]
+                self.mark(posted["message"], "console takes the post")
+            return await handler(request)
+
+        return taken
+
+    def merge(self, marks: dict[str, dict[str, float]]) -> None:
+        """Add the client's marks (its own process: the post, the first text read)."""
+        for turn, moments in marks.items():
+            self.marks.setdefault(turn, {}).update(moments)
 
     def mark(self, turn: str | None, what: str, at: float | None = None) -> None:
         if turn is not None:
             self.marks.setdefault(turn, {}).setdefault(what, time.time() if at is None else at)
 
-    def wrap(self, *, bus: AmqpBus, history: HistoryAnswerer, relays: list[ChatRelay], store: Store,
-             llm: ScriptedLLM) -> None:
+    def wrap(self, *, bus: AmqpBus, history: HistoryAnswerer, writer: RunWriter, relays: list[ChatRelay],
+             store: Store, llm: ScriptedLLM) -> None:
         """Mark the moments of each turn by wrapping the console's parts (before they consume)."""
         publish, on_history, read = bus.publish, history._on_request, store.session_history
+        on_events, write = writer._on_events, chat_pages._event
 
         async def published(**kwargs):
             body = kwargs["body"]
@@ -269,6 +292,18 @@ class _Phases:
             self.mark(turn, "store read")
             return found
 
+        async def events(delivery):
+            for recorded in json.loads(delivery.body).get("events", []):
+                if recorded.get("kind") == "run_started":
+                    turn = self._turns.get(recorded.get("request_id"))
+                    self.mark(turn, "agent starts the run", datetime.datetime.fromisoformat(recorded["at"]).timestamp())
+            await on_events(delivery)
+
+        async def written(response, kind, data):
+            if kind == "text":
+                self.mark(self._current, "console writes first text")  # turns go one at a time
+            await write(response, kind, data)
+
         def progress(on_progress):
             async def received(delivery):
                 if delivery.message_type == "TurnProgress":
@@ -279,12 +314,11 @@ class _Phases:
             return received
 
         def answer(body):
-            said = body["messages"][-1]["content"]
-            if not said.startswith("direct"):
-                self.mark(said, "model asked")
+            self.mark(body["messages"][-1]["content"], "model asked")
             return Turn(text="The first token, then the rest of a short answer.")
 
         bus.publish, history._on_request, store.session_history = published, history_asked, history_read
+        writer._on_events, chat_pages._event = events, written
         for relay in relays:
             relay._received = progress(relay._received)
         llm.play(answer)
@@ -328,18 +362,20 @@ async def chat_first_token(*, chats: int, store_url: str) -> None:
                 writer = RunWriter(store=store, bus=console_bus, readiness=Readiness(), metrics=metrics)
                 history = HistoryAnswerer(store=store, bus=console_bus, metrics=metrics)
                 relays = {"carried": ChatRelay(store=store), "asked": ChatRelay()}
-                phases.wrap(bus=console_bus, history=history, relays=list(relays.values()), store=store, llm=llm)
+                phases.wrap(bus=console_bus, history=history, writer=writer, relays=list(relays.values()), store=store,
+                            llm=llm)
                 for part in (writer, history):  # the console records runs and answers histories, as deployed
                     await part.start()
                 for relay in relays.values():
                     await relay.start(bus=console_bus)
                 try:
+                    apps = {way: _app(authorizer=Everyone(), kube=_agents(1), chat=relays[way]) for way in WAYS}
+                    for app in apps.values():
+                        app.middlewares.insert(0, phases.middleware())
                     async with agent_process(config, bus_url=vhost.url_of(me), folder=Path(root)) as agent, \
-                            serving(_app(authorizer=Everyone(), kube=_agents(1), chat=relays["carried"])) as carried, \
-                            serving(_app(authorizer=Everyone(), kube=_agents(1), chat=relays["asked"])) as asked, \
-                            aiohttp.ClientSession() as http:
-                        times = await _interleaved(http, agent=agent, consoles={"carried": carried, "asked": asked},
-                                                   chats=chats, phases=phases)
+                            serving(apps["carried"]) as carried, serving(apps["asked"]) as asked:
+                        times = await _client_process(agent=agent, consoles={"carried": carried, "asked": asked},
+                                                      chats=chats, phases=phases)
                 finally:
                     for part in (*relays.values(), history, writer):
                         await part.stop()
@@ -350,36 +386,58 @@ async def chat_first_token(*, chats: int, store_url: str) -> None:
             await llm.stop()
     direct = statistics.median(times["direct"])
     print(f"2. chat, time to the first token ({chats} turns each, interleaved, {TURNS_PER_SESSION} per conversation): "
-          f"the agent's own endpoint {_percentiles(times['direct'])}")
+          f"the agent's own endpoint {_percentiles(times['direct'])}\n     where it goes (ms after the post, p50): "
+          f"{phases.summary('direct')}")
     for way in WAYS:
         added = statistics.median(times[way]) - direct
         print(f"   through the console, conversation {way}: {_percentiles(times[way])}, adds {added * 1000:.1f} ms at "
               f"p50 (goal < 20 ms)\n     where it goes (ms after the post, p50): {phases.summary(way)}")
 
 
+async def _client_process(*, agent: str, consoles: dict[str, str], chats: int,
+                          phases: _Phases) -> dict[str, list[float]]:
+    """Run the person's side in its own process (the console's event loop is the console's alone, as deployed)."""
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        times, marks = await asyncio.get_running_loop().run_in_executor(pool, functools.partial(
+            _client, agent=agent, consoles=consoles, chats=chats, csrf=SESSIONS.csrf_token(principal="local")))
+    phases.merge(marks)
+    return times
+
+
+def _client(*, agent: str, consoles: dict[str, str], chats: int,
+            csrf: str) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """The person's side in a process of its own (as a browser is): the turns' times and marks (post, first text)."""
+    async def run() -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+        async with aiohttp.ClientSession() as http:
+            return await _interleaved(http, agent=agent, consoles=consoles, chats=chats, csrf=csrf)
+
+    return asyncio.run(run())
+
+
 async def _interleaved(http: aiohttp.ClientSession, *, agent: str, consoles: dict[str, str], chats: int,
-                       phases: _Phases) -> dict[str, list[float]]:
+                       csrf: str) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     times: dict[str, list[float]] = {"direct": [], **{way: [] for way in consoles}}
+    marks: dict[str, dict[str, float]] = {}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     for n in range(chats + WARM_UP):
         body = {"messages": [{"role": "user", "content": f"direct {n}"}], "stream": True}
-        started = time.perf_counter()
+        posted, started = time.time(), time.perf_counter()
         async with http.post(f"{agent}/v1/chat/completions", json=body, headers=headers) as answer:
             seconds = await _first_text(answer, relayed=False, started=started)
+        marks[f"direct {n}"] = {"posted": posted, "client gets first text": posted + seconds}
         if n >= WARM_UP:
             times["direct"].append(seconds)
         for way, console in consoles.items():
             said = f"{way} {n}"
             turn = {"session": f"{way}-{n // TURNS_PER_SESSION}", "message": said}
-            phases.posted(said, session=turn["session"])
-            started = time.perf_counter()
+            posted, started = time.time(), time.perf_counter()
             async with http.post(f"{console}/agents/bench/bench/chat", json=turn,
-                                 headers={"X-CSRF-Token": SESSIONS.csrf_token(principal="local")}) as answer:
+                                 headers={"X-CSRF-Token": csrf}) as answer:
                 seconds = await _first_text(answer, relayed=True, started=started)
-            phases.mark(said, "browser gets first text", phases.marks[said]["posted"] + seconds)
+            marks[said] = {"posted": posted, "browser gets first text": posted + seconds}
             if n >= WARM_UP:
                 times[way].append(seconds)
-    return times
+    return times, marks
 
 
 PAGES = ("/agents", "/runs?namespace=ns-0", "/agents/ns-0/agent-0", "/approvals")
