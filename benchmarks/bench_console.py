@@ -374,8 +374,10 @@ async def chat_first_token(*, chats: int, store_url: str) -> None:
                         app.middlewares.insert(0, phases.middleware())
                     async with agent_process(config, bus_url=vhost.url_of(me), folder=Path(root)) as agent, \
                             serving(apps["carried"]) as carried, serving(apps["asked"]) as asked:
+                        cpu = time.process_time()
                         times = await _client_process(agent=agent, consoles={"carried": carried, "asked": asked},
                                                       chats=chats, phases=phases)
+                        cpu = (time.process_time() - cpu) / (chats + WARM_UP)
                 finally:
                     for part in (*relays.values(), history, writer):
                         await part.stop()
@@ -387,7 +389,8 @@ async def chat_first_token(*, chats: int, store_url: str) -> None:
     direct = statistics.median(times["direct"])
     print(f"2. chat, time to the first token ({chats} turns each, interleaved, {TURNS_PER_SESSION} per conversation): "
           f"the agent's own endpoint {_percentiles(times['direct'])}\n     where it goes (ms after the post, p50): "
-          f"{phases.summary('direct')}")
+          f"{phases.summary('direct')}\n     CPU of the consoles' process (with their run writer and history answers, "
+          f"and the scripted model) per round of three turns: {cpu * 1000:.1f} ms")
     for way in WAYS:
         added = statistics.median(times[way]) - direct
         print(f"   through the console, conversation {way}: {_percentiles(times[way])}, adds {added * 1000:.1f} ms at "
