@@ -192,42 +192,60 @@ class AgentReconciler:
         )
         config_text = builders.render_config(resolution.config)
         blocking = list(resolution.blocking_problems) + forbidden
-        rollout: Rollout | None = None
         if forbidden:  # refused as a whole: nothing is written for it, not even its bus identity
             await self._write_status(body, Reconciled.of(body, agent, resolution, blocking=blocking), rollout=None,
                                      now=now)  # fmt: skip
             return
-        # What the pods use (their identity, config, Service and token) at once, then the pods: a request's
-        # wait is not multiplied by the children, and a pod never runs with a stranger's object of those.
+        children = self._ensure_children(agent, resolution, config_text, inputs=inputs, likely_new=new,
+                                         bus_checksum=bus_secret.checksum or "" if bus_secret is not None else "")
+        if self.bus is not None and bus_login is not None:
+            # The broker's user and queues while the children are written: neither waits for the other (the pods
+            # wait for their login), so a new Agent's reconcile takes the longer of the two, not their sum.
+            outcomes = await asyncio.gather(children, self._ensure_bus(agent, resolution, login=bus_login),
+                                            return_exceptions=True)  # fmt: skip
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            rollout, refused = outcomes[0]  # type: ignore[misc]
+        else:
+            rollout, refused = await children
+        blocking += refused
+        found = Reconciled.of(body, agent, resolution, blocking=blocking)
+        await self._write_status(body, found, rollout=rollout, now=now)
+        if rollout is not None:
+            self._reconciled[key] = found
+
+    async def _ensure_children(
+        self, agent: Agent, resolution: Resolution, config_text: str, *, inputs: AgentInputs, likely_new: bool,
+        bus_checksum: str,
+    ) -> tuple[Rollout | None, list[str]]:
+        """The children written where they differ: the Deployment's rollout (None if not made) and what blocks it.
+
+        What the pods use (their identity, config, Service and token) at once, then the pods: a request's
+        wait is not multiplied by the children, and a pod never runs with a stranger's object of those.
+        """
         outcomes = await asyncio.gather(
-            self._token_checksum(agent, fresh_after=inputs.fresh_after, likely_new=new),
+            self._token_checksum(agent, fresh_after=inputs.fresh_after, likely_new=likely_new),
             ensure(self._kube, self._children, SERVICEACCOUNTS, builders.build_service_account(agent)),
             ensure(self._kube, self._children, CONFIGMAPS, builders.build_config_map(agent, config_text)),
             ensure(self._kube, self._children, SERVICES, builders.build_service(agent, self._settings)),
             return_exceptions=True,
         )
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        blocking += [str(failure) for failure in failures if isinstance(failure, ForeignOwner)]
+        blocking = [str(failure) for failure in failures if isinstance(failure, ForeignOwner)]
         for failure in failures:
             if not isinstance(failure, ForeignOwner):
                 raise failure
-        if not failures:
-            checksum = outcomes[0]
-            assert isinstance(checksum, str)
-            wanted = builders.build_deployment(
-                agent, resolution, self._settings, config_text, token_checksum=checksum,
-                bus_checksum=bus_secret.checksum or "" if bus_secret is not None else "",
-            )  # fmt: skip
-            try:
-                rollout = (await ensure(self._kube, self._children, DEPLOYMENTS, wanted)).rollout
-            except ForeignOwner as error:
-                blocking.append(str(error))
-        if self.bus is not None and bus_login is not None:  # after the pods: they wait for their login
-            await self._ensure_bus(agent, resolution, login=bus_login)
-        found = Reconciled.of(body, agent, resolution, blocking=blocking)
-        await self._write_status(body, found, rollout=rollout, now=now)
-        if rollout is not None:
-            self._reconciled[key] = found
+        if failures:
+            return None, blocking
+        checksum = outcomes[0]
+        assert isinstance(checksum, str)
+        wanted = builders.build_deployment(agent, resolution, self._settings, config_text, token_checksum=checksum,
+                                           bus_checksum=bus_checksum)  # fmt: skip
+        try:
+            return (await ensure(self._kube, self._children, DEPLOYMENTS, wanted)).rollout, blocking
+        except ForeignOwner as error:
+            return None, [*blocking, str(error)]
 
     async def _bus_secret(
         self, agent: Agent, *, fresh_after: float, likely_new: bool
