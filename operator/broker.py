@@ -96,6 +96,9 @@ class BusIdentities:
         self._settings = settings
         #: Each reconciled Agent's calls (from its resolved config), so its callees' permissions follow.
         self._calls: dict[Principal, frozenset[Principal]] = {}
+        #: The same, the other way round: who calls each agent (an Agent's reconcile needs its callers, not a scan of
+        #: every Agent's calls, which made N Agents' reconciles cost N x N).
+        self._called_by: dict[Principal, set[Principal]] = {}
         self._locks: dict[Principal, asyncio.Lock] = {}
 
     @classmethod
@@ -167,7 +170,7 @@ class BusIdentities:
         principal = principal_of(agent)
         calls = frozenset(callees(config))
         previous = self._calls.get(principal)
-        self._calls[principal] = calls
+        self._set_calls(principal, calls)
         async with self._lock(principal):
             if await ensure_principal(
                 self._admin, principal, password=_password(secret), calls=calls, called_by=self._callers(principal),
@@ -180,7 +183,8 @@ class BusIdentities:
     async def forget(self, *, namespace: str, name: str) -> None:
         """The Agent is gone: so are its user and inbox, and its callees stop answering it."""
         principal = Principal.agent(namespace=namespace, name=name)
-        calls = self._calls.pop(principal, frozenset())
+        calls = self._calls.get(principal, frozenset())
+        self._set_calls(principal, None)
         async with self._lock(principal):
             if await forget_principal(self._admin, principal):
                 log.info("deleted the broker user and inbox of Agent %s/%s", namespace, name)
@@ -206,7 +210,7 @@ class BusIdentities:
                 await self.forget(namespace=principal.namespace, name=principal.name)
 
     def _callers(self, principal: Principal) -> list[Principal]:
-        calling = sorted(caller for caller, calls in self._calls.items() if principal in calls)
+        calling = sorted(self._called_by.get(principal, ()))
         return [OPERATOR, GATEWAY, CONSOLE, *calling]  # the console: people's chats, answered on its own queues
 
     async def _update_permissions(self, principal: Principal) -> None:
@@ -219,6 +223,20 @@ class BusIdentities:
             )
             if await self._admin.ensure_permissions(user=principal.user, permissions=permissions):
                 log.info("provisioned the broker permissions of Agent %s (its callers changed)", principal.agent_id)
+
+    def _set_calls(self, principal: Principal, calls: frozenset[Principal] | None) -> None:
+        """What `principal` calls now (None: it is gone), in both directions."""
+        previous = self._calls.pop(principal, frozenset())
+        for callee in previous - (calls or frozenset()):
+            callers = self._called_by.get(callee)
+            if callers is not None:
+                callers.discard(principal)
+                if not callers:
+                    del self._called_by[callee]
+        if calls is not None:
+            self._calls[principal] = calls
+            for callee in calls:
+                self._called_by.setdefault(callee, set()).add(principal)
 
     def _lock(self, principal: Principal) -> asyncio.Lock:
         return self._locks.setdefault(principal, asyncio.Lock())

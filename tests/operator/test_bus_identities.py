@@ -100,6 +100,42 @@ async def test_every_agent_gets_its_own_login_inbox_and_permissions_and_loses_th
         assert LEAD.user in await users(vhost)
 
 
+async def test_an_agent_no_longer_called_can_no_longer_answer_its_former_caller(
+    kube: KubeClient, kube_namespace: str, as_operator: str, vhost: Vhost
+) -> None:
+    """Who may answer whom follows the Agents' calls both ways: the callee of a caller that stops calling it loses
+    the right to write to that caller's reply slots (the operator keeps who calls each agent as an index)."""
+    ns = kube_namespace
+    await kube.create(SECRETS, namespace=ns, body=secret("llm", apiKey="sk-test"))
+    await kube.create(AGENTS, namespace=ns, body=agent_body("researcher", namespace=ns))
+    await kube.create(AGENTS, namespace=ns, body=agent_body("lead", namespace=ns, subAgents=[{"name": "researcher"}]))
+    answer = InboxReply(request_id="r1", session_id="s", answer="Lima.")
+    async with operator_running(settings_for(vhost, ns)):
+        url = await eventually(lambda: bus_url(kube, ns, "researcher"), within=30)
+
+        async def answers_lead() -> None:
+            async with await AmqpBus.connect(url=url) as researcher:
+                await researcher.publish(queue=agent_replies(namespace=ns, name="lead", slot=0), body=answer)
+
+        async def allowed() -> None:
+            try:
+                await answers_lead()
+            except AccessRefused as error:  # its login does not work until its user is complete
+                raise AssertionError(str(error)) from error
+
+        await eventually(allowed, within=30)
+        await kube.patch(AGENTS, namespace=ns, name="lead", body={"spec": {"subAgents": None}})  # calls nobody now
+
+        async def refused() -> None:
+            try:
+                await answers_lead()
+            except AccessRefused:
+                return
+            raise AssertionError("the researcher may still write to the lead's reply slots")
+
+        await eventually(refused, within=30)
+
+
 async def test_a_settled_agent_costs_no_write_to_the_api_or_the_broker(
     kube: KubeClient, kube_namespace: str, kube_cluster: KubeCluster, as_operator: str, vhost: Vhost,
     caplog: pytest.LogCaptureFixture,
