@@ -25,6 +25,7 @@ A map only we may fill is compared exactly (`EXACT_FIELDS`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -137,8 +138,8 @@ class Children:
                 self._items[key] = Child.of(resource, body)
             return False
         if held is not None and held.resource_version == version:
-            if held.awaiting_echo:
-                self._items[key] = Child.of(resource, body)
+            if held.awaiting_echo:  # the echo of the answer we keep: the same object, no need to take it again
+                self._items[key] = dataclasses.replace(held, awaiting_echo=False)
             return False
         if held is not None and held.awaiting_echo and not listed:
             return False  # older than our write, whose echo is still on its way
@@ -160,9 +161,12 @@ class Children:
         def record(answer: K8sObject) -> Child:
             version = str(answer["metadata"].get("resourceVersion", ""))
             held = self._items.get(key)
+            news = bool(delivered - {version}) and held is not None and self.on_news is not None
+            if held is not None and version in delivered and not news:
+                return held  # the watch showed our write already, and nothing since: nothing to take from the answer
             answered = Child.of(resource, answer, awaiting_echo=True)
-            if delivered - {version} and held is not None and self.on_news is not None:
-                # someone else changed it too, meanwhile: its owner must look again
+            if news:  # someone else changed it too, meanwhile: its owner must look again
+                assert held is not None and self.on_news is not None
                 self.on_news(held, (held.content, held.controller) == (answered.content, answered.controller))
             if held is not None and version in delivered:
                 return held
