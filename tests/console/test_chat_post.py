@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from rockbot.bus import CONSOLE, MemoryBroker, Principal
 from rockbot.bus.topology import agent_inbox
@@ -23,6 +21,7 @@ from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.kube import KubeClient
+from tests.agent.test_web_rest import serving
 from tests.buses import login
 from tests.console.conftest import Rbac
 from tests.waiting import bounded
@@ -44,19 +43,12 @@ class AnswersOnceTheConversationIsRead:
         return await self._rbac.allowed(identity=identity, namespace=namespace, action=action)
 
 
-@contextlib.asynccontextmanager
-async def console_of(user: str, *, relay: ChatRelay, store: Store, authorizer: AnswersOnceTheConversationIsRead,
-                     kube: KubeClient, sessions: Sessions) -> AsyncIterator[str]:
+def console_of(user: str, *, relay: ChatRelay, store: Store, authorizer: AnswersOnceTheConversationIsRead,
+               kube: KubeClient, sessions: Sessions) -> contextlib.AbstractAsyncContextManager[str]:
     """The console's pages as `rockbot local` serves them to `user` (on loopback), with the given relay and RBAC."""
     gate = Gate(tokens=None, sessions=sessions, local_identity=Identity(username=user))
-    runner = web.AppRunner(build_app(gate=gate, authorizer=authorizer, kube=kube, store=store, chat=relay,
-                                     secure_cookie=False))  # fmt: skip
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    return serving(build_app(gate=gate, authorizer=authorizer, kube=kube, store=store, chat=relay,
+                             secure_cookie=False), host="127.0.0.1")  # fmt: skip
 
 
 async def test_the_conversation_is_read_while_rbac_is_asked_and_a_refused_turn_sends_nothing(
