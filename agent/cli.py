@@ -90,6 +90,7 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
     from rockbot.health import HealthServer, Readiness
 
     readiness = Readiness()
+    readiness.waiting("agent", "starting")  # until the agent's own server takes this port over
     health = HealthServer(readiness=readiness)
     await health.start(host=host, port=port, reuse_port=True)
     connecting = asyncio.create_task(AmqpBus.connect_when_ready(url=url, readiness=readiness))
@@ -100,7 +101,6 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
         connecting.cancel()
         await health.stop()
         return None, None
-    readiness.waiting("agent", "starting")
     return connecting.result(), health
 
 

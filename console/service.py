@@ -38,6 +38,8 @@ class Console:
     def __init__(self, *, settings: ConsoleSettings) -> None:
         self.settings = settings
         self.readiness = Readiness()
+        self._started = False  # ready only once everything start() sets up answers (the Service sends it traffic)
+        self.readiness.check(lambda: None if self._started else "starting: pages, run writer and chat not all up yet")
         self.registry = CollectorRegistry()
         self.metrics = RecorderMetrics(self.registry)
         self.health = HealthServer(readiness=self.readiness, registry=self.registry)
@@ -75,6 +77,7 @@ class Console:
                 await self.desk.start(bus=self.bus)
             if self.chat is not None:
                 await self.chat.start(bus=self.bus)
+        self._started = True
         log.info("console ready (pages, read API, approvals and chat: %s)", "on" if settings.serve_http else "off")
 
     async def _serve_http(self) -> None:

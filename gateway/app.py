@@ -57,6 +57,7 @@ class Gateway:
         self._clock = clock or SystemClock()
         self.metrics = GatewayMetrics()
         self.readiness = Readiness()
+        self.readiness.check(lambda: None if self.webhook_port is not None else "not listening for webhooks yet")
         self.health = HealthServer(readiness=self.readiness, registry=self.metrics.registry)
         self.catalog = Catalog(cross_namespace_events=settings.cross_namespace_events, namespaces=settings.namespaces)
         self._keys: KubeKeys | None = None

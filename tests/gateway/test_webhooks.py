@@ -4,13 +4,19 @@ answer in the Trigger's history; and everything the endpoint refuses."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from rockbot.bus import GATEWAY, AmqpBus, Principal
 from rockbot.bus.topology import GATEWAY_RUNS
 from rockbot.contracts.inbox import InboxReply
+from rockbot.gateway import app as gateway_app
+from rockbot.gateway.webhooks import WebhookServer
 from rockbot.kube import TRIGGERS
 from tests.fixtures.llm import Turn
 from tests.gateway.conftest import ISSUE, PUBLIC_URL, Cluster, StartGateway, send
+from tests.readiness import record_readiness
 from tests.waiting import eventually
 
 
@@ -164,3 +170,22 @@ async def test_a_template_edited_into_one_that_does_not_compile_makes_the_trigge
     await eventually(not_ready)
     refused = await send(gateway, delivery="d-1")
     assert refused.status == 503 and "spec.prompt: line 1" in refused.body["message"]
+
+
+async def test_the_gateway_is_ready_only_once_it_listens_for_webhooks(
+    cluster: Cluster, start_gateway: StartGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod reported ready before its port listens gets webhooks it refuses to connect (the Service sends them)."""
+    made = record_readiness(monkeypatch, gateway_app)
+    said_before_listening: list[list[str]] = []
+
+    class Observed(WebhookServer):
+        async def start(self, **kwargs: Any) -> None:
+            (readiness,) = made
+            said_before_listening.append(readiness.reasons())
+            await super().start(**kwargs)
+
+    monkeypatch.setattr(gateway_app, "WebhookServer", Observed)
+    gateway = await start_gateway()
+    assert said_before_listening == [["not listening for webhooks yet"]]
+    assert gateway.readiness.reasons() == []
