@@ -50,23 +50,38 @@ class AuditLog:
         self._namespace = namespace
         self._stage = f'"{stage}"'.encode()
         self._offset = path.stat().st_size if path.exists() else 0
+        self._inode = path.stat().st_ino if path.exists() else None
         self.events: list[AuditEvent] = []
 
     def read(self) -> list[AuditEvent]:
-        """Take what was logged since the last read; every event so far."""
+        """Take what was logged since the last read; every event so far.
+
+        The API server rotates its log (the rig keeps 200 MB a file, renamed `audit-<time>.log` beside it):
+        the rest of the file read so far is taken from its new name first, then the new file from its start.
+        """
         if not self._path.exists():
             return self.events
-        if self._path.stat().st_size < self._offset:
-            self._offset = 0  # rotated (the rig keeps 200 MB a file): the old file's last lines are not read
-        with self._path.open("rb") as log:
-            log.seek(self._offset)
+        inode = self._path.stat().st_ino
+        if self._inode is not None and inode != self._inode:
+            renamed = [old for old in self._path.parent.glob(f"{self._path.stem}-*{self._path.suffix}")
+                       if old.stat().st_ino == self._inode]  # fmt: skip
+            if renamed:
+                self._take(renamed[0], self._offset)
+            self._offset = 0
+        self._inode = inode
+        self._offset = self._take(self._path, self._offset)
+        return self.events
+
+    def _take(self, path: Path, offset: int) -> int:
+        """Keep the events of `path`'s complete lines from `offset`; the offset after them."""
+        with path.open("rb") as log:
+            log.seek(offset)
             data = log.read()
         end = data.rfind(b"\n") + 1
-        self._offset += end
         mark = self._namespace.encode()
         for line in data[:end].splitlines():
             if mark in line and self._stage in line:
                 event = AuditEvent.of(json.loads(line))
                 if event.namespace == self._namespace or self._namespace in event.user:
                     self.events.append(event)
-        return self.events
+        return offset + end
