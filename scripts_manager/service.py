@@ -145,7 +145,8 @@ class ScriptService:
                 message=f"this request comes from agent {sender.agent_id}, not {request.agent}: ask as yourself",
             )))  # fmt: skip
         fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
-        taken, waited = time.time_ns(), queue_wait(delivery)
+        taken = time.time_ns()
+        waited = queue_wait(delivery, now=taken / 1e9)  # the span below ends at the same moment
         key = (sender.user, request.request_id)
         new = not self._once.knows(key)  # a copy of a request taken before joins it, whatever the sender holds
         if new and self._held[sender.user] >= self._settings.scripts_queued_per_agent:

@@ -75,11 +75,12 @@ def settled(span: Span, outcome: str) -> None:
             span.set_status(Status(StatusCode.ERROR, f"message {outcome}"))
 
 
-def queue_wait(delivery: Delivery) -> float | None:
-    """Seconds from sending to handling (the two clocks may differ a little; never below zero)."""
+def queue_wait(delivery: Delivery, *, now: float | None = None) -> float | None:
+    """Seconds from sending to handling at `now` (default: this moment; the two clocks may differ a little;
+    never below zero)."""
     if delivery.published_at is None:
         return None
-    return max(0.0, time.time() - delivery.published_at)
+    return max(0.0, (time.time() if now is None else now) - delivery.published_at)
 
 
 def _ids(message_id: str | None, correlation_id: str | None) -> dict[str, str]:
