@@ -18,7 +18,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from aiohttp import web
@@ -26,6 +28,8 @@ from pydantic import ValidationError
 
 from rockbot.contracts.agent_config import AMQP_URL_ENV, AgentConfig
 from rockbot.logs import setup_logging
+
+T = TypeVar("T")
 
 log = logging.getLogger("rockbot.agent")
 
@@ -76,7 +80,15 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
-    return asyncio.run(_serve(args, config=config, token=token))
+    return asyncio.run(_serve_until_signalled(args, config=config, token=token))
+
+
+async def _serve_until_signalled(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return await _serve(args, config=config, token=token, stop=stop)
 
 
 async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Event):
@@ -93,18 +105,28 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
     readiness.waiting("agent", "starting")  # until the agent's own server takes this port over
     health = HealthServer(readiness=readiness)
     await health.start(host=host, port=port, reuse_port=True)
-    connecting = asyncio.create_task(AmqpBus.connect_when_ready(url=url, readiness=readiness))
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait([connecting, stopping], return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
-    if not connecting.done():
-        connecting.cancel()
+    bus = await _unless_stopped(AmqpBus.connect_when_ready(url=url, readiness=readiness), stop=stop)
+    if bus is None:
         await health.stop()
         return None, None
-    return connecting.result(), health
+    return bus, health
 
 
-async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
+async def _unless_stopped(work: Awaitable[T], *, stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None (and `work` cancelled) when `stop` is set first."""
+    doing = asyncio.ensure_future(work)
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([doing, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not doing.done():
+        doing.cancel()
+        await asyncio.gather(doing, return_exceptions=True)
+        return None
+    return doing.result()
+
+
+async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | None, stop: asyncio.Event) -> int:
+    """Serve until `stop` is set, then drain and close."""
     from rockbot.agent.approvals import BusApprover
     from rockbot.agent.budget import TokenBudget
     from rockbot.agent.inbox import serve_inbox
@@ -112,14 +134,10 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
     from rockbot.agent.usage_reports import UsageReporter
-    from rockbot.bus import MemoryBroker, Principal
+    from rockbot.bus import BusUnavailable, MemoryBroker, Principal
     from rockbot.bus.admin import ensure_principal
-    from rockbot.health import STOP_STEP_SECONDS, stop_within
+    from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within, wait_for_dependency
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     url = args.bus or os.environ.get(AMQP_URL_ENV)
     port, waiting = args.port, None
     me = Principal.agent(namespace=config.namespace, name=config.name)
@@ -156,7 +174,10 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     )  # fmt: skip
     if reported:  # a person decides in the console, which is on the real bus only
         runtime.approvals.approver = BusApprover(bus=bus)
-    runner = web.AppRunner(build_app(runtime=runtime, token=token), access_log=None)
+    readiness = Readiness()
+    if bus is not None:
+        readiness.waiting("inbox", "not consuming yet")
+    runner = web.AppRunner(build_app(runtime=runtime, token=token, readiness=readiness), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, port, reuse_port=True).start()
     if waiting is not None:
@@ -169,8 +190,11 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         if reported:
             reporter = UsageReporter(budget=budget, bus=bus, namespace=config.namespace, name=config.name)
             reporting = asyncio.create_task(reporter.run(), name="report token usage")
-        if bus is not None:
-            subscription = await serve_inbox(runtime=runtime, bus=bus)
+        if bus is not None:  # the broker may go away meanwhile: not ready, and trying again, until it is back
+            subscription = await _unless_stopped(wait_for_dependency(
+                lambda: serve_inbox(runtime=runtime, bus=bus), readiness=readiness, dependency="inbox",
+                retry_on=(BusUnavailable,),
+            ), stop=stop)  # fmt: skip
         await stop.wait()
         log.info("stopping: draining in-flight work for up to %g s", args.drain_seconds)
     finally:

@@ -40,6 +40,7 @@ from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmAuthError, LlmError, Usage
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.health import Readiness
 from rockbot.resources.checking import describe
 from rockbot.telemetry import server_spans
 
@@ -65,7 +66,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
+def build_app(*, runtime: AgentRuntime, token: str | None, readiness: Readiness | None = None) -> web.Application:
+    """The agent's routes; `/readyz` says 200 once the runtime is started and nothing in `readiness` is pending
+    (the process adds its inbox there: a pod is ready only once it takes work from every door)."""
+    readiness = readiness or Readiness()
+    readiness.check(lambda: None if runtime.ready else "starting: installing tools")
     app = web.Application(middlewares=[server_spans(prefix="/v1/"), _bearer_auth(token)],
                           client_max_size=8 * 1024 * 1024)
 
@@ -81,7 +86,9 @@ def build_app(*, runtime: AgentRuntime, token: str | None) -> web.Application:
         return web.Response(text="ok")
 
     async def readyz(request: web.Request) -> web.Response:
-        return web.Response(text="ready") if runtime.ready else web.Response(text="starting", status=503)
+        if reasons := readiness.reasons():
+            return web.Response(text="not ready: " + "; ".join(reasons), status=503)
+        return web.Response(text="ready")
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=runtime.metrics.exposition(), content_type="text/plain", charset="utf-8")

@@ -123,23 +123,26 @@ class AmqpBus(Bus):
     ) -> Subscription:
         if prefetch < 1:
             raise ValueError(f"prefetch={prefetch} must be at least 1")
-        channel = await self._connection.channel(publisher_confirms=False)
         try:
-            await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await self._declare_on(channel, queue)
-            subscription = _AmqpSubscription(
-                channel=channel, queue=amqp_queue, handler=handler, share=self.dead_letter_share  # type: ignore[arg-type]
-            )
+            channel = await self._connection.channel(publisher_confirms=False)
             try:
-                await subscription.start(exclusive=exclusive)
-            except aiormq.exceptions.ChannelAccessRefused as exc:
-                if "exclusive use" in str(exc):
-                    raise InUse(f"another connection consumes {queue.name!r} exclusively") from exc
-                raise AccessRefused(f"user {self.user!r} may not read {queue.name!r}: {exc}") from exc
-        except BaseException:
-            with contextlib.suppress(*_TRANSIENT):
-                await channel.close()
-            raise
+                await channel.set_qos(prefetch_count=prefetch)
+                amqp_queue = await self._declare_on(channel, queue)
+                subscription = _AmqpSubscription(
+                    channel=channel, queue=amqp_queue, handler=handler, share=self.dead_letter_share  # type: ignore[arg-type]
+                )
+                try:
+                    await subscription.start(exclusive=exclusive)
+                except aiormq.exceptions.ChannelAccessRefused as exc:
+                    if "exclusive use" in str(exc):
+                        raise InUse(f"another connection consumes {queue.name!r} exclusively") from exc
+                    raise AccessRefused(f"user {self.user!r} may not read {queue.name!r}: {exc}") from exc
+            except BaseException:
+                with contextlib.suppress(*_TRANSIENT):
+                    await channel.close()
+                raise
+        except _TRANSIENT as exc:  # the connection went down meanwhile: the caller may try again once it is back
+            raise BusUnavailable(f"cannot consume {queue.name!r}: the broker connection is down ({exc!r})") from exc
         return subscription
 
     async def _declare_on(self, channel: AbstractChannel, queue: Queue) -> AbstractQueue:
