@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
@@ -84,11 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve_until_signalled(args: argparse.Namespace, *, config: AgentConfig, token: str | None) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return await _serve(args, config=config, token=token, stop=stop)
+    from rockbot.health import stop_on_signals
+
+    return await _serve(args, config=config, token=token, stop=stop_on_signals())
 
 
 async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Event):

@@ -130,13 +130,19 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-async def serve_until_signalled(service: Service) -> None:
-    """Run `service` until SIGTERM or SIGINT, also while it is still starting (waiting for the broker); a
-    start-up error ends it. It is stopped on every path."""
+def stop_on_signals() -> asyncio.Event:
+    """An event the running loop sets on SIGTERM or SIGINT: what every process stops on."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
+async def serve_until_signalled(service: Service) -> None:
+    """Run `service` until SIGTERM or SIGINT, also while it is still starting (waiting for the broker); a
+    start-up error ends it. It is stopped on every path."""
+    stop = stop_on_signals()
     starting = asyncio.create_task(service.start())
     stopping = asyncio.create_task(stop.wait())
     try:
