@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
@@ -88,12 +89,21 @@ async def _serve_until_signalled(args: argparse.Namespace, *, config: AgentConfi
     return await _serve(args, config=config, token=token, stop=stop_on_signals())
 
 
-async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Event):
+def _listen(host: str, port: int) -> socket.socket:
+    """The agent's port, bound once for the process: the start-up health server serves a duplicate of it and the
+    agent's own server the socket itself, so the port never closes in between and is never shared with another
+    process (no SO_REUSEPORT)."""
+    family, _, _, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]  # fmt: skip
+    return socket.create_server(address[:2], family=family)
+
+
+async def _wait_for_broker(url: str, *, listener: socket.socket, stop: asyncio.Event):
     """Connect to the broker, retrying until it answers or `stop` is set (then None).
 
     Meanwhile `/healthz` answers on the agent's port and `/readyz` says what it waits for, so the
     kubelet sees a live pod that is not ready rather than one to restart. Returns the bus and the
-    health server, which the caller stops once the agent's own server listens on the same port.
+    health server, which the caller stops once the agent's own server serves `listener` too.
     """
     from rockbot.bus import AmqpBus
     from rockbot.health import HealthServer, Readiness
@@ -101,7 +111,7 @@ async def _wait_for_broker(url: str, *, host: str, port: int, stop: asyncio.Even
     readiness = Readiness()
     readiness.waiting("agent", "starting")  # until the agent's own server takes this port over
     health = HealthServer(readiness=readiness)
-    await health.start(host=host, port=port, reuse_port=True)
+    await health.start(sock=listener.dup())
     bus = await _unless_stopped(AmqpBus.connect_when_ready(url=url, readiness=readiness), stop=stop)
     if bus is None:
         await health.stop()
@@ -136,7 +146,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within, wait_for_dependency
 
     url = args.bus or os.environ.get(AMQP_URL_ENV)
-    port, waiting = args.port, None
+    listener, waiting = _listen(args.host, args.port), None
     me = Principal.agent(namespace=config.namespace, name=config.name)
     if url == "memory":  # a broker of its own, where this agent is the one principal
         broker = MemoryBroker()
@@ -146,13 +156,14 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
             log.warning("--bus memory: no scripts-manager shares this process's bus, so execute_python_script answers "
                         "Unavailable at once; give --bus an AMQP URL with a scripts-manager on it to run scripts")
     elif url:
-        bus, waiting = await _wait_for_broker(url, host=args.host, port=args.port, stop=stop)
+        bus, waiting = await _wait_for_broker(url, listener=listener, stop=stop)
         if bus is None:
+            listener.close()
             return 0  # stopped before the broker answered
-        port = waiting.port
         if bus.user != me.user:
             await bus.close()
             await waiting.stop()
+            listener.close()
             print(
                 f"rockbot agent: the bus URL logs in as {bus.user!r}, but this agent is {me.user!r}: every agent has "
                 f"a login of its own (the operator keeps it in the Secret rockbot-{config.name}-bus)",
@@ -176,9 +187,9 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         readiness.waiting("inbox", "not consuming yet")
     runner = web.AppRunner(build_app(runtime=runtime, token=token, readiness=readiness), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, port, reuse_port=True).start()
+    await web.SockSite(runner, listener).start()  # closed with the runner
     if waiting is not None:
-        await waiting.stop()  # after the agent's server listens: the port is never closed in between
+        await waiting.stop()  # after the agent's server serves the port: it is never closed in between
     port = runner.addresses[0][1]  # the bound one: `--port 0` asks the system for a free port
     log.info("agent %s/%s listening on %s:%d", config.namespace, config.name, args.host, port)
     subscription = reporting = None

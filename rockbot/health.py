@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -90,8 +91,8 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
-    async def start(self, *, host: str, port: int, reuse_port: bool = False) -> None:
-        """Listen; with `reuse_port`, another server may take over the port before this one stops."""
+    async def start(self, *, host: str = "", port: int = 0, sock: socket.socket | None = None) -> None:
+        """Listen on `host` and `port`, or serve on `sock`, a listening socket (closed when this server stops)."""
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -99,9 +100,9 @@ class HealthServer:
             app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host=host, port=port, reuse_port=reuse_port or None)
+        site = web.SockSite(self._runner, sock) if sock is not None else web.TCPSite(self._runner, host, port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
         if self._runner is not None:

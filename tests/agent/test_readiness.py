@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -96,6 +97,43 @@ async def test_a_broker_lost_while_the_agent_subscribes_is_waited_for_and_the_ag
         await eventually(lambda: _ready(port), within=60)
         assert attempts >= 2
     assert task.result() == 0
+
+
+async def test_no_other_process_can_bind_the_agents_port_while_it_waits_for_the_broker_or_serves(
+    late_rabbitmq: RabbitBroker, scripted_llm: ScriptedLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up health server hands the port to the agent's own server without sharing it: a second server
+    asking to share it (SO_REUSEPORT) is refused, and would otherwise get some of the agent's connections."""
+    await asyncio.to_thread(late_rabbitmq.start)
+    async with provisioned(late_rabbitmq, "/") as vhost:
+        config, url = await agent_on(vhost, scripted_llm, monkeypatch)
+    await asyncio.to_thread(late_rabbitmq.stop_server)
+    port = free_port()
+    async with serving(config, url=url, port=port) as task:
+        answer = await eventually(lambda: _waiting_for_the_broker(port, task), within=30)
+        assert "broker" in answer
+        with pytest.raises(OSError, match="in use"):
+            _listen_beside(port)
+        await asyncio.to_thread(late_rabbitmq.start)
+        await eventually(lambda: _ready(port), within=60)
+        with pytest.raises(OSError, match="in use"):
+            _listen_beside(port)
+    assert task.result() == 0
+
+
+def _listen_beside(port: int) -> None:
+    """Listen on `port` as a second server sharing it would (SO_REUSEPORT)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+
+
+async def _waiting_for_the_broker(port: int, task: asyncio.Task[int]) -> str:
+    assert not task.done(), f"the agent ended: {task.exception() or task.result()}"
+    answer = await readyz(port)
+    assert answer is not None and answer[0] == 503, answer
+    return answer[1]
 
 
 async def _ready(port: int) -> None:
