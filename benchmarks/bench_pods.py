@@ -9,13 +9,16 @@ bench_scripts.py):
 - warm, sequential: one request at a time, the pool let refill between requests;
 - warm, back to back: one request at a time, the next as soon as the last answered;
 - warm, N at once: rounds of N requests, the next round as soon as the last answered;
-- cold, sequential and N at once: no pool, a pod made per request.
+- cold, sequential and N at once: no pool, a pod made per request; and cold one a second (each
+  pod's teardown done before the next request, as when scripts are not back to back).
 
 It also counts how many warm requests found no idle pod and went cold (misses), and prints where the
 time went: the p50 and p95 of each step's time since the request (the backend's span events:
 claimed or pod created, scheduled, container running, attach refused/attached, job written, the
 runner's own steps on the pod's clock, script started, answered), the used pod's delete, and how
-long the pool's replacement pods took from create to running. Needs the rig up
+long the pool's replacement pods took from create to running. Before the first case it also prints
+what one pod start costs the machine, in CPU-seconds by component (the pool's first pods, started
+with nothing else running): the bound on how fast a 2-CPU node can refill a pool. Needs the rig up
 (`$K8SREAL/up.sh && $K8SREAL/node-up.sh`, or scripts/e2e-real) and the script image on the node.
 
     python -m benchmarks.bench_pods [--runs 20] [--concurrency 4] [--pool 6] [--cpu 250m] [--memory 128Mi]
@@ -53,7 +56,8 @@ tracer = trace.get_tracer(__name__)
 
 
 async def measure(
-    *, namespace: str, pool: int, runs: int, concurrency: int, wait_for_pool: bool, cpu: str, memory: str
+    *, namespace: str, pool: int, runs: int, concurrency: int, wait_for_pool: bool, cpu: str, memory: str,
+    pause: float = 0.0, cost: bool = False,
 ) -> tuple[list[float], float]:
     """Request-to-answer seconds of `runs` requests, and how many warm requests missed the pool."""
     settings = ScriptsManagerSettings(
@@ -62,6 +66,7 @@ async def measure(
     )  # fmt: skip
     backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
                          metrics=ScriptMetrics(backend="pods"))
+    before = await quiet_node_cpu() if cost and pool else None  # the pool's first pods start with the backend
     await backend.start()
     samples: list[float] = []
 
@@ -76,10 +81,14 @@ async def measure(
     try:
         if pool:
             await idle(backend, pool)
+            if before is not None:
+                await asyncio.sleep(2.0)  # the last pods' status writes and held sessions settle
+                report_node_cost(before, node_cpu(), pods=pool)
         for first in range(0, runs, concurrency):
             if pool and wait_for_pool:
                 await idle(backend, pool)
             await asyncio.gather(*(one(first + i) for i in range(min(concurrency, runs - first))))
+            await asyncio.sleep(pause)
         misses = 0.0
         if pool:
             label = backend.pool.classes[0].label
@@ -100,6 +109,73 @@ async def idle(backend: PodBackend, wanted: int) -> None:
                or 0) < wanted:
             seen = backend.pool.cache.version
             await backend.pool.cache.changed(since=seen, within=1.0)
+
+
+#: The machine's processes in the components a pod start costs, by name (`comm`); what runs under a containerd shim
+#: is the pods' own; what containerd ran and reaped (the CNI plugins, a shim's start) is counted apart from it, what a
+#: shim reaped (runc) with the shims.
+COMPONENTS = {"containerd": "containerd", "containerd-shim": "shims and runc", "kubelet": "kubelet",
+              "kube-apiserver": "kube-apiserver", "etcd": "etcd", "kube-controller": "controllers and scheduler",
+              "kube-scheduler": "controllers and scheduler"}
+
+
+def node_cpu() -> dict[str, float]:
+    """CPU-seconds so far by component: the rig's processes by name, the pods' own processes, the kernel's threads,
+    containerd's reaped children (the CNI plugins), and the machine's total (every CPU's busy time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[str, int, float, float]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = (entry / "stat").read_text()
+            name, fields = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+            stats[int(entry.name)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                      (int(fields[13]) + int(fields[14])) / tick)  # fmt: skip
+    spent: dict[str, float] = defaultdict(float)
+    for pid, (name, _, own, reaped) in stats.items():
+        spent[_component(pid, stats)] += own
+        if name == "containerd":
+            spent["containerd's plugins (CNI, shim starts)"] += reaped
+        elif name == "containerd-shim":
+            spent["shims and runc"] += reaped  # runc's calls (a pod's processes too, once they ended)
+    busy = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    spent["machine"] = (sum(busy) - busy[3] - busy[4]) / tick  # all but idle and iowait
+    return spent
+
+
+async def quiet_node_cpu(*, busy_below: float = 0.25, within: float = 120.0) -> dict[str, float]:
+    """`node_cpu()` once the machine is quiet (under `busy_below` CPUs busy for a second: an earlier run's pods are
+    torn down, say), so that what follows counts the pool's first pods' start alone."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        before = node_cpu()
+        await asyncio.sleep(1.0)
+        after = node_cpu()
+        if after["machine"] - before["machine"] < busy_below or loop.time() > deadline:
+            return after
+
+
+def _component(pid: int, stats: dict[int, tuple[str, int, float, float]]) -> str:
+    name, parent = stats[pid][0], stats[pid][1]
+    if name in COMPONENTS:
+        return COMPONENTS[name]
+    if parent == 2 or pid == 2:
+        return "kernel threads"
+    while parent in stats:
+        if stats[parent][0] == "containerd-shim":
+            return "the pods' own processes"
+        parent = stats[parent][1]
+    return "other processes"
+
+
+def report_node_cost(before: dict[str, float], after: dict[str, float], *, pods: int) -> None:
+    spent = {name: (after.get(name, 0.0) - before.get(name, 0.0)) / pods for name in after}
+    total = spent.pop("machine")
+    parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in sorted(spent.items(), key=lambda item: -item[1])
+                      if seconds >= 0.005)
+    print(f"  node CPU per pod start (the pool's first {pods} pods, nothing else running): {total:.2f} CPU-s; "
+          f"{parts} (processes that ended without a parent that counts them are in the machine's figure only)",
+          flush=True)
 
 
 def report(label: str, samples: list[float], misses: float) -> None:
@@ -147,13 +223,15 @@ async def main(*, runs: int, concurrency: int, pool: int, cpu: str, memory: str)
             print(f"script pods on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
                   f"pool {pool}, script print(1):", flush=True)
             cases = (
-                ("warm, sequential", pool, 1, True), ("warm, back to back", pool, 1, False),
-                (f"warm, {concurrency} at once", pool, concurrency, False),
-                ("cold, sequential", 0, 1, False), (f"cold, {concurrency} at once", 0, concurrency, False),
+                ("warm, sequential", pool, 1, True, 0.0), ("warm, back to back", pool, 1, False, 0.0),
+                (f"warm, {concurrency} at once", pool, concurrency, False, 0.0),
+                ("cold, sequential", 0, 1, False, 0.0), ("cold, one a second", 0, 1, False, 1.0),
+                (f"cold, {concurrency} at once", 0, concurrency, False, 0.0),
             )  # fmt: skip
-            for label, size, at_once, wait in cases:
+            for number, (label, size, at_once, wait, pause) in enumerate(cases):
                 samples, misses = await measure(namespace=namespace, pool=size, runs=runs, concurrency=at_once,
-                                                wait_for_pool=wait, cpu=cpu, memory=memory)
+                                                wait_for_pool=wait, cpu=cpu, memory=memory, pause=pause,
+                                                cost=number == 0)  # fmt: skip
                 report(label, samples, misses)
         finally:
             with contextlib.suppress(NotFound):
