@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -174,12 +173,6 @@ def _only_child(init: int) -> int:
                 return int(children[0])
         time.sleep(0.01)
     raise RuntimeError("bubblewrap's init started no process")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def kubeconfig_for(emulator: Any, *, token: str) -> str:

@@ -22,13 +22,13 @@ from tests.operator.test_operator_e2e import secret
 from tests.pod_process import (
     PodProcess,
     Probes,
-    free_port,
     late_rabbitmq,
     pods,
     start,
     wait_until,
     waiting_for_the_broker,
 )
+from tests.ports import free_port
 from tests.waiting import eventually
 
 __all__ = ["late_rabbitmq", "pods"]  # fixtures

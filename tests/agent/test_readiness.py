@@ -18,7 +18,8 @@ from rockbot.bus import LOCAL, Principal
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedLLM
 from tests.fixtures.rabbitmq import RabbitBroker, Vhost, provisioned
-from tests.pod_process import free_port, http_get, late_rabbitmq
+from tests.pod_process import http_get, late_rabbitmq
+from tests.ports import free_port
 from tests.waiting import eventually
 
 __all__ = ["late_rabbitmq"]  # fixture

@@ -22,12 +22,12 @@ from tests.pod_process import (
     PodProcess,
     Probes,
     chart_pod_spec,
-    free_port,
     pods,
     start,
     wait_until,
     waiting_for_the_broker,
 )
+from tests.ports import free_port
 
 __all__ = ["helm", "pods", "render"]  # fixtures
 STOP_WITHIN = 10.0

@@ -16,6 +16,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from tests.ports import free_port
+
 API_KEY = "sk-or-v1-test-key-0123456789"
 MANAGEMENT_KEY = "sk-or-v1-management-key-9876543210"
 
@@ -125,16 +127,10 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="package")
 def mcp_url(openrouter: FakeOpenRouter) -> Iterator[str]:
     """The MCP server as a process (the same CLI the pod runs), pointed at the fake OpenRouter."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OPENROUTER_API_KEY": API_KEY, "OPENROUTER_MANAGEMENT_KEY": MANAGEMENT_KEY,
            "OPENROUTER_BASE_URL": openrouter.base_url}
     process = run_cli("--host", "127.0.0.1", "--port", str(port), env=env)

@@ -22,11 +22,11 @@ from tests.pod_process import (
     PodProcess,
     Probes,
     chart_pod_spec,
-    free_port,
     kubeconfig_for,
     start,
     wait_until,
 )
+from tests.ports import free_port
 
 #: The release namespace of `helm template` (the operator watches it by default).
 NAMESPACE = "rockbot"

@@ -33,7 +33,7 @@ from tests.kubeapi.kubelet import FakeKubelet
 from tests.operator.harness import condition, operator_running
 from tests.operator.samples import agent, agent_body
 from tests.operator.test_operator_e2e import create_basics
-from tests.pod_process import free_port
+from tests.ports import free_port
 from tests.waiting import eventually
 
 NS = "default"

@@ -32,7 +32,7 @@ from tests.operator.audit import AuditLog
 from tests.operator.harness import condition, operator_running
 from tests.operator.kubelet import pods_ready
 from tests.operator.samples import agent_body, tool_body
-from tests.pod_process import free_port
+from tests.ports import free_port
 from tests.waiting import eventually
 
 

@@ -18,7 +18,6 @@ from tests.pod_process import (
     PodProcess,
     Probes,
     chart_pod_spec,
-    free_port,
     kubeconfig_for,
     late_rabbitmq,
     pods,
@@ -26,6 +25,7 @@ from tests.pod_process import (
     wait_until,
     waiting_for_the_broker,
 )
+from tests.ports import free_port
 
 __all__ = ["helm", "late_rabbitmq", "pods", "render"]  # fixtures
 #: How long SIGTERM may take to stop a process: a pod is killed 30 s after it by default.

@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, ScriptInvokeRequest, 
 from rockbot.scripts_manager.app import ScriptsManager
 from tests.buses import ALICE
 from tests.fixtures.rabbitmq import RabbitBroker, Vhost, provisioned
+from tests.ports import free_port
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_service import _make_gate
 from tests.waiting import bounded, eventually
@@ -180,18 +180,12 @@ def _sample(manager: ScriptsManager, name: str, **labels: str) -> float | None:
     return manager.metrics.registry.get_sample_value(name, {"backend": "local", **labels})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 #: The installed `rockbot` command, next to this interpreter.
 CLI = [str(Path(sys.executable).parent / "rockbot"), "scripts-manager"]
 
 
 async def test_cli_serves_until_sigterm_and_refuses_bad_settings(vhost: Vhost, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         "PATH": os.environ["PATH"], "ROCKBOT_AMQP_URL": await vhost.url(SCRIPTS_MANAGER),
         "ROCKBOT_SCRIPTS_BACKEND": "local",
