@@ -92,7 +92,7 @@ async def test_a_broker_lost_while_the_agent_subscribes_is_waited_for_and_the_ag
 
     monkeypatch.setattr(inbox, "serve_inbox", broker_gone_at_first)
     async with serving(config, url=url, port=port) as task:
-        why = await eventually(lambda: _waiting_for_the_inbox(port, task), within=30)
+        why = await eventually(lambda: _not_ready(port, task, saying="attempt"), within=30)
         assert "inbox" in why
         await asyncio.to_thread(late_rabbitmq.start)
         await eventually(lambda: _ready(port), within=60)
@@ -111,8 +111,7 @@ async def test_no_other_process_can_bind_the_agents_port_while_it_waits_for_the_
     await asyncio.to_thread(late_rabbitmq.stop_server)
     port = free_port()
     async with serving(config, url=url, port=port) as task:
-        answer = await eventually(lambda: _waiting_for_the_broker(port, task), within=30)
-        assert "broker" in answer
+        await eventually(lambda: _not_ready(port, task, saying="broker"), within=30)
         with pytest.raises(OSError, match="in use"):
             _listen_beside(port)
         await asyncio.to_thread(late_rabbitmq.start)
@@ -130,21 +129,14 @@ def _listen_beside(port: int) -> None:
         sock.listen()
 
 
-async def _waiting_for_the_broker(port: int, task: asyncio.Task[int]) -> str:
-    assert not task.done(), f"the agent ended: {task.exception() or task.result()}"
-    answer = await readyz(port)
-    assert answer is not None and answer[0] == 503, answer
-    return answer[1]
-
-
 async def _ready(port: int) -> None:
     answer = await readyz(port)
     assert answer is not None and answer[0] == 200, answer
 
 
-async def _waiting_for_the_inbox(port: int, task: asyncio.Task[int]) -> str:
-    """What `/readyz` says once it waits to subscribe again (the agent still running)."""
+async def _not_ready(port: int, task: asyncio.Task[int], *, saying: str) -> str:
+    """What `/readyz` says while the agent, still running, is not ready and says `saying`."""
     assert not task.done(), f"the agent ended: {task.exception() or task.result()}"
     answer = await readyz(port)
-    assert answer is not None and answer[0] == 503 and "attempt" in answer[1], answer
+    assert answer is not None and answer[0] == 503 and saying in answer[1], answer
     return answer[1]
