@@ -137,7 +137,8 @@ class ApprovalGate:
         if waiting is not None:
             waiting.inc()
         try:
-            decision = await asyncio.wait_for(self.approver.ask(request), timeout=policy.timeout_seconds)
+            async with asyncio.timeout(policy.timeout_seconds):
+                decision = await self.approver.ask(request)
         except TimeoutError:
             decision = None
         except BusError as exc:  # nobody could be asked: the call does not run (fail closed)

@@ -51,7 +51,8 @@ class ProgressRelay:
         self._closing = True
         self._wake.set()
         try:
-            await asyncio.wait_for(asyncio.shield(self._sender), timeout=FLUSH_SECONDS)
+            async with asyncio.timeout(FLUSH_SECONDS):
+                await asyncio.shield(self._sender)
         except TimeoutError:
             log.warning("progress of %s not sent within %g s; the reply goes without it", self._request_id,
                         FLUSH_SECONDS)

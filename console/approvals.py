@@ -136,7 +136,8 @@ class ApprovalDesk:
         try:
             if self._on_pending is not None and not delivery.redelivered:
                 await self._on_pending(request)
-            await asyncio.wait_for(held.decided, timeout=wait)
+            async with asyncio.timeout(wait):
+                await held.decided
         except TimeoutError:
             log.info("approval %s expired undecided", request.approval_id)
         finally:

@@ -146,7 +146,8 @@ class RunWriter:
             while len(pending) < self._limits.max_batch:
                 remaining = deadline - asyncio.get_running_loop().time()
                 try:
-                    pending.append(await asyncio.wait_for(self._queue.get(), timeout=max(remaining, 0)))
+                    async with asyncio.timeout(max(remaining, 0)):
+                        pending.append(await self._queue.get())
                 except TimeoutError:
                     break
             await self._write(pending)

@@ -191,7 +191,8 @@ class Scheduler:
                 else:
                     log.exception("ScheduledTask %s/%s: the loop failed unexpectedly; restarting in %s s", *key, delay)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(state.changed.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await state.changed.wait()
                 continue
             await self._wait(state, wake_at)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import logging
+
+import pytest
 
 from rockbot.clock import ManualClock
 from rockbot.kube import SCHEDULED_TASKS
 from tests.scheduling.conftest import Cluster, FakeAgent
 from tests.scheduling.faulty_link import FaultyLink
-from tests.waiting import eventually
+from tests.waiting import bounded, eventually
 
 UTC = datetime.UTC
 
@@ -95,6 +99,36 @@ async def test_a_dropped_api_connection_does_not_stop_the_task(
     await outcomes(cluster, [("2024-05-01T11:00:00Z", "Succeeded")])
     assert faulty_link.dropped == 1
     assert len(agent.received) == 1
+
+
+async def test_a_task_loop_cancelled_as_a_change_arrives_during_its_backoff_ends(
+    cluster: Cluster, clock: ManualClock, start_scheduler, faulty_link: FaultyLink, faulty_kube,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`stop()` cancels each task's loop; a change that wakes the loop in the same instant must not undo that.
+
+    Python 3.11's `asyncio.wait_for` returned the awaited result when the awaiting task was cancelled just as
+    the result came, dropping the cancellation: the loop planned again and waited for ever, and `stop()` with it.
+    """
+    caplog.set_level(logging.WARNING, logger="rockbot.operator.scheduling.firing")
+    await cluster.agent()
+    await cluster.task()
+    scheduler = await start_scheduler(kube=faulty_kube)
+    await scheduled(cluster, next_at="2024-05-01T11:00:00Z")
+    faulty_link.drop_requests(method="PATCH", path_part="/scheduledtasks/report/status", times=1000)
+    clock.set(at("2024-05-01T11:00:00+00:00"))
+
+    async def backing_off() -> None:
+        assert "trying again in" in caplog.text
+
+    await eventually(backing_off)
+    state = scheduler._tasks[(cluster.ns, "report")]
+    assert state.loop is not None
+    # In one instant, as a watch event and `stop()` may come: the task changes, and its loop is cancelled.
+    scheduler._task_changed(await cluster.kube.get(SCHEDULED_TASKS, namespace=cluster.ns, name="report"))
+    state.loop.cancel()
+    await bounded(asyncio.gather(state.loop, return_exceptions=True), within=10, what="the cancelled loop to end")
+    assert state.loop.cancelled()
 
 
 async def test_a_run_recorded_but_not_sent_before_a_restart_is_delivered_once(
