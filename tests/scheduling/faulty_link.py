@@ -75,18 +75,20 @@ class FaultyLink:
         pump = asyncio.current_task()
         assert pump is not None
         self._pumps.add(pump)
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target_port,
-                                                                         ssl=self._upstream_tls)
+        writers = [client_writer]
         losing: list[_Fault] = []
         try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target_port,
+                                                                             ssl=self._upstream_tls)
+            writers.append(upstream_writer)
             await asyncio.gather(
                 self._requests(client_reader, upstream_writer, losing),
                 self._responses(upstream_reader, client_writer, losing),
             )
-        except (ConnectionError, _Cut):
-            pass
+        except (ConnectionError, _Cut, asyncio.CancelledError):
+            pass  # cancelled: the link went down, or it stops (asyncio's server would log a cancelled relay)
         finally:
-            for writer in (client_writer, upstream_writer):
+            for writer in writers:
                 writer.close()  # a clean close: the client sees the server hang up, not a reset
             self._pumps.discard(pump)
 
