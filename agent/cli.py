@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from rockbot.contracts.agent_config import AMQP_URL_ENV, AgentConfig
 from rockbot.logs import setup_logging
+from rockbot.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -126,8 +127,7 @@ async def _unless_stopped(work: Awaitable[T], *, stop: asyncio.Event) -> T | Non
     await asyncio.wait([doing, stopping], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     if not doing.done():
-        doing.cancel()
-        await asyncio.gather(doing, return_exceptions=True)
+        await cancel_and_wait(doing)
         return None
     return doing.result()
 
@@ -206,9 +206,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         await stop.wait()
         log.info("stopping: draining in-flight work for up to %g s", args.drain_seconds)
     finally:
-        if reporting is not None:
-            reporting.cancel()
-            await asyncio.gather(reporting, return_exceptions=True)
+        await cancel_and_wait(reporting)
         if subscription is not None:
             drain = args.drain_seconds
             await stop_within(drain + STOP_STEP_SECONDS, subscription.close(drain_seconds=drain), what="draining")

@@ -9,12 +9,12 @@ requester's queue is gone or refuses, the rest is dropped (the reply still goes 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from rockbot.bus import Bus, BusError
 from rockbot.bus.topology import Queue
 from rockbot.contracts.progress import Event, TextDelta, TurnProgress
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,7 @@ class ProgressRelay:
         except TimeoutError:
             log.warning("progress of %s not sent within %g s; the reply goes without it", self._request_id,
                         FLUSH_SECONDS)
-            self._sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+            await cancel_and_wait(self._sender)
 
     async def _send_forever(self) -> None:
         while True:

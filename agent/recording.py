@@ -57,6 +57,7 @@ from rockbot.contracts.recording import (
     ToolCalled,
     cut,
 )
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -287,9 +288,7 @@ class RunRecorder:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(flush_seconds):
                 await self._buffer.join()
-        self._sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._sender
+        await cancel_and_wait(self._sender)
         self._sender = None
 
     async def _send_forever(self) -> None:

@@ -18,7 +18,6 @@ memory, answered on its own reply queue.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies_pr
 from rockbot.console.store import Batch, Store, StoreUnavailable
 from rockbot.contracts.recording import MAX_BATCH_BYTES, HistoryRequest, RunEvents
 from rockbot.health import Readiness
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,8 @@ class RunWriter:
         if self._subscription is not None:
             await self._subscription.close(drain_seconds=drain_seconds)
             self._subscription = None
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-            self._flusher = None
+        await cancel_and_wait(self._flusher)
+        self._flusher = None
 
     async def _on_events(self, delivery: Delivery) -> None:
         sender = delivery.sender

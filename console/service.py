@@ -9,7 +9,6 @@ database and the broker may come up after it: until they do, readiness says whic
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 
@@ -30,6 +29,7 @@ from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.kube import KubeClient
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,7 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self.chat.stop(), what="the chat relay")
         if self.bus is not None:
             await stop_within(STOP_STEP_SECONDS, self.bus.close(), what="closing the broker connection")
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await cancel_and_wait(self._sweeper)
         if self._http is not None:
             await stop_within(STOP_STEP_SECONDS, self._http.cleanup(), what="the HTTP server")
         if self.kube is not None:

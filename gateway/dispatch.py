@@ -26,6 +26,7 @@ from rockbot.gateway.admission import KIND
 from rockbot.gateway.ledger import Key, Ledger
 from rockbot.kube import ApiError, NotFound
 from rockbot.resources.trigger import Trigger, TriggerStatus
+from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,7 @@ class Dispatch:
             await self._subscription.close()
             self._subscription = None
         timers = [task for _, task in self._timers.values()]
-        for task in timers:
-            task.cancel()
-        await asyncio.gather(*timers, return_exceptions=True)
+        await cancel_and_wait(*timers)
         self._timers.clear()
 
     async def send(self, trigger: Trigger, *, run: str, prompt: str) -> None:

@@ -19,6 +19,7 @@ from rockbot.gateway.admission import Offer
 from rockbot.gateway.catalog import Catalog, Entry
 from rockbot.kube import EVENTS, KubeClient
 from rockbot.kube.mirroring import mirror
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,7 @@ class EventWatch:
             log.info("watching Events in %s", namespace)
 
     async def stop(self) -> None:
-        watches = list(self._watches.values())
-        for task in watches:
-            task.cancel()
-        await asyncio.gather(*watches, return_exceptions=True)
+        await cancel_and_wait(*self._watches.values())
         self._watches.clear()
 
     def _observed(self, event: Event) -> None:

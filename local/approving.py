@@ -23,6 +23,7 @@ from typing import TextIO
 from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.contracts.approvals import ApprovalDecision, ApprovalRequest
 from rockbot.local.terminal import Terminal
+from rockbot.tasks import cancel_and_wait
 
 _YES = {"y", "yes"}
 
@@ -75,9 +76,7 @@ class ConsoleAndTerminal:
                 await desk.decide(approval_id=request.approval_id, approved=answer.approved, reason=answer.reason,
                                   decided_by=answer.decided_by)
             return
-        asking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asking
+        await cancel_and_wait(asking)
         if decided.cancelled():
             self._err.write("\n  (no decision in time)\n")
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
 from typing import TextIO
@@ -14,6 +13,7 @@ from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import LOCAL
 from rockbot.contracts.inbox import InboxReply
 from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.tasks import cancel_and_wait
 
 SESSION = "local-terminal"
 #: Seconds without a word from the model before the chat says it is still waiting (and again after as many).
@@ -116,8 +116,6 @@ async def ask(agent: AgentRuntime, text: str, *, printer: Printer) -> bool:
         printer.err.flush()
         return False
     finally:
-        waiting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waiting
+        await cancel_and_wait(waiting)
     printer.finish(result.answer, list(result.tools_called))
     return True

@@ -32,6 +32,7 @@ from rockbot.contracts.scheduling import CancelTask, ListTasks, ScheduleTask, Sc
 from rockbot.local.manifests import NAMESPACE
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
 from rockbot.resources import ScheduledTask
+from rockbot.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 Report = Callable[[str, InboxReply | None, str | None], None]
@@ -69,10 +70,7 @@ class LocalScheduler:
             entry.loop = asyncio.create_task(self._fire_forever(entry))
 
     async def close(self) -> None:
-        loops = [entry.loop for entry in self._entries.values() if entry.loop is not None]
-        for loop in loops:
-            loop.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await cancel_and_wait(*(entry.loop for entry in self._entries.values()))
 
     def tool_set(self) -> _SchedulingTools:
         """What gives an agent the `scheduling` tools answered by this scheduler (for `AgentRuntime` tool_sets)."""

@@ -49,6 +49,7 @@ from rockbot.operator.children import ensure_created
 from rockbot.operator.settings import OperatorSettings
 from rockbot.resources import Agent
 from rockbot.resources.common import SecretKeyRef
+from rockbot.tasks import cancel_and_wait
 
 K8sObject = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -275,9 +276,7 @@ def register_broker(registry: kopf.OperatorRegistry, runtime: _RuntimeLike, *, r
 
     @kopf.on.cleanup(registry=registry)
     async def stop_provisioning(**_: Any) -> None:
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(*running)
         if identities is not None:
             await identities.close()
 

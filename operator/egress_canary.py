@@ -49,6 +49,7 @@ from rockbot.conditions import ConditionUpdate
 from rockbot.kube import NETWORKPOLICIES, PODS, SERVICEACCOUNTS, ApiError, Conflict, Gone, KubeClient, NotFound
 from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.reachability import CONDITION, PROBE, PROBE_TIMEOUT_SECONDS, Proof, Targets, findings, now, uris
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +187,7 @@ class EgressCanaries:
         self._waiting.get(namespace, {}).pop(name, None)
 
     async def stop(self) -> None:
-        for task in self._running.values():
-            task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await cancel_and_wait(*self._running.values())
 
     def _fresh(self, proof: Proof) -> bool:
         """A proof holds for the interval; a canary that could not run is tried again within a minute."""

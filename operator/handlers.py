@@ -37,6 +37,7 @@ from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.tool_status import ToolStatusWriter
 from rockbot.operator.workqueue import WorkQueue
 from rockbot.resources import GROUP, VERSION
+from rockbot.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 MANAGED = f"app.kubernetes.io/managed-by={builders.MANAGED_BY}"
@@ -216,9 +217,7 @@ class Runtime:
         self._tasks.append(asyncio.create_task(self._run(synced), name="reconcile"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.egress is not None:
             await self.egress.stop()

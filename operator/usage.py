@@ -16,7 +16,6 @@ A report of a day older than the total's is dropped; a newer day starts the tota
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from rockbot.bus import BadMessage, Bus, Delivery, Principal, Refused, Subscript
 from rockbot.bus.topology import OPERATOR_USAGE, agent_replies_prefix
 from rockbot.contracts.usage import MAX_REPORT_BYTES, UsageReport, UsageTotal
 from rockbot.kube import AGENTS, ApiError, KubeClient, NotFound
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +77,7 @@ class UsageLedger:
 
     async def stop(self) -> None:
         """Write what is held and ack its reports; the reports not yet written come back to the next operator."""
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+        await cancel_and_wait(self._flusher)
         await self.flush()
         if self._subscription is not None:
             await self._subscription.close(drain_seconds=STOP_DRAIN_SECONDS)

@@ -25,6 +25,8 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Hashable
 
+from rockbot.tasks import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 #: The pause before a failed key is tried again the first time; it doubles with each failure, up to the last.
@@ -88,9 +90,7 @@ class WorkQueue:
             self._pacer = None
         self._retries.clear()
         self._due.clear()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
 
     async def idle(self) -> None:

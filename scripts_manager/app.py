@@ -30,6 +30,7 @@ from rockbot.scripts_manager.limits import AgentLimits, FixedLimits, MirroredAge
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from rockbot.kube.client import KubeClient
@@ -159,9 +160,7 @@ class ScriptsManager:
         if self._mirror is not None:
             await self._mirror.stop()
             await stop_within(STOP_STEP_SECONDS, self._mirror.kube.close(), what="closing the API client")
-        if self._canary_task is not None:
-            self._canary_task.cancel()
-            await asyncio.gather(self._canary_task, return_exceptions=True)
+        await cancel_and_wait(self._canary_task)
         if self._backend is not None:
             await stop_within(STOP_STEP_SECONDS, self._backend.close(), what="closing the sandbox backend")
         if self._own_bus and self._bus is not None:

@@ -50,6 +50,7 @@ from rockbot.reachability import (
     probe_input,
 )
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptBackend, ScriptJob
+from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,7 @@ class IsolationCanary:
                 why = await self._next()
                 log.info("isolation canary again: %s", why)
         finally:
-            if watching is not None:
-                watching.cancel()
-                await asyncio.gather(watching, return_exceptions=True)
+            await cancel_and_wait(watching)
 
     def again(self, why: str) -> None:
         """Prove again soon: something that may open or close a route changed. Changes less than

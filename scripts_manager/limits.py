@@ -29,6 +29,7 @@ from rockbot.kube import AGENTS, KubeClient
 from rockbot.kube.mirroring import mirror
 from rockbot.resources import Agent
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,7 @@ class MirroredAgents:
         await asyncio.gather(*(event.wait() for event in synced))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
 
     def _upsert(self, body: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ from rockbot.operator.builders import MANAGED_BY
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
 from rockbot.resources import GROUP, VERSION
+from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,7 @@ class Scheduler:
             await self._replies.close()
             self._replies = None
         running = [*self._watchers, *(state.loop for state in self._tasks.values() if state.loop is not None)]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(*running)
         await asyncio.gather(*self._steps, return_exceptions=True)  # a write is followed by its publish
         self._watchers.clear()
         self._tasks.clear()

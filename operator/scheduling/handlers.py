@@ -26,6 +26,7 @@ from rockbot.operator.scheduling.firing import AgentFeed, Scheduler
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.usage import UsageLedger
+from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,7 @@ def register_scheduling(
 
     @kopf.on.cleanup(registry=registry)
     async def stop_scheduling(**_: Any) -> None:
-        for task in starting:
-            task.cancel()
-        await asyncio.gather(*starting, return_exceptions=True)
+        await cancel_and_wait(*starting)
         await stop_within(STOP_STEP_SECONDS, _stop_parts(parts), what="stopping scheduling")
         # Always reached: a connection left open would go on reconnecting to a broker that is gone.
         await stop_within(STOP_STEP_SECONDS, _close(opened), what="closing the broker connection")

@@ -14,7 +14,6 @@ RabbitMQ, see `deadletters`). Messages do not survive the process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Sequence
 
@@ -34,6 +33,7 @@ from rockbot.bus.topology import (
     Queue,
     dead_letter_record,
 )
+from rockbot.tasks import cancel_and_wait
 
 
 class _Stored(BaseModel):
@@ -326,9 +326,7 @@ class _MemorySubscription(Subscription):
         self._queue.consumers.discard(self)
         if not self._queue.consumers:
             self._queue.exclusive = False
-        self._dispatcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._dispatcher
+        await cancel_and_wait(self._dispatcher)
         if self._in_flight and drain_seconds > 0:
             await asyncio.wait(self._in_flight, timeout=drain_seconds)
         for task in list(self._in_flight):

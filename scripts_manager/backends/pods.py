@@ -76,6 +76,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
 from rockbot.scripts_manager.backends.pool import WarmPool
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
@@ -119,11 +120,7 @@ class PodBackend:
             self._tasks.append(asyncio.create_task(self.pool.run(), name="keep the warm pool"))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         if self._deleting:
             await asyncio.wait(self._deleting)
         if self.pool is not None:
