@@ -59,8 +59,7 @@ class Dispatch:
         if self._subscription is not None:
             await self._subscription.close()
             self._subscription = None
-        timers = [task for _, task in self._timers.values()]
-        await cancel_and_wait(*timers)
+        await cancel_and_wait(*(task for _, task in self._timers.values()))
         self._timers.clear()
 
     async def send(self, trigger: Trigger, *, run: str, prompt: str) -> None:

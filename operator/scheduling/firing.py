@@ -127,8 +127,7 @@ class Scheduler:
         if self._replies is not None:
             await self._replies.close()
             self._replies = None
-        running = [*self._watchers, *(state.loop for state in self._tasks.values() if state.loop is not None)]
-        await cancel_and_wait(*running)
+        await cancel_and_wait(*self._watchers, *(state.loop for state in self._tasks.values()))
         await asyncio.gather(*self._steps, return_exceptions=True)  # a write is followed by its publish
         self._watchers.clear()
         self._tasks.clear()
