@@ -25,6 +25,7 @@ from tests.kubeapi.store import Watcher
 _TRUE = {"true", "True", "1"}
 #: Pod subresources served besides `status`: read as the kubelet answers them, or the scheduler's binding.
 _POD_SUBRESOURCES = {"log", "attach", "binding"}
+_WRITES = {"POST", "PUT", "PATCH", "DELETE"}
 #: How long the server waits for an attached client to close after the final Status (the real one: 15 min).
 _ATTACH_FINISH_SECONDS = 10.0
 
@@ -76,6 +77,11 @@ class KubeApiEmulator(kmock.KubernetesScaffold):
     def requests(self) -> list[kmock.Request]:
         """Every request served so far, in order (kmock's log)."""
         return list(self._requests)
+
+    def writes_since(self, mark: int = 0) -> list[kmock.Request]:
+        """Write requests after the first `mark` requests (`mark = len(emulator.requests)`): what the
+        scheduling and gateway benchmarks count per run."""
+        return [request for request in self._requests[mark:] if str(request.method.value).upper() in _WRITES]
 
     def set_pod_log(self, *, namespace: str, name: str, text: str, container: str | None = None) -> None:
         """Play the kubelet: the text `pods/{name}/log` answers (for one container, or the only one)."""
