@@ -2,7 +2,8 @@
 shows a person the answer as it streams and each tool call as it starts and ends.
 
 The loop hands events to `ProgressRelay` without waiting for the broker: one sender publishes them in order,
-text deltas that piled up meanwhile merged into one message, so a slow broker never slows the turn. If the
+text deltas that piled up meanwhile merged into one message, so a slow broker never slows the turn (each message
+within what the requester reads: long text in pieces, a tool's arguments cut). If the
 requester's queue is gone or refuses, the rest is dropped (the reply still goes out, the turn is unaffected).
 """
 
@@ -13,7 +14,7 @@ import logging
 
 from rockbot.bus import Bus, BusError
 from rockbot.bus.topology import Queue
-from rockbot.contracts.progress import Event, TextDelta, TurnProgress
+from rockbot.contracts.progress import MAX_PROGRESS_CHARS, Event, TextDelta, ToolStarted, TurnProgress
 from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class ProgressRelay:
             await self._wake.wait()
             self._wake.clear()
             batch, self._pending = self._pending, []
-            for event in batch:
+            for event in _within_bounds(batch):
                 if not await self._send(event):
                     return
             if self._closing and not self._pending:
@@ -80,3 +81,18 @@ class ProgressRelay:
             self._pending.clear()
             return False
         return True
+
+
+def _within_bounds(events: list[Event]) -> list[Event]:
+    """The events as the requester reads them (`MAX_PROGRESS_BYTES` a message): merged text in pieces of at most
+    `MAX_PROGRESS_CHARS`, a tool's arguments cut there (the call itself keeps them whole)."""
+    bounded: list[Event] = []
+    for event in events:
+        if isinstance(event, TextDelta) and len(event.text) > MAX_PROGRESS_CHARS:
+            bounded.extend(TextDelta(text=event.text[start:start + MAX_PROGRESS_CHARS])
+                           for start in range(0, len(event.text), MAX_PROGRESS_CHARS))
+        elif isinstance(event, ToolStarted) and len(event.arguments) > MAX_PROGRESS_CHARS:
+            bounded.append(event.model_copy(update={"arguments": event.arguments[:MAX_PROGRESS_CHARS]}))
+        else:
+            bounded.append(event)
+    return bounded

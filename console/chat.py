@@ -5,7 +5,10 @@ The console never holds an agent's HTTP token: it talks to agents the way the pl
 the bus with its own broker login. The agent takes `on_behalf_of` only from that login (the broker checks
 `user_id`), so no agent or other service can speak for a person, and it records the run's caller as
 `console:<user>`: the conversation (kept in the run store) is that person's alone. The console takes a
-message on its reply queue only from the agent it asked and only under the turn's random request id.
+message on its reply queue only from the agent it asked and only under the turn's random request id, and holds a
+bounded amount of it for a page that reads slowly: `TURN_BUFFER_BYTES` of one turn's progress, `AGENT_BUFFER_BYTES`
+of all one agent's turns (past that its progress is dropped, never the answer); an unreadable message is dropped
+alone, so the answer that follows it still reaches the person.
 
 The console reads the person's conversation from the run store and sends it with the turn (`conversation`), so
 the agent starts the model at once instead of asking `console.history` for it first (a bus round trip that was
@@ -30,17 +33,23 @@ from rockbot.bus.topology import Queue, agent_inbox, service_replies
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.contracts.conversations import console_caller
 from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
-from rockbot.contracts.progress import Event, TurnProgress
+from rockbot.contracts.progress import MAX_PROGRESS_BYTES, Event, TurnProgress
 from rockbot.contracts.recording import HistoryReply
 
 log = logging.getLogger(__name__)
 
-#: The longest a progress message or reply the console reads (a reply holds a whole answer).
+#: The longest reply the console reads (it holds a whole answer); a longer one is dropped unread.
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 #: A turn nobody took from the inbox by then is dropped there (the person is told, not kept waiting).
 PICKUP_SECONDS = 60.0
-#: Progress messages held for a slow browser at most; past that they are dropped (the answer still comes).
-MAX_BUFFERED = 10_000
+#: What the console holds of one turn's progress while its browser reads slowly, and of all one agent's turns
+#: together; past either, the agent's progress is dropped (the page shows the answer when it comes, which is never
+#: dropped). Each held step counts its message's size and `STEP_OVERHEAD_BYTES`.
+TURN_BUFFER_BYTES = 4 * 1024 * 1024
+AGENT_BUFFER_BYTES = 16 * 1024 * 1024
+STEP_OVERHEAD_BYTES = 1024
+#: Messages taken from the reply queue before they are handled (each at most the bus's 8 MiB, while in flight).
+PREFETCH = 16
 #: Messages of the conversation sent with a turn at most (what an agent asks for by default).
 CARRIED_MESSAGES = 200
 
@@ -54,9 +63,12 @@ class ChatFailed(Exception):
 @dataclass(kw_only=True)
 class _Turn:
     agent: Principal
-    #: What the agent sent, in its order, the answer last (one queue: the page's stream waits on nothing else).
-    steps: asyncio.Queue[Step] = field(default_factory=asyncio.Queue)
+    #: What the agent sent, in its order, the answer last (one queue: the page's stream waits on nothing else), each
+    #: with what it counts against the turn's and the agent's buffer.
+    steps: asyncio.Queue[tuple[Step, int]] = field(default_factory=asyncio.Queue)
+    buffered: int = 0
     answered: bool = False
+    dropping: bool = False  # progress is being dropped (logged once per stretch)
 
 
 class ChatRelay:
@@ -69,6 +81,7 @@ class ChatRelay:
         self._replies = service_replies(service="console", instance=instance or uuid.uuid4().hex[:12])
         self._timeout = timeout_seconds
         self._turns: dict[str, _Turn] = {}
+        self._buffered: dict[Principal, int] = {}  # agent -> what its turns hold for their pages
         self._subscription: Subscription | None = None
 
     @property
@@ -77,7 +90,7 @@ class ChatRelay:
 
     async def start(self, *, bus: Bus) -> None:
         """Declare this console's reply queue on `bus` (the console's own login) and take what agents send there."""
-        self._subscription = await bus.consume(queue=self._replies, handler=self._received, prefetch=256)
+        self._subscription = await bus.consume(queue=self._replies, handler=self._received, prefetch=PREFETCH)
         self._bus = bus
 
     async def stop(self) -> None:
@@ -117,13 +130,14 @@ class ChatRelay:
             except BusError as exc:
                 raise ChatFailed(f"the message could not be given to {namespace}/{agent}: {exc}") from exc
             async with asyncio.timeout(self._timeout):
-                while not isinstance(step := await held.steps.get(), InboxReply):
+                while not isinstance(step := self._taken(held, await held.steps.get()), InboxReply):
                     yield step
             yield step
         except TimeoutError:
             raise ChatFailed(f"{namespace}/{agent} did not answer within {self._timeout:g} s") from None
         finally:
             self._turns.pop(request_id, None)
+            self._release(held, held.buffered)
 
     async def _conversation(self, namespace: str, agent: str, user: str, session_id: str) -> HistoryReply | None:
         """`user`'s conversation `session_id` with the agent as the run store keeps it; None when it cannot say."""
@@ -148,13 +162,45 @@ class ChatRelay:
         # no await from here on: handlers of one queue then finish in the order the agent sent
         try:
             if delivery.message_type == TurnProgress.__name__:
-                event = delivery.decode(TurnProgress, max_bytes=MAX_REPLY_BYTES).event
-                if held.steps.qsize() >= MAX_BUFFERED:
-                    log.warning("dropping progress of %s: its browser reads too slowly", delivery.correlation_id)
-                elif not held.answered:
-                    held.steps.put_nowait(event)
-            elif not held.answered:  # always queued, however many progress messages wait
+                event = delivery.decode(TurnProgress, max_bytes=MAX_PROGRESS_BYTES).event
+                if not held.answered:
+                    self._hold(held, event, cost=len(delivery.body) + STEP_OVERHEAD_BYTES)
+            elif not held.answered:  # always held, however much progress waits
+                reply = delivery.decode(InboxReply, max_bytes=MAX_REPLY_BYTES)
                 held.answered = True
-                held.steps.put_nowait(delivery.decode(InboxReply, max_bytes=MAX_REPLY_BYTES))
-        except BadMessage as exc:
-            log.warning("dropping an unreadable message from %s: %s", delivery.user_id, exc)
+                self._hold(held, reply, cost=len(delivery.body) + STEP_OVERHEAD_BYTES, bounded=False)
+        except BadMessage as exc:  # dropped alone: the turn goes on, and its answer is still taken
+            log.warning("dropping an unreadable message from %s for chat %s: %s", delivery.user_id,
+                        delivery.correlation_id, exc)
+
+    def _hold(self, held: _Turn, step: Step, *, cost: int, bounded: bool = True) -> None:
+        """Queue `step` for the turn's page, unless it is progress past the turn's or its agent's buffer."""
+        agent_total = self._buffered.get(held.agent, 0)
+        if bounded and (held.buffered + cost > TURN_BUFFER_BYTES or agent_total + cost > AGENT_BUFFER_BYTES):
+            if not held.dropping:
+                held.dropping = True
+                log.warning("dropping progress of %s for a chat whose page reads too slowly: the turn holds %d "
+                            "bytes (at most %d), the agent's turns %d (at most %d); its answer still comes",
+                            held.agent, held.buffered, TURN_BUFFER_BYTES, agent_total, AGENT_BUFFER_BYTES)
+            return
+        held.dropping = False
+        held.buffered += cost
+        self._buffered[held.agent] = agent_total + cost
+        held.steps.put_nowait((step, cost))
+
+    def _taken(self, held: _Turn, entry: tuple[Step, int]) -> Step:
+        step, cost = entry
+        held.buffered -= cost
+        self._release(held, cost)
+        return step
+
+    def _release(self, held: _Turn, cost: int) -> None:
+        left = self._buffered.get(held.agent, 0) - cost
+        if left > 0:
+            self._buffered[held.agent] = left
+        else:
+            self._buffered.pop(held.agent, None)
+
+    def buffered(self, agent: Principal) -> int:
+        """What the console holds now of `agent`'s turns for their pages (the bound is `AGENT_BUFFER_BYTES`)."""
+        return self._buffered.get(agent, 0)

@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from rockbot.contracts.errors import ErrorInfo
 
 SCHEMA_VERSION = 1
+#: The longest `TurnProgress` message a requester reads (a longer one is dropped unread); the sender keeps each
+#: within it by sending a text in pieces of at most `MAX_PROGRESS_CHARS` and cutting a tool's arguments there.
+MAX_PROGRESS_BYTES = 1024 * 1024
+MAX_PROGRESS_CHARS = 65_536
 
 
 class TextDelta(BaseModel):
