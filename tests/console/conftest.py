@@ -7,20 +7,24 @@ The console is asked about RBAC the way a cluster answers it, so these tests nee
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from rockbot.bus import CONSOLE, AmqpBus, Bus, MemoryBroker, Principal
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import TokenReviewer
 from rockbot.console.authorization import AccessReviewer
 from rockbot.console.web.app import build_app
 from rockbot.console.web.gate import Gate
 from rockbot.kube import SERVICEACCOUNTS, KubeClient
+from tests.buses import login
 from tests.fixtures.kube_real import KubeCluster, fresh_namespace
+from tests.fixtures.rabbitmq import Vhost
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -107,3 +111,49 @@ def agent_body(*, namespace: str, name: str, description: str = "") -> dict[str,
     return {"apiVersion": "rockbot.dev/v1alpha1", "kind": "Agent", "metadata": {"name": name, "namespace": namespace},
             "spec": {"model": {"baseUrl": "http://127.0.0.1:9/v1", "name": "test-model"},
                      "description": description}}
+
+
+Login = Callable[[Principal], Awaitable[Bus]]
+
+
+@pytest.fixture(params=["memory", "amqp"])
+def bus_login(request: pytest.FixtureRequest) -> Login:
+    """Log in as a principal (an agent may answer the console, as the operator allows), on a memory broker or the
+    test's virtual host: for tests of what the console takes from agents over the bus, on both."""
+    return request.getfixturevalue(f"{request.param}_login")
+
+
+@pytest.fixture
+async def memory_login() -> AsyncIterator[Login]:
+    broker = MemoryBroker()
+
+    async def open_bus(principal: Principal) -> Bus:
+        return await login(broker, principal, called_by=[CONSOLE] if principal != CONSOLE else ())
+
+    async with _closing(open_bus) as connecting:
+        yield connecting
+
+
+@pytest.fixture
+async def amqp_login(vhost: Vhost) -> AsyncIterator[Login]:
+    async def open_bus(principal: Principal) -> Bus:
+        called_by = [CONSOLE] if principal != CONSOLE else ()
+        return await AmqpBus.connect(url=await vhost.url(principal, called_by=called_by))
+
+    async with _closing(open_bus) as connecting:
+        yield connecting
+
+
+@contextlib.asynccontextmanager
+async def _closing(open_bus: Login) -> AsyncIterator[Login]:
+    opened: list[Bus] = []
+
+    async def connecting(principal: Principal) -> Bus:
+        opened.append(bus := await open_bus(principal))
+        return bus
+
+    try:
+        yield connecting
+    finally:
+        for bus in opened:
+            await bus.close()

@@ -6,69 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
-import pytest
 from pydantic import BaseModel
 
 from rockbot.agent.progress import ProgressRelay
-from rockbot.bus import CONSOLE, AmqpBus, Bus, Delivery, MemoryBroker, Principal
+from rockbot.bus import CONSOLE, Bus, Delivery, Principal
 from rockbot.bus.topology import Queue, agent_inbox
 from rockbot.console.chat import AGENT_BUFFER_BYTES, TURN_BUFFER_BYTES, ChatRelay
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.contracts.progress import MAX_PROGRESS_BYTES, MAX_PROGRESS_CHARS, TextDelta, ToolStarted, TurnProgress
-from tests.buses import login
-from tests.fixtures.rabbitmq import Vhost
+from tests.console.conftest import Login
 from tests.waiting import bounded
 
 FLOODER = Principal.agent(namespace="team-a", name="flooder")
 HELPER = Principal.agent(namespace="team-a", name="helper")
 #: A progress message just within what the console reads.
 LARGE_TEXT = "x" * (MAX_PROGRESS_BYTES - 4096)
-
-Login = Callable[[Principal], Awaitable[Bus]]
-
-
-@pytest.fixture(params=["memory", "amqp"])
-def connect(request: pytest.FixtureRequest) -> Login:
-    """Log in as a principal (agents may answer the console), on a memory broker or the test's virtual host."""
-    return request.getfixturevalue(f"{request.param}_login")
-
-
-@pytest.fixture
-async def memory_login() -> AsyncIterator[Login]:
-    broker = MemoryBroker()
-
-    async def open_bus(principal: Principal) -> Bus:
-        return await login(broker, principal, called_by=[CONSOLE] if principal != CONSOLE else ())
-
-    async with _closing(open_bus) as connecting:
-        yield connecting
-
-
-@pytest.fixture
-async def amqp_login(vhost: Vhost) -> AsyncIterator[Login]:
-    async def open_bus(principal: Principal) -> Bus:
-        called_by = [CONSOLE] if principal != CONSOLE else ()
-        return await AmqpBus.connect(url=await vhost.url(principal, called_by=called_by))
-
-    async with _closing(open_bus) as connecting:
-        yield connecting
-
-
-@contextlib.asynccontextmanager
-async def _closing(open_bus: Login) -> AsyncIterator[Login]:
-    opened: list[Bus] = []
-
-    async def connecting(principal: Principal) -> Bus:
-        opened.append(bus := await open_bus(principal))
-        return bus
-
-    try:
-        yield connecting
-    finally:
-        for bus in opened:
-            await bus.close()
 
 
 class FakeAgent:
@@ -104,11 +58,11 @@ def _replies(turn: InboxRequest) -> Queue:
 
 
 @contextlib.asynccontextmanager
-async def console_and(connect: Login, *principals: Principal,
+async def console_and(bus_login: Login, *principals: Principal,
                       timeout_seconds: float = 60) -> AsyncIterator[tuple[ChatRelay, list[FakeAgent]]]:
     relay = ChatRelay(timeout_seconds=timeout_seconds)
-    await relay.start(bus=await connect(CONSOLE))
-    agents = [FakeAgent(await connect(principal), principal) for principal in principals]
+    await relay.start(bus=await bus_login(CONSOLE))
+    agents = [FakeAgent(await bus_login(principal), principal) for principal in principals]
     for agent in agents:
         await agent.start()
     try:
@@ -128,8 +82,8 @@ class Garbage(BaseModel):
 
 
 async def test_an_unreadable_message_is_dropped_and_the_turns_answer_still_reaches_the_person(
-        connect: Login) -> None:
-    async with console_and(connect, HELPER, timeout_seconds=15) as (relay, (helper,)):
+        bus_login: Login) -> None:
+    async with console_and(bus_login, HELPER, timeout_seconds=15) as (relay, (helper,)):
         steps = _turn(relay, HELPER, "s1")
         first = asyncio.ensure_future(anext(steps))
         turn = await helper.next_turn()
@@ -142,11 +96,11 @@ async def test_an_unreadable_message_is_dropped_and_the_turns_answer_still_reach
 
 
 async def test_a_stalled_page_holds_a_bounded_part_of_an_agents_flood_and_still_gets_the_answer(
-        connect: Login) -> None:
+        bus_login: Login) -> None:
     """The person's page stops reading; the agent sends 12 progress messages of almost 1 MiB to each of its five
     turns: the console holds at most 4 MiB of a turn and 16 MiB of the agent's turns, each turn's answer comes
     after what was held, and another agent's turn, flooded after, has a buffer of its own."""
-    async with console_and(connect, FLOODER, HELPER) as (relay, (flooder, helper)):
+    async with console_and(bus_login, FLOODER, HELPER) as (relay, (flooder, helper)):
         flooded = [_turn(relay, FLOODER, f"s{n}") for n in range(5)]
         firsts = [asyncio.ensure_future(anext(steps)) for steps in flooded]
         turns = [await flooder.next_turn() for _ in flooded]
@@ -179,8 +133,8 @@ async def test_a_stalled_page_holds_a_bounded_part_of_an_agents_flood_and_still_
     assert relay.buffered(FLOODER) == relay.buffered(HELPER) == 0
 
 
-async def test_an_agent_relays_long_text_in_pieces_the_console_reads_and_cuts_long_arguments(connect: Login) -> None:
-    async with console_and(connect, HELPER) as (relay, (helper,)):
+async def test_an_agent_relays_long_text_in_pieces_the_console_reads_and_cuts_long_arguments(bus_login: Login) -> None:
+    async with console_and(bus_login, HELPER) as (relay, (helper,)):
         steps = _turn(relay, HELPER, "s1")
         first = asyncio.ensure_future(anext(steps))
         turn = await helper.next_turn()
