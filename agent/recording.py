@@ -1,6 +1,7 @@
 """What an agent did, recorded without slowing or failing a turn: run events published to the console in the background.
 
-    recorder = RunRecorder(publish=bus_publisher(bus), record="Full", redact=secrets_of(config, env))
+    recorder = RunRecorder(publish=bus_publisher(bus), namespace="team-a", agent="triage", record="Full",
+                           redact=secrets_of(config, env))
     async with recorder.run(source="chat", session_id="s1", caller="http", model="gpt") as run:
         ...  # the tool loop; the registry's and the LLM client's observers add to the current run
         run.succeeded(result)
@@ -56,6 +57,7 @@ from rockbot.contracts.recording import (
     ScriptRan,
     ToolCalled,
     cut,
+    new_run_id,
 )
 from rockbot.tasks import cancel_and_wait
 
@@ -75,7 +77,9 @@ _counter = itertools.count()
 
 
 def _id() -> str:
-    """Unique across processes (a random prefix per process) and cheap (a counter): ids are made per event."""
+    """An event's id: unique across processes (a random prefix per process) and cheap (a counter), made per event;
+    the console keeps each event once per run, so only the run's own agent writes under it (a run's id is no counter:
+    `new_run_id`)."""
     return f"{_PROCESS}-{next(_counter)}"
 
 
@@ -141,6 +145,8 @@ class RunRecorder:
         self,
         *,
         publish: Publish | None,
+        namespace: str,
+        agent: str,
         record: RecordMode = "Full",
         retention_days: int = 30,
         redact: Redactor | None = None,
@@ -149,6 +155,8 @@ class RunRecorder:
         linger_seconds: float = 0.05,
     ) -> None:
         self.record = record if publish is not None else "None"
+        self._namespace = namespace
+        self._agent = agent
         self.retention_days = retention_days
         self._publish = publish
         self._redact = redact or Redactor()
@@ -168,7 +176,7 @@ class RunRecorder:
         parent_run_id: str | None = None,
     ) -> AsyncIterator[Run]:  # fmt: skip
         """Record one turn: its start now, its end (and outcome) when the block leaves; the block's code is its run."""
-        run = Run(recorder=self, run_id=_id())
+        run = Run(recorder=self, run_id=new_run_id(namespace=self._namespace, agent=self._agent))
         if self.record == "None":
             yield run
             return

@@ -79,7 +79,7 @@ class AgentRuntime:
         history: HistorySource | None = None,
     ):
         self.config = config
-        self.recorder = recorder or RunRecorder(publish=None)
+        self.recorder = recorder or RunRecorder(publish=None, namespace=config.namespace, agent=config.name)
         self.history = history
         #: The last run of each conversation this process did: its recorded history is newer only if it holds it.
         self._last_runs: dict[str, str] = {}
@@ -127,8 +127,8 @@ class AgentRuntime:
         metrics = AgentMetrics(agent=config.name)
         budget = budget or TokenBudget(tokens_per_day=config.limits.tokens_per_day)
         recorder = RunRecorder(
-            publish=publish_runs, record=config.runs.record, retention_days=config.runs.retention_days,
-            redact=secrets_of(config, env), registry=metrics.registry,
+            publish=publish_runs, namespace=config.namespace, agent=config.name, record=config.runs.record,
+            retention_days=config.runs.retention_days, redact=secrets_of(config, env), registry=metrics.registry,
         )  # fmt: skip
         model = config.model
         llm = LlmClient(

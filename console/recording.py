@@ -1,14 +1,16 @@
 """The console's bus side: write agents' run events to the store, and answer their session-history requests.
 
-Writing (`console.runs`): each message's agent is its broker-validated sender, never a field of the
-body; a sender that is no agent is refused. Messages are gathered for a moment (`linger_seconds`,
-at most `max_batch` messages) and written in one transaction; each message is acked only after that
-commit, so a writer killed mid-batch leaves its messages to be redelivered and written again, once
-(the store writes each event once). While the database is unreachable the batch is retried, never
-dropped, the messages stay unacked (the prefetch bounds how many) and readiness says why. Each agent
-is bounded: a message over `MAX_BATCH_BYTES` is refused unread, and an agent past its rate
-(`events_per_second`, with a burst of `burst_events`) has its messages refused and counted, so one
-agent cannot flood the store or crowd out the others.
+Writing (`console.runs`): each message's agent is its broker-validated sender, never a field of the body; a
+sender that is no agent is refused, and so is a message with an event of a run that is not the sender's own: a
+run id starts with its agent's prefix (`rockbot.contracts.recording.new_run_id`), so no agent can claim
+another's run, even one whose id it learned, and take it out of that agent's record. Messages are gathered for
+a moment (`linger_seconds`, at most `max_batch` messages) and written in one transaction; each message is
+acked only after that commit, so a writer killed mid-batch leaves its messages to be redelivered and written
+again, once (the store writes each event once). While the database is unreachable the batch is retried, never
+dropped, the messages stay unacked (the prefetch bounds how many) and readiness says why. Each agent is
+bounded: a message over `MAX_BATCH_BYTES` is refused unread, and an agent past its rate (`events_per_second`,
+with a burst of `burst_events`) has its messages refused and counted, so one agent cannot flood the store or
+crowd out the others.
 
 History (`console.history`): an agent gets the messages of its own runs only (the conversation key:
 the sender agent, the caller it names, the session id), or one chunk of that conversation's working
@@ -28,7 +30,7 @@ from rockbot.bus import Bus, Delivery, Refused, Subscription
 from rockbot.bus.identity import Principal
 from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies_prefix
 from rockbot.console.store import Batch, Store, StoreUnavailable
-from rockbot.contracts.recording import MAX_BATCH_BYTES, HistoryRequest, RunEvents
+from rockbot.contracts.recording import MAX_BATCH_BYTES, HistoryRequest, RunEvents, owns_run, run_id_prefix
 from rockbot.health import Readiness
 from rockbot.tasks import cancel_and_wait
 
@@ -115,6 +117,12 @@ class RunWriter:
         if sender is None or sender.kind != "agent":
             raise Refused(f"run events come from agents only, not from {delivery.user_id!r}")
         events = delivery.decode(RunEvents, max_bytes=MAX_BATCH_BYTES).events
+        foreign = {e.run_id for e in events if not owns_run(e.run_id, namespace=sender.namespace, agent=sender.name)}
+        if foreign:
+            self._metrics.events.labels("refused_owner").inc(len(events))
+            raise Refused(f"{sender} sent events of runs whose ids are not its own ({len(foreign)}, e.g. "
+                          f"{sorted(foreign)[0]!r}): an agent's run ids start with its own prefix "
+                          f"{run_id_prefix(namespace=sender.namespace, agent=sender.name)!r}; nothing recorded")
         if not self._admit(sender, len(events)):
             self._metrics.events.labels("refused_rate").inc(len(events))
             raise Refused(

@@ -16,6 +16,8 @@ characters cut are recorded beside the text (`*_cut`).
 from __future__ import annotations
 
 import datetime
+import hashlib
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +37,22 @@ RecordMode = Literal["Full", "Metadata", "None"]
 Id = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Label = Annotated[str, Field(max_length=256)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+def run_id_prefix(*, namespace: str, agent: str) -> str:
+    """What every run id of one agent starts with: a digest of who it is (80 bits: no other agent's name has it)."""
+    return hashlib.sha256(f"agent.{namespace}.{agent}".encode()).hexdigest()[:20] + "-"
+
+
+def new_run_id(*, namespace: str, agent: str) -> str:
+    """A run id of the agent: its prefix, then 96 random bits, so nobody can guess the agent's next run's id, and a
+    run id some other agent learns (from an answer) is no id it may record under (`owns_run`)."""
+    return run_id_prefix(namespace=namespace, agent=agent) + secrets.token_hex(12)
+
+
+def owns_run(run_id: str, *, namespace: str, agent: str) -> bool:
+    """Whether `run_id` is one of the agent's own (`new_run_id`): the console records an agent's events only there."""
+    return run_id.startswith(run_id_prefix(namespace=namespace, agent=agent))
 
 
 def cut(text: str | None, *, limit: int = MAX_TEXT_CHARS) -> tuple[str, int]:

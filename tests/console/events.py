@@ -14,6 +14,7 @@ from rockbot.contracts.recording import (
     RunStarted,
     ScriptRan,
     ToolCalled,
+    new_run_id,
 )
 
 _ids = itertools.count()
@@ -26,6 +27,8 @@ def event_id() -> str:
 def typical_run(
     *,
     run_id: str | None = None,
+    namespace: str = "team-a",
+    agent: str = "triage",
     at: datetime.datetime | None = None,
     session_id: str = "s1",
     caller: str = "http",
@@ -37,8 +40,9 @@ def typical_run(
     question: str = "What is 6 x 7?",
     answer: str = "42",
 ) -> list[RunEvent]:
-    """A turn: the user's message, a model request with `tools` tool calls (one a script), their results, the answer."""
-    run_id = run_id or uuid.uuid4().hex
+    """A turn of the agent `namespace/agent` (its run id one of the agent's own, unless given): the user's message, a
+    model request with `tools` tool calls (one a script), their results, the answer."""
+    run_id = run_id or new_run_id(namespace=namespace, agent=agent)
     at = at or datetime.datetime.now(datetime.UTC)
     step = datetime.timedelta(milliseconds=1)
     calls = [{"id": f"c{i}", "type": "function", "function": {"name": f"tool_{i}", "arguments": '{"x": 1}'}}

@@ -98,7 +98,8 @@ async def test_only_agents_may_send_run_events(broker: MemoryBroker, console: Co
 
 async def test_an_agent_over_its_rate_is_refused_and_others_are_not(broker: MemoryBroker, console: Console) -> None:
     triage, evil = await login(broker, TRIAGE), await login(broker, EVIL)
-    flood = [RunEvents(events=typical_run(tools=3)) for _ in range(6)]  # 14 events each: 4 fit the burst of 60
+    # 14 events each: 4 fit the burst of 60
+    flood = [RunEvents(events=typical_run(tools=3, namespace="team-b", agent="evil")) for _ in range(6)]
     for message in flood:
         await evil.publish(queue=CONSOLE_RUNS, body=message)
     honest = typical_run()
