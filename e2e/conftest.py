@@ -4,9 +4,10 @@
 fixtures use whatever rig runs at $K8SREAL (default /var/tmp/k8s) and the image ROCKBOT_E2E_IMAGE.
 
 - `kubectl`: the rig's kubectl with its admin kubeconfig (fails at once, naming the fix, if no node is Ready).
+- `crds`: the chart's CRDs as this tree has them, applied whatever an earlier run left (a wiped rig has none).
 - `release`: `helm install` of charts/rockbot with default values but the image and the model endpoint,
-  once per run, every pod Ready with 0 restarts; uninstalled at the end (the `uninstall` check does it
-  itself, and runs after every other check).
+  every pod Ready with 0 restarts; shared by the checks, installed again for a check that comes after
+  another removed it (the `uninstall` check does, and runs after every other check), uninstalled at the end.
 - `model`: the project's scripted OpenAI-compatible server (tests/fixtures/llm.py) on the pod bridge's
   host address 10.245.0.1, a port in 18000-18999, so agent pods reach it; its script is empty per test.
 - `namespace`: a fresh namespace of the test's own, deleted afterwards.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -45,6 +47,7 @@ IMAGE = os.environ.get("ROCKBOT_E2E_IMAGE", "docker.io/library/rockbot:e2e")
 NAMESPACE = os.environ.get("ROCKBOT_E2E_NAMESPACE", "e2e-rockbot")
 RELEASE = "rockbot"
 SCRIPTS_NAMESPACE = "rockbot-scripts"  # the chart's default
+CRDS = CHART / "crds"
 BRIDGE_HOST = "10.245.0.1"  # where pods reach the host (ports 18000-18999 only)
 HOST_PORTS = range(18000, 19000)
 LOGS = Path(os.environ.get("ROCKBOT_E2E_LOGS") or tempfile.mkdtemp(prefix="rockbot-e2e-logs-"))
@@ -175,6 +178,8 @@ class Release:
     helm: Helm
     model_url: str
     installed: bool = True
+    #: The Agent the checks share (`agent`), once one asked for it.
+    shared_agent: Agent | None = None
 
     def pods(self, namespace: str | None = None) -> list[Json]:
         return self.kubectl.json("get", "pods", "-n", namespace or self.namespace)["items"]
@@ -232,6 +237,7 @@ def installed(*, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_tar
     the real node use it too."""
     repository, tag = IMAGE.rsplit(":", 1)
     _remove_earlier(kubectl, helm)
+    apply_crds(kubectl)
     volumes = [_volume(kubectl, component) for component in STATEFUL_COMPONENTS]
     release = Release(name=RELEASE, namespace=NAMESPACE, scripts_namespace=SCRIPTS_NAMESPACE, kubectl=kubectl,
                       helm=helm, model_url=model.url)
@@ -259,11 +265,53 @@ def installed(*, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_tar
                 shutil.rmtree(volume, ignore_errors=True)
 
 
+class Releases:
+    """The node holds one release at a time: the checks share it, and a check that comes after another removed it
+    (`helm uninstall`) gets one installed anew, so no check depends on the order they run in."""
+
+    def __init__(self, *, kubectl: Kubectl, helm: Helm, model: ScriptedLLM, forbidden_target: str) -> None:
+        self._install = functools.partial(installed, kubectl=kubectl, helm=helm, model=model,
+                                          forbidden_target=forbidden_target)  # fmt: skip
+        self._held = contextlib.ExitStack()
+        self._current: Release | None = None
+
+    def current(self) -> Release:
+        if self._current is None or not self._current.installed:
+            self.close()
+            self._current = self._held.enter_context(self._install())
+        return self._current
+
+    def close(self) -> None:
+        self._current = None
+        self._held.close()
+
+
 @pytest.fixture(scope="session")
-def release(kubectl: Kubectl, helm: Helm, model_server: ModelServer, forbidden_target: str) -> Iterator[Release]:
-    """The chart, installed once per run (see `installed`)."""
-    with installed(kubectl=kubectl, helm=helm, model=model_server.llm, forbidden_target=forbidden_target) as release:
-        yield release
+def releases(kubectl: Kubectl, helm: Helm, model_server: ModelServer, forbidden_target: str) -> Iterator[Releases]:
+    held = Releases(kubectl=kubectl, helm=helm, model=model_server.llm, forbidden_target=forbidden_target)
+    try:
+        yield held
+    finally:
+        held.close()
+
+
+@pytest.fixture
+def release(releases: Releases) -> Release:
+    """The chart, installed (see `installed`) when the first check asks, and again after a check removed it."""
+    return releases.current()
+
+
+def apply_crds(kubectl: Kubectl) -> None:
+    """The chart's CRDs as this tree has them, whatever an earlier run left: helm installs a chart's CRDs only when
+    they are absent (never upgrading them), and checks that install no release need them too."""
+    kubectl.run("apply", "--server-side", "--force-conflicts", "--field-manager=rockbot-e2e", "-f", str(CRDS))
+    kubectl.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS), timeout=70)
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> None:
+    """The chart's CRDs, for the checks that use the API without the release (see `apply_crds`)."""
+    apply_crds(kubectl)
 
 
 def _remove_earlier(kubectl: Kubectl, helm: Helm) -> None:
@@ -274,6 +322,10 @@ def _remove_earlier(kubectl: Kubectl, helm: Helm) -> None:
                      kubeconfig=kubectl.kubeconfig)
         kubectl.run("delete", "agents,tools,scheduledtasks,triggers", "--all", "-n", NAMESPACE, "--wait=false")
         kubectl.run("delete", "namespace", NAMESPACE, "--timeout=180s", timeout=190)
+    # What the release makes outside its namespace, should helm have lost track of it (a run killed mid-install).
+    kubectl.run("delete", "namespace", SCRIPTS_NAMESPACE, "--ignore-not-found", "--timeout=180s", timeout=190)
+    kubectl.run("delete", "clusterroles,clusterrolebindings", "-l", f"app.kubernetes.io/instance={RELEASE}",
+                "--ignore-not-found")
     for component in STATEFUL_COMPONENTS:
         kubectl.run("delete", "persistentvolume", f"{NAMESPACE}-{component}", "--ignore-not-found", "--timeout=60s")
 
@@ -401,7 +453,9 @@ def start_agent(release: Release, *, name: str) -> Agent:
     return Agent(name=name, namespace=release.namespace, kubectl=release.kubectl)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def agent(release: Release) -> Agent:
-    """One Agent shared by the checks (an agent pod takes seconds to start)."""
-    return start_agent(release, name="e2e-assistant")
+    """One Agent shared by the checks (an agent pod takes seconds to start), made once per release."""
+    if release.shared_agent is None:
+        release.shared_agent = start_agent(release, name="e2e-assistant")
+    return release.shared_agent

@@ -39,8 +39,9 @@ ENFORCE = "this cluster does not enforce NetworkPolicy"
 
 
 @pytest.fixture(autouse=True)
-def rig(kubectl: Kubectl, monkeypatch: pytest.MonkeyPatch) -> Kubectl:
-    """The rig's API server is every client's (the `kubectl` fixture fails at once, naming the fix, without it)."""
+def rig(kubectl: Kubectl, crds: None, monkeypatch: pytest.MonkeyPatch) -> Kubectl:
+    """The rig's API server, with the chart's CRDs, is every client's (the `kubectl` fixture fails at once, naming
+    the fix, without it)."""
     monkeypatch.setenv("KUBECONFIG", str(K8SREAL / "kubeconfig"))
     return kubectl
 
