@@ -9,7 +9,7 @@ reads only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,6 +27,23 @@ SERVICE_TAG = "rockbot-service"
 
 #: The header naming a filed dead letter's sender (`deadletters.py`): set by the operator, never copied from a message.
 SENDER_HEADER = "x-rockbot-sender"
+#: Where and why a message died, as its filed copy says (the names RabbitMQ gives them; set by the operator).
+QUEUE_HEADER = "x-first-death-queue"
+REASON_HEADER = "x-first-death-reason"
+
+
+def where_and_why(headers: dict[str, Any]) -> dict[str, str]:
+    """Where and why the broker dead-lettered a message: the newest entry of its `x-death`, whose queue and reason the
+    broker writes at every death. Not its `x-first-death-*` headers, which RabbitMQ leaves as they are when the sender
+    set them already: a sender could make its record show a death anywhere, for any reason."""
+    deaths = headers.get("x-death")
+    newest = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
+    return {header: _text(newest[key]) for header, key in ((QUEUE_HEADER, "queue"), (REASON_HEADER, "reason"))
+            if key in newest}  # fmt: skip
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class DeadLetter(BaseModel):

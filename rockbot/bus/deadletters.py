@@ -8,9 +8,12 @@ that sender's first `DEAD_LETTERS_PER_PRINCIPAL` of the past `DEAD_LETTER_RECORD
 refuses more: `reject-publish`); one past that is dropped, counted in one log line per sender and minute.
 So 10 050 refused messages of agent A fill A's own record at most: B's record is untouched and A's
 earlier dead letters stay. A filed copy carries the sender in `x-rockbot-sender` (the operator's header;
-the message's own headers are not copied, so a sender cannot forge it) and where and why it died.
+the message's own headers are not copied, so a sender cannot forge it) and where and why it died, from the entry
+the broker wrote into its `x-death` at its death (not from headers a sender may have set).
 Together with each consumer's `DeadLetterShare` (100 refusals of a sender per minute), a sender fills its
-record no faster than that. Agents can neither read nor write any of these queues.
+record no faster than that. Agents can neither read nor write any of these queues, and the records are bound only
+to an exchange of their own that only the operator may publish to, so no copy of a message (`CC`, which RabbitMQ
+before 4.1 lets any sender add) reaches one.
 """
 
 from __future__ import annotations
@@ -22,13 +25,11 @@ import time
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange, AbstractIncomingMessage
 
-from rockbot.bus.admin import SENDER_HEADER, BrokerAdmin
-from rockbot.bus.topology import DEAD_LETTER_INTAKE, EXCHANGE, dead_letter_record
+from rockbot.bus.admin import SENDER_HEADER, BrokerAdmin, where_and_why
+from rockbot.bus.topology import DEAD_LETTER_INTAKE, DEAD_LETTER_RECORDS_EXCHANGE, dead_letter_record
 
 log = logging.getLogger(__name__)
 
-#: The headers of where and why a message died (RabbitMQ's), copied into its filed copy.
-_DEATH_HEADERS = ("x-first-death-queue", "x-first-death-reason", "x-first-death-exchange")
 _PREFETCH = 64
 RETRY_SECONDS = 1.0
 
@@ -52,7 +53,7 @@ class DeadLetterKeeper:
         self._connection = await aio_pika.connect_robust(self._url)
         channel: AbstractChannel = await self._connection.channel(publisher_confirms=True)
         await channel.set_qos(prefetch_count=_PREFETCH)
-        self._exchange = await channel.get_exchange(EXCHANGE, ensure=False)
+        self._exchange = await channel.get_exchange(DEAD_LETTER_RECORDS_EXCHANGE, ensure=False)
         intake = await channel.get_queue(DEAD_LETTER_INTAKE.name, ensure=False)
         await intake.consume(self._file)
 
@@ -78,7 +79,7 @@ class DeadLetterKeeper:
         if record.name not in self._declared:
             await self._admin.ensure_queue(record)
             self._declared.add(record.name)
-        headers = {key: str(message.headers[key]) for key in _DEATH_HEADERS if key in (message.headers or {})}
+        headers = where_and_why(message.headers or {})
         copy = aio_pika.Message(
             message.body, headers={**headers, SENDER_HEADER: message.user_id or ""}, content_type=message.content_type,
             type=message.type, message_id=message.message_id, correlation_id=message.correlation_id,
@@ -94,3 +95,4 @@ class DeadLetterKeeper:
                 self._full[record.name] = now
                 log.warning("the dead-letter record %s is full (its first ones are kept); dropping more of %s",
                             record.name, message.user_id)
+

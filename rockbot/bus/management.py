@@ -23,17 +23,19 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from rockbot.bus.admin import SENDER_HEADER, DeadLetter
+from rockbot.bus.admin import QUEUE_HEADER, REASON_HEADER, SENDER_HEADER, DeadLetter, where_and_why
 from rockbot.bus.errors import BusError
 from rockbot.bus.permissions import Limits, Permissions
 from rockbot.bus.topology import (
     DEAD_LETTER_EXCHANGE,
     DEAD_LETTER_INTAKE,
+    DEAD_LETTER_RECORDS_EXCHANGE,
     DEAD_LETTERS,
     EXCHANGE,
     FIXED_QUEUES,
     Queue,
     dead_letter_record,
+    is_dead_letter_record,
 )
 
 MANAGEMENT_PORT = 15672
@@ -101,11 +103,13 @@ class RabbitAdmin:
         await self._ensure_exchange(DEAD_LETTER_EXCHANGE, kind="fanout")
         await self._ensure_queue(DEAD_LETTERS, exchange=DEAD_LETTER_EXCHANGE, routing_key="")
         await self._ensure_queue(DEAD_LETTER_INTAKE, exchange=DEAD_LETTER_EXCHANGE, routing_key="")
+        await self._ensure_exchange(DEAD_LETTER_RECORDS_EXCHANGE, kind="direct")
+        await self._unbind_records_from(EXCHANGE)
         for queue in FIXED_QUEUES:
             await self.ensure_queue(queue)
 
     async def ensure_queue(self, queue: Queue) -> bool:
-        return await self._ensure_queue(queue, exchange=EXCHANGE, routing_key=queue.name)
+        return await self._ensure_queue(queue, exchange=queue.exchange, routing_key=queue.name)
 
     async def create_user(
         self, *, user: str, tags: Sequence[str], permissions: Permissions, limits: Limits, queues: Sequence[Queue]
@@ -216,6 +220,17 @@ class RabbitAdmin:
         if await self._get(path) is None:
             await self._call("PUT", path, {"type": kind, "durable": True})
 
+    async def _unbind_records_from(self, exchange: str) -> None:
+        """Remove the bindings of dead-letter records to `exchange` that an older rockbot made (records were bound to
+        `rockbot`, where a copy of any message sent there could reach them: `topology.DEAD_LETTER_RECORDS_EXCHANGE`)."""
+        source = quote(exchange, safe="")
+        for binding in await self._get(f"exchanges/{self._vhost}/{source}/bindings/source") or []:
+            queue = str(binding.get("destination", ""))
+            if binding.get("destination_type") == "queue" and is_dead_letter_record(queue):
+                key = quote(str(binding.get("properties_key", "")), safe="")
+                await self._call("DELETE", f"bindings/{self._vhost}/e/{source}/q/{quote(queue, safe='')}/{key}",
+                                 missing_ok=True)
+
     async def _ensure_queue(self, queue: Queue, *, exchange: str, routing_key: str) -> bool:
         wrote = False
         name = quote(queue.name, safe="")
@@ -268,15 +283,18 @@ class RabbitAdmin:
 
 
 def _dead_letter(item: dict[str, Any], *, filed: bool) -> DeadLetter:
-    """A dead letter as the broker shows it; one `filed` into a sender's record names its sender in a header the
-    operator set (its `user_id` is the operator's), any other header of a message being its sender's own."""
+    """A dead letter as the broker shows it; one `filed` into a sender's record names its sender, where and why it
+    died in headers the operator set (its `user_id` is the operator's), any other header of a message being its
+    sender's own (where and why it died then comes from the entry the broker wrote into its `x-death`)."""
     properties = item.get("properties") or {}
     headers = properties.get("headers") or {}
+    died = {key: str(headers.get(key, "")) for key in (QUEUE_HEADER, REASON_HEADER)} if filed else where_and_why(
+        headers)
     payload = item.get("payload", "")
     body = base64.b64decode(payload) if item.get("payload_encoding") == "base64" else payload.encode()
     return DeadLetter(
-        queue=str(headers.get("x-first-death-queue", "")),
-        reason=str(headers.get("x-first-death-reason", "")),
+        queue=died.get(QUEUE_HEADER, ""),
+        reason=died.get(REASON_HEADER, ""),
         user_id=headers.get(SENDER_HEADER) if filed else properties.get("user_id"),
         message_id=properties.get("message_id"),
         message_type=properties.get("type"),

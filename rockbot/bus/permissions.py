@@ -19,7 +19,8 @@ For an agent X in namespace N (see `topology` for the names):
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
 Only `service.scripts-manager` reads `script.invoke`; only the operator reads its three queues and
 `rockbot.dead-letters.intake`, and only it files dead letters into the principals' records
-(`rockbot.dead-letters.<principal>`), which nobody consumes (people read them as the broker's administrator). The
+(`rockbot.dead-letters.<principal>`, through the exchange `rockbot.dead-letters.records`, which nobody else may
+write to), which nobody consumes (people read them as the broker's administrator). The
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
@@ -134,9 +135,9 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
                                                  topology.OPERATOR_USAGE, topology.CONSOLE_RUNS,
                                                  topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
-    if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests,
-        # and each dead letter filed into its sender's record (deadletters.py)
-        return [_ANY_INBOX, _ANY_REPLY_SLOT, topology.dead_letter_records_pattern(_SEGMENT)]
+    if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
+        # (it files dead letters into their records through an exchange of their own: `_exchanges`)
+        return [_ANY_INBOX, _ANY_REPLY_SLOT]
     if principal == GATEWAY:  # Trigger runs to any inbox
         return [_ANY_INBOX]
     if principal == CONSOLE:  # people's chat turns to any inbox; answers to the asking agent's own reply queue
@@ -168,6 +169,12 @@ def limits_for(principal: Principal, *, replicas: int = 1) -> Limits:
     return Limits(max_connections=connections, max_channels=connections * CHANNELS_PER_CONNECTION)
 
 
+def _exchanges(principal: Principal) -> list[str]:
+    """The exchanges `principal` publishes to: `rockbot`, and for the operator the records' own (`deadletters`)."""
+    records = [_name(topology.DEAD_LETTER_RECORDS_EXCHANGE)] if principal == OPERATOR else []
+    return [_name(topology.EXCHANGE), *records]
+
+
 def permissions_for(
     principal: Principal, *, calls: Iterable[Principal] = (), called_by: Iterable[Principal] = ()
 ) -> Permissions:
@@ -180,7 +187,7 @@ def permissions_for(
     exchange = _name(topology.EXCHANGE)
     return Permissions(
         configure=_any_of(declared),
-        write=_any_of([exchange, *declared]),  # publish: the exchange; bind: the queue
+        write=_any_of([*_exchanges(principal), *declared]),  # publish: the exchanges; bind: the queue
         # bind: the exchange (only who declares binds); consume: the queue
         read=_any_of([*([exchange] if declared else []), *declared, *_provisioned(principal)]),
         topic_write=_any_of(_publishes_to(principal, calls=calls, called_by=called_by)),

@@ -32,7 +32,9 @@ only check that they exist. A message a consumer refuses, or one delivered more 
 are kept), never back to the queue. Requests that expired unread go there too. The exchange also
 copies each into `rockbot.dead-letters.intake`, from which the operator files it by its sender
 (`user_id`) into that principal's own record, `rockbot.dead-letters.<principal>` (see `deadletters`):
-one sender's flood can fill only its own record, and never pushes its first ones out.
+one sender's flood can fill only its own record, and never pushes its first ones out. Records are bound to
+an exchange of their own, `rockbot.dead-letters.records`, never to `rockbot`: nobody's message reaches them but
+what the operator files (and the dead-letter queues are bound to the fanout `rockbot.dead-letters` only).
 
 An agent process gets every answer (other agents' `InboxReply`, the scripts-manager's script
 results, the operator's `SchedulingReply` and `UsageTotal`, the console's `HistoryReply`) on one
@@ -57,6 +59,10 @@ from rockbot.bus.identity import Principal
 
 EXCHANGE = "rockbot"
 DEAD_LETTER_EXCHANGE = "rockbot.dead-letters"
+#: Where the operator files dead letters into the principals' records (`deadletters`): a direct exchange of its own
+#: that only it may publish to. The records are bound to it alone, never to `rockbot`, so no copy of a message sent
+#: there (`CC`/`BCC`, which RabbitMQ checks against topic permissions only from 4.1) can land in a record.
+DEAD_LETTER_RECORDS_EXCHANGE = "rockbot.dead-letters.records"
 #: Redeliveries a work queue allows before it dead-letters a message (RabbitMQ's `x-delivery-limit`).
 DELIVERY_LIMIT = 5
 DEAD_LETTERS_KEPT = 10_000
@@ -84,6 +90,8 @@ class Queue(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     #: Declared and bound by the operator's provisioning; a consumer only checks that it exists.
     provisioned: bool = False
+    #: The exchange it is bound to by its name.
+    exchange: str = EXCHANGE
 
 
 def _segment(*, field: str, value: str) -> str:
@@ -140,14 +148,13 @@ def dead_letter_record(sender: str | None) -> Queue:
         name=_RECORD_PREFIX + (principal.user if principal is not None else UNKNOWN_SENDER),
         arguments={"x-max-length": DEAD_LETTERS_PER_PRINCIPAL, "x-overflow": "reject-publish",
                    "x-message-ttl": DEAD_LETTER_RECORD_SECONDS * 1000},
-        provisioned=True,
+        provisioned=True, exchange=DEAD_LETTER_RECORDS_EXCHANGE,
     )  # fmt: skip
 
 
-def dead_letter_records_pattern(segment: str) -> str:
-    """An anchored-free pattern of every record queue's name (principals' and `unknown`; not the intake)."""
-    prefix = _RECORD_PREFIX.replace(".", r"\.")
-    return rf"{prefix}(agent\.{segment}\.{segment}|service\.{segment}|{UNKNOWN_SENDER})"
+def is_dead_letter_record(queue_name: str) -> bool:
+    """Whether `queue_name` is a principal's dead-letter record (not the shared queue or the intake)."""
+    return queue_name.startswith(_RECORD_PREFIX) and queue_name != DEAD_LETTER_INTAKE.name
 
 
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
