@@ -19,6 +19,13 @@ from rockbot.bus.messages import Delivery, Outgoing
 from rockbot.bus.topology import EXCHANGE
 from rockbot.telemetry import extract, tracer
 
+#: The longest wait a sender's stamp (`x-published-at-ms`) is believed for: no request waits longer in a queue of
+#: rockbot's (a script request expires with its timeout, a reply within the hour), so a stamp of 0 (1970) or of next
+#: year says nothing, and one message cannot add more than this to a queue-wait histogram's sum.
+BELIEVED_WAIT_SECONDS = 3600.0
+#: How far ahead of the receiver's clock a sender's may be.
+CLOCK_SKEW_SECONDS = 60.0
+
 SYSTEM = "rabbitmq"
 
 
@@ -77,10 +84,14 @@ def settled(span: Span, outcome: str) -> None:
 
 def queue_wait(delivery: Delivery, *, now: float | None = None) -> float | None:
     """Seconds from sending to handling at `now` (default: this moment; the two clocks may differ a little;
-    never below zero)."""
+    never below zero), or None when the message does not say, or says what cannot be: its stamp is the sender's
+    claim, believed only within `BELIEVED_WAIT_SECONDS` before `now` and `CLOCK_SKEW_SECONDS` after it."""
     if delivery.published_at is None:
         return None
-    return max(0.0, (time.time() if now is None else now) - delivery.published_at)
+    wait = (time.time() if now is None else now) - delivery.published_at
+    if not -CLOCK_SKEW_SECONDS <= wait <= BELIEVED_WAIT_SECONDS:
+        return None
+    return max(0.0, wait)
 
 
 def _ids(message_id: str | None, correlation_id: str | None) -> dict[str, str]:
