@@ -2,7 +2,8 @@
 
 bubblewrap (0.8.0 or newer) gives the script new user, network, PID, IPC, UTS and cgroup
 namespaces, no capabilities, and no further user namespaces (`--disable-userns`), so it cannot
-mount anything. All it can write are a private `/tmp` and `/dev/shm`, tmpfs mounts of
+mount anything. The script is its sandbox's PID 1 (`--as-pid-1`): no process of bubblewrap's runs in
+there beside it (its init would run as the same user, where the script could trace it and act as it). All it can write are a private `/tmp` and `/dev/shm`, tmpfs mounts of
 ROCKBOT_SCRIPTS_TMP_SIZE each; everything else is read-only: `/`, `/etc` and `/dev` themselves,
 `/usr`, the interpreter's prefix, the package set, and the job's script and hook, which bubblewrap
 copies in from descriptors the manager opened (the job folder stays private to the manager). The
@@ -102,7 +103,7 @@ class Isolation(BaseModel):
         size = str(tmp_bytes)
         argv = [
             str(self.executable), "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
-            "--gid", "65534", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--gid", "65534", "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--as-pid-1",
             "--ro-bind", "/usr", "/usr",
             "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",

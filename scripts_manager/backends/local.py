@@ -4,7 +4,7 @@ Limits come from `prlimit` (util-linux), started inside the sandbox right before
 so no Python code runs between fork and exec: address space = ROCKBOT_SCRIPTS_MEMORY, CPU seconds
 = the timeout plus one, processes, file size and open files. In bubblewrap's user namespace the
 kernel (Linux 5.14 or newer) counts RLIMIT_NPROC for that sandbox alone, so the budget of 8
-processes (threads, bubblewrap's init and the interpreter included) is each script's own: a fork
+processes (threads and the interpreter included) is each script's own: a fork
 bomb stops at 8, and neither it nor anything else its user runs on the host takes a concurrent
 script's processes. The environment is replaced, not filtered: nothing of the manager's reaches
 the script. On timeout the whole process group is killed (with bubblewrap the script's PID
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 _READ_CHUNK = 64 * 1024
 _AFTER_KILL_SECONDS = 2.0
-#: Processes (and threads) of one script, bubblewrap's init and the interpreter included.
+#: Processes (and threads) of one script, the interpreter included.
 _PROCESSES = 8
 #: Readable by every user on Debian: the interpreter tried when this process's own does not start.
 SYSTEM_PYTHON = "/usr/bin/python3"

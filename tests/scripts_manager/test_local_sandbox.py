@@ -136,7 +136,7 @@ _FORKS = """
 
 
 async def test_a_script_cannot_fork_past_the_process_budget(make_settings: MakeSettings) -> None:
-    sandbox = await LocalBackend.create(settings=make_settings())  # 8 processes, bubblewrap's init included
+    sandbox = await LocalBackend.create(settings=make_settings())  # 8 processes, the interpreter included
     result = await sandbox.run(job(_FORKS))
     assert result.exit_code == 0, result
     assert int(result.stdout) < 8
