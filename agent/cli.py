@@ -137,6 +137,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     from rockbot.agent.approvals import BusApprover
     from rockbot.agent.budget import TokenBudget
     from rockbot.agent.inbox import serve_inbox
+    from rockbot.agent.long_term_memory import BusMemoryDesk
     from rockbot.agent.recording import SessionHistory, bus_publisher
     from rockbot.agent.runtime import AgentRuntime
     from rockbot.agent.server import build_app
@@ -179,6 +180,7 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
         config, bus=bus, sandbox=None if url == "memory" else _sandbox(bus, config), budget=budget,
         publish_runs=bus_publisher(bus) if reported else None,
         history=SessionHistory(bus=bus) if reported else None,
+        memory_desk=BusMemoryDesk(bus=bus) if reported else None,
     )  # fmt: skip
     if reported:  # a person decides in the console, which is on the real bus only
         runtime.approvals.approver = BusApprover(bus=bus)

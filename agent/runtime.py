@@ -32,12 +32,14 @@ from opentelemetry import trace
 from rockbot.agent.approvals import ApprovalGate, Approver
 from rockbot.agent.budget import BudgetExhausted, TokenBudget
 from rockbot.agent.conversations import Conversations, trimmed
+from rockbot.agent.embeddings import Embedder
 from rockbot.agent.events import EventSink
 from rockbot.agent.llm import LlmClient, LlmError
+from rockbot.agent.long_term_memory import LongTermMemory, MemoryDesk
 from rockbot.agent.loop import LoopResult, LoopSettings, ToolLoop
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.metrics import AgentMetrics
-from rockbot.agent.recording import HistorySource, Publish, RunRecorder, secrets_of
+from rockbot.agent.recording import HistorySource, Publish, Redactor, RunRecorder, secrets_of
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.a2a_agents import a2a_tool
 from rockbot.agent.toolsets.delegation import agent_tool
@@ -116,19 +118,22 @@ class AgentRuntime:
         approver: Approver | None = None,
         publish_runs: Publish | None = None,
         history: HistorySource | None = None,
+        memory_desk: MemoryDesk | None = None,
     ) -> AgentRuntime:
         """Wire an agent from its config; `tool_sets` adds modules or objects with `install(registry=, kit=)`.
 
         `budget` is the day's token tally (the agent process's, reported to the operator); by default one
         of this runtime alone. `publish_runs` sends run events to the console (the config's `runs` policy says
-        what they keep); `history` reads a session's recorded history (other replicas' turns, earlier pods').
+        what they keep); `history` reads a session's recorded history (other replicas' turns, earlier pods');
+        `memory_desk` keeps and searches long-term memories (the console), when the config enables them.
         """
         env = dict(os.environ if env is None else env)
         metrics = AgentMetrics(agent=config.name)
         budget = budget or TokenBudget(tokens_per_day=config.limits.tokens_per_day)
+        redact = secrets_of(config, env)
         recorder = RunRecorder(
             publish=publish_runs, namespace=config.namespace, agent=config.name, record=config.runs.record,
-            retention_days=config.runs.retention_days, redact=secrets_of(config, env), registry=metrics.registry,
+            retention_days=config.runs.retention_days, redact=redact, registry=metrics.registry,
         )  # fmt: skip
         model = config.model
         llm = LlmClient(
@@ -155,6 +160,7 @@ class AgentRuntime:
             bus=bus,
             sandbox=sandbox,
             run_helper=lambda **kwargs: runtime._run_helper(**kwargs),
+            long_term=_long_term_memory(config, env=env, desk=memory_desk, redact=redact),
         )
         settings = LoopSettings(
             max_iterations=config.max_iterations,
@@ -184,6 +190,8 @@ class AgentRuntime:
             return self
         await self._install_declared_tools()
         modules: list[ToolSetSource] = [m for m in builtin_modules(self.config) if not m.endswith(".guides")]
+        if self.kit.long_term is not None:
+            modules.append("rockbot.agent.toolsets.long_term_memory")
         modules += self._tool_sets
         modules += [m for m in builtin_modules(self.config) if m.endswith(".guides")]
         await install_tool_sets(registry=self.registry, kit=self.kit, modules=modules)
@@ -328,6 +336,7 @@ class AgentRuntime:
             async with self.recorder.run(source=source, session_id=session, caller=caller,
                                          model=self.config.model.name, request_id=request_id or "",
                                          parent_run_id=parent_run_id) as run:
+                await self._recall_into(history, caller=caller)
                 try:
                     result = await self._traced_turn(history=history, session_id=session_id, source=source,
                                                      on_event=on_event, call_chain=call_chain, request_id=request_id)
@@ -342,6 +351,19 @@ class AgentRuntime:
                 if self.recorder.record != "None":
                     result.run_id = run.run_id
                 return result
+
+    async def _recall_into(self, history: list[dict[str, Any]], *, caller: str) -> None:
+        """Put the caller's most relevant long-term memories after their message, when the Agent asks for it."""
+        memory = self.kit.long_term
+        if memory is None or memory.config.auto_recall is None or not caller or not history:
+            return
+        if history[-1].get("role") != "user":
+            return
+        content = history[-1].get("content")
+        if isinstance(content, list):  # an OpenAI client's parts: their text
+            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+        if content:
+            history.extend(await memory.auto_recall(caller=caller, text=str(content)))
 
     async def _traced_turn(
         self,
@@ -433,6 +455,19 @@ class AgentRuntime:
             history=[{"role": "user", "content": instruction}], session_id=session_id, call_chain=call_chain
         )
         return result.answer
+
+
+def _long_term_memory(config: AgentConfig, *, env: Mapping[str, str], desk: MemoryDesk | None,
+                      redact: Redactor) -> LongTermMemory | None:  # fmt: skip
+    """The agent's long-term memory when its config enables it (embedded with its endpoint, kept by `desk`)."""
+    memory = config.long_term_memory
+    if memory is None:
+        return None
+    embeddings = memory.embeddings
+    embedder = Embedder(base_url=embeddings.base_url, model=embeddings.model,
+                        api_key=env.get(embeddings.api_key.env) if embeddings.api_key else None,
+                        timeout_seconds=embeddings.timeout_seconds)  # fmt: skip
+    return LongTermMemory(config=memory, embedder=embedder, desk=desk, redact=redact)
 
 
 def _outcome(result: LoopResult) -> str:

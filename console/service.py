@@ -22,6 +22,8 @@ from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import ProxyHeaders, TokenReviewer
 from rockbot.console.authorization import AccessReviewer
 from rockbot.console.chat import ChatRelay
+from rockbot.console.memories import MemoryAnswerer
+from rockbot.console.memory_store import MemoryCeilings, MemoryStore
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter, WriterLimits
 from rockbot.console.settings import ConsoleSettings
 from rockbot.console.store import Store, StoreUnavailable, redacted
@@ -48,6 +50,8 @@ class Console:
         self.kube: KubeClient | None = None
         self._writer: RunWriter | None = None
         self._history: HistoryAnswerer | None = None
+        self.memories: MemoryStore | None = None
+        self._memory_answers: MemoryAnswerer | None = None
         self.desk: ApprovalDesk | None = None
         self.chat: ChatRelay | None = None
         self._http: web.AppRunner | None = None
@@ -61,6 +65,8 @@ class Console:
         self.store = await wait_for_dependency(
             lambda: Store.open(url=url), readiness=self.readiness, dependency="database", retry_on=(StoreUnavailable,)
         )
+        self.memories = MemoryStore(store=self.store, ceilings=MemoryCeilings(
+            items_per_agent=settings.memory_max_items_per_agent, bytes_per_agent=settings.memory_max_bytes_per_agent))
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="retention")
         if settings.serve_http:
             await self._serve_http()
@@ -73,6 +79,8 @@ class Console:
             await self._writer.start()
             self._history = HistoryAnswerer(store=self.store, bus=self.bus, metrics=self.metrics)
             await self._history.start()
+            self._memory_answers = MemoryAnswerer(memories=self.memories, bus=self.bus)
+            await self._memory_answers.start()
             if self.desk is not None:
                 await self.desk.start(bus=self.bus)
             if self.chat is not None:
@@ -105,6 +113,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._writer.stop(), what="the run writer")
         if self._history is not None:
             await stop_within(STOP_STEP_SECONDS, self._history.stop(), what="the history answers")
+        if self._memory_answers is not None:
+            await stop_within(STOP_STEP_SECONDS, self._memory_answers.stop(), what="the memory answers")
         if self.desk is not None:
             await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
         if self.chat is not None:
@@ -121,12 +131,16 @@ class Console:
         await self.health.stop()
 
     async def _sweep_forever(self) -> None:
-        assert self.store is not None
+        assert self.store is not None and self.memories is not None
         while True:
             try:
-                deleted = await self.store.delete_expired(now=datetime.datetime.now(datetime.UTC))
+                now = datetime.datetime.now(datetime.UTC)
+                deleted = await self.store.delete_expired(now=now)
                 if deleted:
                     log.info("deleted %d runs past their retention", deleted)
+                forgotten = await self.memories.delete_expired(now=now)
+                if forgotten:
+                    log.info("deleted %d memories past their retention", forgotten)
             except StoreUnavailable as exc:
                 log.warning("retention sweep skipped: %s", exc)
             await asyncio.sleep(self.settings.retention_sweep_seconds)

@@ -30,7 +30,11 @@ class ConsoleSettings(BaseSettings):
     #: Run events one agent may send per second (and at once); past that its messages are refused, counted.
     events_per_second: Annotated[float, Field(gt=0)] = 500.0
     burst_events: Annotated[float, Field(gt=0)] = 5000.0
-    #: How often runs past their retention are deleted.
+    #: The most long-term memories (and bytes of their text) one agent keeps over all its scopes, whatever its
+    #: Agent's policy says (each scope's own bound is the Agent's spec.memory.longTerm).
+    memory_max_items_per_agent: Annotated[int, Field(ge=1)] = 1_000_000
+    memory_max_bytes_per_agent: Annotated[int, Field(ge=1)] = 1024 * 1024 * 1024
+    #: How often runs (and memories) past their retention are deleted.
     retention_sweep_seconds: Annotated[float, Field(gt=0)] = 3600.0
     #: Seconds the cluster's answers about tokens and rights are kept (0-60).
     auth_cache_seconds: Annotated[float, Field(ge=0, le=60)] = 10.0

@@ -28,12 +28,13 @@ from typing import Any, Self, TypeVar
 from alembic import command
 from alembic.config import Config
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Connection, bindparam, delete, event, func, select, text, tuple_, update
+from sqlalchemy import Connection, bindparam, delete, func, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from rockbot.console.sqlite_engine import create_engine as sqlite_engine
 from rockbot.console.store_models import (
     MAX_PAGE,
     MAX_TIMELINE,
@@ -153,8 +154,7 @@ class Store:
             path = make_url(url).database
             if path and path != ":memory:":
                 pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_async_engine(url)
-            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            engine = sqlite_engine(url)
         else:
             engine = create_async_engine(url, pool_size=pool_size)
         store = cls(engine=engine)
@@ -478,15 +478,6 @@ async def _file_lock(database: str | None) -> AsyncIterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """WAL: `rockbot runs` reads while `rockbot local` writes; a busy wait instead of 'database is locked'."""
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA busy_timeout=5000")  # first: switching to WAL waits for a writer too
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.close()
 
 
 def _conditions(filters: RunFilter) -> list[Any]:

@@ -12,12 +12,20 @@ Three tables:
 - `working_memory`: the chunks of large tool results a run stored (agent/memory.py), unique by (run,
   key). Whose they are is the run's conversation (its agent, caller and session), so a later turn of
   that conversation reads them by joining `runs`; each has its own, short expiry.
+- `memories`: what agents were told to remember (long-term memory), each with its embedding, by agent
+  (`namespace`, `agent`, the broker-validated sender) and scope (the caller whose memory it is, or `""`
+  for an Agent's one shared memory), with who told it (`caller`) and its own expiry. Runs never own them:
+  deleting a run or a conversation leaves them, forgetting deletes them.
+- `memory_usage`: how many memories and bytes each scope holds, and (scope `|`, which no caller can be)
+  each agent over all its scopes; kept in step by every write, so a bound is checked without counting.
 Times are stored as UTC without a zone (SQLite keeps none) and read back as aware UTC times.
 """
 
 from __future__ import annotations
 
 import datetime
+import struct
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -36,6 +44,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
+from sqlalchemy.types import LargeBinary, SmallInteger
 
 
 class UtcDateTime(TypeDecorator[datetime.datetime]):
@@ -119,3 +128,64 @@ working_memory = Table(
     Index("working_memory_by_key", "key"),
     Index("working_memory_by_expiry", "expires_at"),
 )
+
+
+class Embedding(TypeDecorator[list[float]]):
+    """A vector: pgvector's `vector` on PostgreSQL (of any dimension: each index says which it covers), and
+    sqlite-vec's little-endian float32 blob on SQLite. Written only: searches compare in the database."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "postgresql":
+            from pgvector.sqlalchemy import Vector
+
+            return dialect.type_descriptor(Vector())
+        return dialect.type_descriptor(LargeBinary())
+
+    def process_bind_param(self, value: list[float] | None, dialect: Dialect) -> Any:
+        if value is None or dialect.name == "postgresql":
+            return value
+        return struct.pack(f"<{len(value)}f", *value)
+
+
+#: The `memory_usage` scope that counts a whole agent (a caller never holds `|`).
+AGENT_TOTAL = "|"
+
+memories = Table(
+    "memories",
+    metadata,
+    Column("id", String(18), primary_key=True),
+    Column("namespace", String(63), nullable=False),
+    Column("agent", String(63), nullable=False),
+    Column("scope", String(256), nullable=False),
+    Column("caller", String(256), nullable=False),
+    Column("text", Text(), nullable=False),
+    Column("tags", JSON(), nullable=False),
+    Column("bytes", Integer(), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("dims", SmallInteger(), nullable=False),
+    Column("embedding", Embedding(), nullable=False),
+    Column("run_id", String(64), nullable=False, server_default=""),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Index("memories_by_scope", "namespace", "agent", "scope", "created_at"),
+    Index("memories_by_caller", "caller", "created_at"),
+    Index("memories_by_expiry", "expires_at"),
+)
+
+memory_usage = Table(
+    "memory_usage",
+    metadata,
+    Column("namespace", String(63), primary_key=True),
+    Column("agent", String(63), primary_key=True),
+    Column("scope", String(256), primary_key=True),
+    Column("items_held", Integer(), nullable=False),
+    Column("bytes_held", BigInteger(), nullable=False),
+)
+
+#: The embedding sizes PostgreSQL keeps an HNSW index for (one partial index each, `memories_hnsw_<n>`, made by the
+#: migration): the common models' (MiniLM/BGE-small 384, 512, BGE-base/nomic 768, BGE-large/mxbai 1024, OpenAI's
+#: text-embedding-3-small and ada-002 1536). Another size is searched exactly.
+INDEXED_DIMENSIONS = (384, 512, 768, 1024, 1536)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -14,10 +15,11 @@ from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
+from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store
 from rockbot.local.assembly import AssembledAgent
 from rockbot.local.broker import Connect
-from rockbot.local.runs import StoreHistory, store_publisher
+from rockbot.local.runs import StoreHistory, StoreMemoryDesk, store_publisher
 from rockbot.local.scheduler import LocalScheduler, Report
 from rockbot.local.triggers import LocalTriggers, TriggerReport
 from rockbot.resources import ScheduledTask
@@ -60,10 +62,12 @@ async def running(
     SQLite run store `runs_database` (none: not recorded). With `approvals_over_bus`, agents ask for approvals
     over the bus, as in a cluster (the local console's desk answers); otherwise whoever sets their approver."""
     async with contextlib.AsyncExitStack() as stack:
-        store = None
+        store = memories = None
         if runs_database is not None:
             store = await Store.open(url=f"sqlite:///{runs_database}")
             stack.push_async_callback(store.close)  # after every agent has sent what it recorded
+            memories = MemoryStore(store=store)
+            await memories.delete_expired(now=datetime.datetime.now(datetime.UTC))
 
         async def connected(principal: Principal):
             return await stack.enter_async_context(await connect(principal))
@@ -87,6 +91,7 @@ async def running(
                 tool_sets=[scheduler.tool_set()] if assembled.scheduling else [],
                 publish_runs=store and store_publisher(store, namespace=assembled.config.namespace, agent=name),
                 history=store and StoreHistory(store, namespace=assembled.config.namespace, agent=name),
+                memory_desk=memories and StoreMemoryDesk(memories, namespace=assembled.config.namespace, agent=name),
                 approver=BusApprover(bus=bus) if approvals_over_bus else None,
             )
             await stack.enter_async_context(runtime)

@@ -1,11 +1,14 @@
 """`rockbot local` records its agents' runs in a SQLite run store directly: the same recorder as in a cluster,
 publishing into the console's store instead of onto the bus, and reading sessions' histories and working memory
-from it."""
+from it; long-term memories are kept there too, asked of the same store the console asks."""
 
 from __future__ import annotations
 
+from rockbot.agent.long_term_memory import MemoryUnavailable
 from rockbot.agent.recording import Publish
-from rockbot.console.store import Batch, Store
+from rockbot.console.memory_store import MemoryStore
+from rockbot.console.store import Batch, Store, StoreUnavailable
+from rockbot.contracts.memories import Forget, MemoryReply, Recall, Remember
 from rockbot.contracts.recording import HistoryReply, RunEvents
 
 
@@ -33,3 +36,18 @@ class StoreHistory:
     async def memory(self, *, caller: str, session_id: str, key: str) -> HistoryReply | None:
         return await self._store.session_memory(namespace=self._namespace, agent=self._agent, caller=caller,
                                                 session_id=session_id, key=key)  # fmt: skip
+
+
+class StoreMemoryDesk:
+    """An agent's long-term memory requests, answered from the local store as the console answers them."""
+
+    def __init__(self, memories: MemoryStore, *, namespace: str, agent: str) -> None:
+        self._memories = memories
+        self._namespace = namespace
+        self._agent = agent
+
+    async def ask(self, request: Remember | Recall | Forget) -> MemoryReply:
+        try:
+            return await self._memories.answer(namespace=self._namespace, agent=self._agent, request=request)
+        except StoreUnavailable as exc:
+            raise MemoryUnavailable(str(exc)) from None

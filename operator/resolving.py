@@ -169,6 +169,7 @@ def resolve_agent(
     candidates += sub_agents
     problems += sub_agent_problems
     web_search = _resolve_web_search(agent, secrets=secrets, problems=problems)
+    long_term_memory = _resolve_long_term_memory(agent, model_key=api_key, secrets=secrets, problems=problems)
 
     blacklist = set(spec.tool_blacklist)
     probe = cfg.AgentConfig(
@@ -178,6 +179,7 @@ def resolve_agent(
         tools=candidates,
         builtin_tools=list(dict.fromkeys(spec.builtin_tools)),
         web_search=web_search,
+        long_term_memory=long_term_memory,
     )
     builtins = [tool for tool in enabled_builtin_tools(probe) if tool.name not in blacklist]
     # One rule for clashes (rockbot.contracts.tool_names): built-ins first, then declared tools in order.
@@ -220,6 +222,7 @@ def resolve_agent(
         script_limits=cfg.ScriptLimits(**spec.script_limits.model_dump()),
         limits=cfg.Limits(tokens_per_day=spec.limits.tokens_per_day if spec.limits else None),
         runs=cfg.RunPolicy(**spec.runs.model_dump()) if spec.runs else (default_runs or cfg.RunPolicy()),
+        long_term_memory=long_term_memory,
         web_search=web_search,
         web_browse=_resolve_web_browse(agent, problems=problems),
         http_token=http_token,
@@ -288,6 +291,33 @@ def _resolve_web_search(agent: Agent, *, secrets: _SecretWiring, problems: list[
             problems.append(secrets.problem(search.api_key_secret_ref, field="spec.webSearch.apiKeySecretRef"))
             return None
     return cfg.WebSearchConfig(provider=search.provider, url=search.url, api_key=api_key)
+
+
+def _resolve_long_term_memory(
+    agent: Agent, *, model_key: cfg.SecretEnv | None, secrets: _SecretWiring, problems: list[str]
+) -> cfg.LongTermMemoryConfig | None:
+    """Long-term memory when enabled (its embeddings endpoint by default the model's, with the model's key), or None
+    (remember, recall and forget are then not offered)."""
+    memory = agent.spec.memory.long_term if agent.spec.memory else None
+    if memory is None or not memory.enabled or memory.embeddings is None:
+        return None
+    embeddings = memory.embeddings
+    api_key = model_key if embeddings.base_url is None else None
+    if embeddings.api_key_secret_ref is not None:
+        api_key = secrets.wire(embeddings.api_key_secret_ref, env=cfg.EMBEDDINGS_API_KEY_ENV)
+        if api_key is None:
+            problems.append(secrets.problem(embeddings.api_key_secret_ref,
+                                            field="spec.memory.longTerm.embeddings.apiKeySecretRef"))  # fmt: skip
+            return None
+    recall = memory.auto_recall
+    return cfg.LongTermMemoryConfig(
+        scope=memory.scope, retention_days=memory.retention_days, max_items_per_scope=memory.max_items_per_scope,
+        max_bytes_per_scope=memory.max_bytes_per_scope,
+        embeddings=cfg.EmbeddingsConfig(base_url=embeddings.base_url or agent.spec.model.base_url,
+                                        model=embeddings.model, api_key=api_key,
+                                        timeout_seconds=embeddings.timeout_seconds),
+        auto_recall=cfg.AutoRecallConfig(**recall.model_dump()) if recall else None,
+    )  # fmt: skip
 
 
 def _resolve_web_browse(agent: Agent, *, problems: list[str]) -> cfg.WebBrowseConfig:

@@ -33,6 +33,9 @@ def secret_references(agent: Agent, *, tools: list[K8sObject]) -> list[tuple[str
     found = [("spec.model.apiKeySecretRef", spec.model.api_key_secret_ref)]
     if spec.web_search is not None:
         found.append(("spec.webSearch.apiKeySecretRef", spec.web_search.api_key_secret_ref))
+    long_term = spec.memory.long_term if spec.memory else None
+    if long_term is not None and long_term.enabled and long_term.embeddings is not None:
+        found.append(("spec.memory.longTerm.embeddings.apiKeySecretRef", long_term.embeddings.api_key_secret_ref))
     found += [
         (f"spec.env[{index}].valueFrom.secretKeyRef", entry.value_from.secret_key_ref)
         for index, entry in enumerate(spec.env)

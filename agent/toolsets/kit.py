@@ -19,10 +19,11 @@ from typing import Any, Protocol
 import aiohttp
 from pydantic import BaseModel, ConfigDict
 
+from rockbot.agent.long_term_memory import LongTermMemory
 from rockbot.agent.memory import WorkingMemory
 from rockbot.agent.registry import ToolRegistry
 from rockbot.contracts.agent_config import AgentConfig, McpBackend
-from rockbot.contracts.builtin_tools import BUILTIN_TOOLS
+from rockbot.contracts.builtin_tools import BUILTIN_TOOLS, LONG_TERM_MEMORY_TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ class ToolKit:
     bus: Any = None
     sandbox: Any = None
     run_helper: Helpers | None = None
+    #: Long-term memory (the Agent's spec.memory.longTerm), when enabled.
+    long_term: LongTermMemory | None = None
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     #: What went wrong while installing tools, a sentence each for whoever started the agent (the log has more).
     notices: list[str] = field(default_factory=list)
@@ -131,7 +134,7 @@ def builtin_modules(config: AgentConfig) -> list[str]:
 
 def catalogue_description(name: str) -> str:
     """The description the catalogue gives a built-in tool (what the operator reports is what the model sees)."""
-    for tool in BUILTIN_TOOLS:
+    for tool in (*BUILTIN_TOOLS, *LONG_TERM_MEMORY_TOOLS):
         if tool.name == name:
             return tool.description
     raise KeyError(f"{name!r} is not in the built-in tool catalogue")

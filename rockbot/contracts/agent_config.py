@@ -18,6 +18,7 @@ MODEL_API_KEY_ENV = "ROCKBOT_MODEL_API_KEY"
 AMQP_URL_ENV = "ROCKBOT_AMQP_URL"
 HTTP_TOKEN_ENV = "ROCKBOT_HTTP_TOKEN"
 WEB_SEARCH_API_KEY_ENV = "ROCKBOT_WEB_SEARCH_API_KEY"
+EMBEDDINGS_API_KEY_ENV = "ROCKBOT_EMBEDDINGS_API_KEY"
 
 BuiltinToolSet = Literal["scripts", "web", "scheduling", "memory", "subagents", "guides", "mcp"]
 
@@ -163,6 +164,32 @@ class RunPolicy(Contract):
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
 
 
+class EmbeddingsConfig(Contract):
+    """An OpenAI-compatible `/embeddings` endpoint."""
+
+    base_url: str
+    model: str
+    api_key: SecretEnv | None = None
+    timeout_seconds: Annotated[float, Field(gt=0)] = 3.0
+
+
+class AutoRecallConfig(Contract):
+    max_tokens: Annotated[int, Field(ge=1)] = 400
+    max_items: Annotated[int, Field(ge=1, le=20)] = 3
+    min_score: Annotated[float, Field(ge=0, le=1)] = 0.3
+
+
+class LongTermMemoryConfig(Contract):
+    """Long-term memory (the Agent's `spec.memory.longTerm`, enabled): kept by the console, embedded here."""
+
+    scope: Literal["Caller", "Agent"] = "Caller"
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 365
+    max_items_per_scope: Annotated[int, Field(ge=1)] = 1000
+    max_bytes_per_scope: Annotated[int, Field(ge=1)] = 1_000_000
+    embeddings: EmbeddingsConfig
+    auto_recall: AutoRecallConfig | None = None
+
+
 class WebSearchConfig(Contract):
     provider: Literal["searxng", "brave"]
     url: str | None = None
@@ -200,6 +227,8 @@ class AgentConfig(Contract):
     script_limits: ScriptLimits = Field(default_factory=ScriptLimits)
     limits: Limits = Field(default_factory=Limits)
     runs: RunPolicy = Field(default_factory=RunPolicy)
+    #: Long-term memory; None: the Agent has none (its remember, recall and forget are not offered).
+    long_term_memory: LongTermMemoryConfig | None = None
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
     http_token: SecretEnv | None = None

@@ -177,6 +177,80 @@ class AgentRunsSpec(Schema):
     )
 
 
+class EmbeddingsSpec(Schema):
+    """An OpenAI-compatible embeddings endpoint (`POST {baseUrl}/embeddings`): by default the Agent's model endpoint,
+    with its key."""
+
+    rules = (
+        Rule(
+            cel="!has(self.baseUrl) || self.baseUrl.startsWith('http://') || self.baseUrl.startsWith('https://')",
+            message="baseUrl must be an http:// or https:// URL, e.g. https://api.openai.com/v1",
+            holds=lambda e: e.base_url is None or e.base_url.startswith(("http://", "https://")),
+        ),
+    )
+
+    model: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        description="Embeddings model name, e.g. text-embedding-3-small."
+    )
+    base_url: Annotated[str, Field(min_length=1, max_length=2048)] | None = Field(
+        default=None, description="Base URL of the API, up to /v1; omit for spec.model.baseUrl (and its key)."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the API key; omit for the model's key (or no auth)."
+    )
+    timeout_seconds: Annotated[int, Field(ge=1, le=60)] = Field(
+        default=3, description="Longest wait for an embedding; past it recall finds nothing this turn, and says so."
+    )
+
+
+class AutoRecallSpec(Schema):
+    """Before the model is asked, the caller's most relevant memories are put into the turn as a recall's result."""
+
+    max_tokens: Annotated[int, Field(ge=50, le=4000)] = Field(
+        default=400, description="The most tokens (about four characters each) the recalled notes take."
+    )
+    max_items: Annotated[int, Field(ge=1, le=20)] = Field(default=3, description="The most memories recalled.")
+    min_score: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.3, description="Memories less similar than this (cosine, 0-1) are left out; tune it to the model."
+    )
+
+
+class LongTermMemorySpec(Schema):
+    """What the agent remembers across conversations (remember, recall, forget), kept in the run store's database."""
+
+    rules = (
+        Rule(
+            cel="!self.enabled || has(self.embeddings)",
+            message="embeddings: long-term memory needs an embeddings model: embeddings: {model: "
+            "text-embedding-3-small} (baseUrl and apiKeySecretRef default to spec.model's)",
+            holds=lambda m: not m.enabled or m.embeddings is not None,
+        ),
+    )
+
+    enabled: bool = False
+    scope: Literal["Caller", "Agent"] = Field(
+        default="Caller", description="Caller: each caller has a memory of their own; Agent: one memory every caller "
+        "of this Agent shares.",
+    )
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = Field(
+        default=365, description="Days a memory is kept; then it is deleted."
+    )
+    max_items_per_scope: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        default=1000, description="The most memories one scope keeps; remember is refused past it."
+    )
+    max_bytes_per_scope: Annotated[int, Field(ge=1000, le=100_000_000)] = Field(
+        default=1_000_000, description="The most bytes of memory text one scope keeps; remember is refused past it."
+    )
+    embeddings: EmbeddingsSpec | None = None
+    auto_recall: AutoRecallSpec | None = Field(
+        default=None, description="Put the caller's most relevant memories into each turn; omit to leave it to recall."
+    )
+
+
+class AgentMemorySpec(Schema):
+    long_term: LongTermMemorySpec | None = None
+
+
 class ResourceRequirements(Schema):
     requests: dict[str, Quantity] = Field(default_factory=dict)
     limits: dict[str, Quantity] = Field(default_factory=dict)
@@ -298,6 +372,8 @@ class AgentSpec(Schema):
     limits: AgentLimitsSpec | None = None
     approval: AgentApprovalSpec | None = Field(default=None, description="Tools whose calls wait for a person.")
     runs: AgentRunsSpec | None = None
+    memory: AgentMemorySpec | None = Field(default=None, description="Long-term memory (builtinTools' memory set "
+                                           "is working memory: large tool results, for minutes).")
 
 
 class ResolvedToolStatus(Schema):

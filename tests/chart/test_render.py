@@ -184,7 +184,7 @@ def test_the_console_records_runs_in_the_bundled_postgresql_or_an_external_one(r
     assert console["ROCKBOT_DATABASE_URL"] == {"secretKeyRef": {"name": "rockbot-runstore", "key": "url"}}
     assert console["ROCKBOT_AMQP_URL"] == {"secretKeyRef": {"name": "rockbot-console-bus", "key": "amqp-url"}}
     database = find(manifests, "StatefulSet", "rockbot-runstore")["spec"]
-    assert database["template"]["spec"]["containers"][0]["image"] == "docker.io/library/postgres:15-bookworm"
+    assert database["template"]["spec"]["containers"][0]["image"] == "docker.io/pgvector/pgvector:0.8.6-pg15-bookworm"
     assert database["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "8Gi"
     url = urlsplit(secret_text(find(manifests, "Secret", "rockbot-runstore"), "url"))
     assert (url.scheme, url.username, url.hostname) == ("postgresql", "rockbot", f"rockbot-runstore.{NAMESPACE}.svc")

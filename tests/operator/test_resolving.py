@@ -282,3 +282,38 @@ def test_the_run_policy_is_the_agents_own_else_the_chart_default():
     assert unset.config.runs == default
     assert own.config.runs == RunPolicy(record="None", retention_days=90)
     assert resolve(agent()).config.runs == RunPolicy(record="Full", retention_days=30)
+
+
+def test_long_term_memory_embeds_with_the_models_endpoint_and_key_by_default():
+    memory = {"longTerm": {"enabled": True, "scope": "Agent", "retentionDays": 90, "autoRecall": {"maxItems": 2},
+                           "embeddings": {"model": "text-embedding-3-small"}}}
+    the_agent = agent(model={"baseUrl": "https://llm.example/v1", "name": "m",
+                             "apiKeySecretRef": {"name": "llm", "key": "apiKey"}}, memory=memory)
+    result = resolve(the_agent)
+    config = result.config.long_term_memory
+    assert config is not None and (config.scope, config.retention_days) == ("Agent", 90)
+    assert config.embeddings == cfg.EmbeddingsConfig(base_url="https://llm.example/v1", model="text-embedding-3-small",
+                                                     api_key=cfg.SecretEnv(env=cfg.MODEL_API_KEY_ENV))
+    assert config.auto_recall == cfg.AutoRecallConfig(max_items=2)
+    assert [t.name for t in result.tools] == ["get_from_working_memory", "remember", "recall", "forget"]
+    assert {t.source for t in result.tools[1:]} == {"builtin:long-term-memory"}
+
+
+def test_long_term_memory_with_an_endpoint_of_its_own_gets_only_its_own_key():
+    memory = {"longTerm": {"enabled": True, "embeddings": {"model": "e", "baseUrl": "http://embed.example/v1"}}}
+    result = resolve(agent(memory=memory))
+    assert result.config.long_term_memory.embeddings.api_key is None
+    memory["longTerm"]["embeddings"]["apiKeySecretRef"] = {"name": "embed", "key": "token"}
+    missing = resolve(agent(memory=memory))
+    assert missing.config.long_term_memory is None
+    assert missing.tool_problems == ['spec.memory.longTerm.embeddings.apiKeySecretRef: Secret "embed" not found in '
+                                     "namespace default: create it with key 'token'"]
+    assert "embed" in referenced_secrets(agent(memory=memory), tools=[])
+    found = resolve(agent(memory=memory), secrets={**ALL_SECRETS, "embed": {"token"}})
+    assert found.config.long_term_memory.embeddings.api_key == cfg.SecretEnv(env=cfg.EMBEDDINGS_API_KEY_ENV)
+    assert cfg.EMBEDDINGS_API_KEY_ENV in {item.env for item in found.secret_env}
+
+
+def test_disabled_long_term_memory_offers_nothing():
+    result = resolve(agent(memory={"longTerm": {"enabled": False, "embeddings": {"model": "e"}}}))
+    assert result.config.long_term_memory is None and "remember" not in [t.name for t in result.tools]

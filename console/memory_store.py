@@ -1,0 +1,341 @@
+"""Long-term memories in the run store's database: kept within bounds, found by meaning, forgotten at once.
+
+    memories = MemoryStore(store=store)
+    reply = await memories.remember(namespace="team-a", agent="triage", request=Remember(...))
+    found = await memories.recall(namespace="team-a", agent="triage", request=Recall(...))
+    page = await memories.list(filters=MemoryFilter(caller="console:ann"), limit=50)
+
+The agent is always the broker-validated sender (or, locally, the agent itself): every query is
+held to its rows. A scope (`Caller`: the caller's; `Agent`: one shared, scope `""`) holds at most what the
+agent's policy says and never more than the console's ceilings, in count and bytes, and so does each
+agent over all its scopes; the counts live in `memory_usage`, kept in step in the same transaction as
+every write, so a bound costs one row's update, never a count.
+
+Recall compares the query with the scope's memories of the same embeddings model (cosine distance:
+pgvector's `<=>`, sqlite-vec's `vec_distance_cosine`). A scope of up to `EXACT_UP_TO` memories is
+compared whole, which finds the true nearest and, with the scope's index, costs a few milliseconds; a
+larger one on PostgreSQL goes through the HNSW index of its embedding size (pgvector's iterative scan,
+so the scope's filter still yields `k`). Expired memories are never recalled and are deleted by
+`delete_expired` (the console's retention sweep).
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Float, and_, bindparam, cast, delete, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from rockbot.console.store import Store, StoreUnavailable
+from rockbot.console.store_models import MAX_PAGE, decode_cursor, encode_cursor
+from rockbot.console.store_schema import AGENT_TOTAL, INDEXED_DIMENSIONS, Embedding, memories, memory_usage
+from rockbot.contracts.errors import ErrorCode, ErrorInfo
+from rockbot.contracts.memories import Forget, MemoryReply, Recall, RecalledMemory, Remember
+
+#: A scope of at most this many memories is compared whole; a larger one (PostgreSQL) through its HNSW index.
+EXACT_UP_TO = 20_000
+#: Candidates the HNSW search keeps per query (pgvector's `hnsw.ef_search`; its default is 40).
+EF_SEARCH = 100
+
+
+class MemoryCeilings(BaseModel):
+    """The most any agent's policy gets, whatever it claims: per scope, and per agent over all its scopes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items_per_scope: int = 100_000
+    bytes_per_scope: int = 100 * 1024 * 1024
+    items_per_agent: int = 1_000_000
+    bytes_per_agent: int = 1024 * 1024 * 1024
+
+
+class MemoryFilter(BaseModel):
+    """Which memories a person lists; every field left empty matches everything."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str | None = None
+    agent: str | None = None
+    #: Who told the agent (`console:<user>` for a person in the console).
+    caller: str | None = None
+    #: Words the memory's text holds (case-insensitive).
+    text: str | None = None
+
+
+class StoredMemory(BaseModel):
+    """One memory as a person sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    namespace: str
+    agent: str
+    #: Whose memory it is: the caller's (`Caller` scope), or "" for the agent's shared one.
+    scope: str
+    caller: str
+    text: str
+    tags: list[str]
+    model: str
+    run_id: str
+    created_at: datetime.datetime
+    expires_at: datetime.datetime
+
+
+class MemoryPage(BaseModel):
+    memories: list[StoredMemory]
+    #: Pass back as `cursor` for the next (older) page; None on the last page.
+    next_cursor: str | None = None
+
+
+class BoundReached(Exception):
+    """A scope or an agent holds as much as it may."""
+
+
+_SHOWN = (memories.c.id, memories.c.namespace, memories.c.agent, memories.c.scope, memories.c.caller,
+          memories.c.text, memories.c.tags, memories.c.model, memories.c.run_id, memories.c.created_at,
+          memories.c.expires_at)  # fmt: skip
+
+
+def new_memory_id() -> str:
+    return f"m-{secrets.token_hex(8)}"
+
+
+def scope_of(request: Remember | Recall | Forget) -> str:
+    """The scope a request speaks of: its caller's, or the agent's shared one (`""`, which no caller is)."""
+    return "" if request.shared else request.caller
+
+
+class MemoryStore:
+    def __init__(self, *, store: Store, ceilings: MemoryCeilings | None = None) -> None:
+        self._store = store
+        self._ceilings = ceilings or MemoryCeilings()
+        self._postgres = store.dialect == "postgresql"
+
+    # -- an agent's requests ----------------------------------------------------------------------
+
+    async def answer(self, *, namespace: str, agent: str, request: Remember | Recall | Forget) -> MemoryReply:
+        """The reply to one of `agent`'s requests; bounds and bad input are errors in it, a database failure is
+        `StoreUnavailable`."""
+        if isinstance(request, Remember):
+            return await self.remember(namespace=namespace, agent=agent, request=request)
+        if isinstance(request, Recall):
+            return MemoryReply(memories=await self.recall(namespace=namespace, agent=agent, request=request))
+        forgotten = await self.forget(namespace=namespace, agent=agent, scope=scope_of(request),
+                                      memory_id=request.memory_id)  # fmt: skip
+        return MemoryReply(forgotten=forgotten)
+
+    async def remember(
+        self, *, namespace: str, agent: str, request: Remember, now: datetime.datetime | None = None
+    ) -> MemoryReply:
+        """Keep a memory within its scope's and its agent's bounds; a redelivered request (same id) is kept once."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        scope = scope_of(request)
+        size = len(request.text.encode())
+        row = {
+            "id": request.memory_id, "namespace": namespace, "agent": agent, "scope": scope,
+            "caller": request.caller, "text": request.text, "tags": list(request.tags), "bytes": size,
+            "model": request.model, "dims": len(request.embedding), "embedding": request.embedding,
+            "run_id": request.run_id, "created_at": now,
+            "expires_at": now + datetime.timedelta(days=request.retention_days),
+        }  # fmt: skip
+        ceilings = self._ceilings
+        try:
+            async with self._store._connection() as connection, connection.begin():
+                inserted = await connection.execute(
+                    self._store._insert(memories).on_conflict_do_nothing(index_elements=["id"])
+                    .returning(memories.c.id), row,
+                )  # fmt: skip
+                if inserted.first() is None:
+                    return await self._redelivered(connection, namespace=namespace, agent=agent, scope=scope,
+                                                   memory_id=request.memory_id)  # fmt: skip
+                await self._count(connection, namespace=namespace, agent=agent, scope=scope, size=size,
+                                  max_items=min(request.max_items, ceilings.items_per_scope),
+                                  max_bytes=min(request.max_bytes, ceilings.bytes_per_scope),
+                                  whose="this scope" if scope else "the agent's shared memory")  # fmt: skip
+                await self._count(connection, namespace=namespace, agent=agent, scope=AGENT_TOTAL, size=size,
+                                  max_items=ceilings.items_per_agent, max_bytes=ceilings.bytes_per_agent,
+                                  whose=f"agent {namespace}/{agent} (over all its scopes)")  # fmt: skip
+        except BoundReached as exc:
+            return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
+        return MemoryReply(stored=request.memory_id)
+
+    async def _redelivered(self, connection: AsyncConnection, *, namespace: str, agent: str, scope: str,
+                           memory_id: str) -> MemoryReply:  # fmt: skip
+        """The answer to a `Remember` whose id is taken: kept already (a redelivery), or another's id."""
+        owner = (await connection.execute(
+            select(memories.c.namespace, memories.c.agent, memories.c.scope).where(memories.c.id == memory_id)
+        )).first()  # fmt: skip
+        if owner is not None and tuple(owner) == (namespace, agent, scope):
+            return MemoryReply(stored=memory_id)
+        return MemoryReply(error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS,
+                                           message=f"memory id {memory_id} is taken: choose another"))  # fmt: skip
+
+    async def _count(self, connection: AsyncConnection, *, namespace: str, agent: str, scope: str, size: int,
+                     max_items: int, max_bytes: int, whose: str) -> None:  # fmt: skip
+        """Add one memory of `size` bytes to a usage row, or `BoundReached` (the transaction is rolled back)."""
+        key = {"namespace": namespace, "agent": agent, "scope": scope}
+        await connection.execute(self._store._insert(memory_usage).on_conflict_do_nothing(),
+                                 {**key, "items_held": 0, "bytes_held": 0})  # fmt: skip
+        where = [memory_usage.c[name] == value for name, value in key.items()]
+        items, held_bytes = memory_usage.c.items_held, memory_usage.c.bytes_held
+        counted = await connection.execute(
+            update(memory_usage).where(*where, items + 1 <= max_items, held_bytes + size <= max_bytes)
+            .values(items_held=items + 1, bytes_held=held_bytes + size).returning(items)
+        )  # fmt: skip
+        if counted.first() is None:
+            held = (await connection.execute(select(items, held_bytes).where(*where))).one()
+            raise BoundReached(
+                f"not remembered: {whose} holds {held.items_held} memories ({held.bytes_held} bytes), and may hold "
+                f"at most {max_items} ({max_bytes} bytes); forget some (recall them, then forget(id)) or ask the "
+                "Agent's author to raise spec.memory.longTerm.maxItemsPerScope / maxBytesPerScope"
+            )
+
+    async def recall(
+        self, *, namespace: str, agent: str, request: Recall, now: datetime.datetime | None = None
+    ) -> list[RecalledMemory]:
+        """The scope's `k` memories nearest to the query (of the same embeddings model and size), nearest first."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        scope = scope_of(request)
+        dims = len(request.embedding)
+        conditions = [
+            memories.c.namespace == namespace, memories.c.agent == agent, memories.c.scope == scope,
+            memories.c.model == request.model, memories.c.dims == dims, memories.c.expires_at > now,
+        ]  # fmt: skip
+        async with self._store._connection() as connection, connection.begin():
+            if self._postgres and dims in INDEXED_DIMENSIONS and await self._held(
+                connection, namespace=namespace, agent=agent, scope=scope) > EXACT_UP_TO:
+                rows = await self._approximate(connection, conditions, request=request)
+            else:
+                distance = self._distance(memories.c.embedding, request.embedding)
+                query = (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at,
+                                distance.label("distance"))
+                         .where(*conditions).order_by(distance).limit(request.k))  # fmt: skip
+                rows = (await connection.execute(query)).all()
+        return [
+            RecalledMemory(id=row.id, text=row.text, tags=row.tags, created_at=row.created_at,
+                           score=round(1.0 - float(row.distance), 6))
+            for row in sorted(rows, key=lambda row: row.distance)
+        ]  # fmt: skip
+
+    def _distance(self, column: Any, vector: list[float]) -> Any:
+        """Cosine distance between a stored embedding and `vector`, computed in the database."""
+        query = bindparam("query", vector, type_=Embedding())
+        if self._postgres:
+            return column.op("<=>", return_type=Float())(query)
+        return func.vec_distance_cosine(column, query, type_=Float())
+
+    async def _held(self, connection: AsyncConnection, *, namespace: str, agent: str, scope: str) -> int:
+        held = await connection.scalar(select(memory_usage.c.items_held).where(
+            memory_usage.c.namespace == namespace, memory_usage.c.agent == agent, memory_usage.c.scope == scope))
+        return int(held or 0)
+
+    async def _approximate(self, connection: AsyncConnection, conditions: list[Any], *, request: Recall) -> Any:
+        """The nearest through the HNSW index of the embedding's size: its expression and predicate spelt as the
+        migration made them (the size a literal, so the planner matches the partial index)."""
+        from pgvector.sqlalchemy import Vector
+
+        dims = len(request.embedding)
+        await connection.execute(text("SET LOCAL hnsw.iterative_scan = relaxed_order"))
+        await connection.execute(text(f"SET LOCAL hnsw.ef_search = {max(EF_SEARCH, 2 * request.k)}"))
+        sized = Vector(dims)
+        distance = cast(memories.c.embedding, sized).op("<=>", return_type=Float())(
+            cast(bindparam("query", request.embedding, type_=Embedding()), sized))
+        query = (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at,
+                        distance.label("distance"))
+                 .where(text(f"memories.dims = {dims}"), *conditions).order_by(distance).limit(request.k))  # fmt: skip
+        return (await connection.execute(query)).all()
+
+    async def forget(self, *, namespace: str, agent: str, scope: str | None, memory_id: str) -> bool:
+        """Delete a memory of `agent` (of `scope` when given: an agent forgets only in the scope it speaks for);
+        whether there was one."""
+        conditions = [memories.c.id == memory_id, memories.c.namespace == namespace, memories.c.agent == agent]
+        if scope is not None:
+            conditions.append(memories.c.scope == scope)
+        async with self._store._connection() as connection, connection.begin():
+            gone = await self._delete(connection, and_(*conditions))
+        return bool(gone)
+
+    async def _delete(self, connection: AsyncConnection, condition: Any) -> int:
+        """Delete the memories `condition` selects and take them off their scopes' and agents' usage."""
+        rows = (await connection.execute(
+            delete(memories).where(condition)
+            .returning(memories.c.namespace, memories.c.agent, memories.c.scope, memories.c.bytes)
+        )).all()  # fmt: skip
+        freed: dict[tuple[str, str, str], list[int]] = {}
+        for row in rows:
+            for scope in (row.scope, AGENT_TOTAL):
+                counts = freed.setdefault((row.namespace, row.agent, scope), [0, 0])
+                counts[0] += 1
+                counts[1] += row.bytes
+        if freed:
+            await connection.execute(
+                update(memory_usage).where(
+                    memory_usage.c.namespace == bindparam("k_namespace"), memory_usage.c.agent == bindparam("k_agent"),
+                    memory_usage.c.scope == bindparam("k_scope"),
+                ).values(items_held=memory_usage.c.items_held - bindparam("k_items"),
+                         bytes_held=memory_usage.c.bytes_held - bindparam("k_bytes")),
+                [{"k_namespace": ns, "k_agent": agent, "k_scope": scope, "k_items": items, "k_bytes": size}
+                 for (ns, agent, scope), (items, size) in freed.items()],
+            )  # fmt: skip
+        return len(rows)
+
+    # -- people's reads and deletes ---------------------------------------------------------------
+
+    async def list(self, *, filters: MemoryFilter, limit: int = 50, cursor: str | None = None,
+                   now: datetime.datetime | None = None) -> MemoryPage:  # fmt: skip
+        """Memories matching `filters` (not expired), newest first, `limit` at a time; `BadCursor` for a cursor not
+        handed out here."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        limit = max(1, min(limit, MAX_PAGE))
+        query = select(*_SHOWN).where(memories.c.expires_at > now)
+        for name in ("namespace", "agent", "caller"):
+            if getattr(filters, name):
+                query = query.where(memories.c[name] == getattr(filters, name))
+        if filters.text:
+            query = query.where(memories.c.text.icontains(filters.text, autoescape=True))
+        if cursor:
+            at, memory_id = decode_cursor(cursor)
+            query = query.where((memories.c.created_at < at)
+                                | ((memories.c.created_at == at) & (memories.c.id < memory_id)))  # fmt: skip
+        query = query.order_by(memories.c.created_at.desc(), memories.c.id.desc()).limit(limit + 1)
+        rows = await self._store._read(lambda connection: _all(connection, query))
+        page = [StoredMemory.model_validate(dict(row._mapping)) for row in rows[:limit]]
+        last = page[-1] if len(rows) > limit else None
+        return MemoryPage(memories=page,
+                          next_cursor=last and encode_cursor(started_at=last.created_at, run_id=last.id))  # fmt: skip
+
+    async def get(self, memory_id: str) -> StoredMemory | None:
+        query = select(*_SHOWN).where(memories.c.id == memory_id)
+        rows = await self._store._read(lambda connection: _all(connection, query))
+        return StoredMemory.model_validate(dict(rows[0]._mapping)) if rows else None
+
+    async def delete(self, memory_id: str) -> bool:
+        """Delete one memory, at once and for good (a person's forget); whether there was one."""
+        async with self._store._connection() as connection, connection.begin():
+            return bool(await self._delete(connection, memories.c.id == memory_id))
+
+    # -- retention --------------------------------------------------------------------------------
+
+    async def delete_expired(self, *, now: datetime.datetime, batch_size: int = 1000) -> int:
+        """Delete memories past their retention, `batch_size` per short transaction; how many were deleted."""
+        deleted = 0
+        while True:
+            async with self._store._connection() as connection, connection.begin():
+                ids = (await connection.scalars(
+                    select(memories.c.id).where(memories.c.expires_at <= now).limit(batch_size))).all()
+                if ids:
+                    deleted += await self._delete(connection, memories.c.id.in_(ids))
+            if len(ids) < batch_size:
+                return deleted
+
+
+async def _all(connection: AsyncConnection, query: Any) -> Sequence[Any]:
+    return (await connection.execute(query)).all()
+
+
+__all__ = ["BoundReached", "MemoryCeilings", "MemoryFilter", "MemoryPage", "MemoryStore", "StoreUnavailable",
+           "StoredMemory", "new_memory_id"]
