@@ -2,7 +2,9 @@
 
 Console rights are ordinary RBAC on made-up subresources of `agents` (RBAC evaluates names the API
 server does not serve): seeing an Agent and its runs is `get agents`, chatting is `create agents/chat`,
-approving a tool call is `create agents/approve`. A platform team grants them with Roles; the console
+approving a tool call is `create agents/approve`, seeing the long-term memories of a namespace's Agents (every
+caller's) is `get agents/memories` and forgetting any of them `delete agents/memories` (a person's own memories
+need no right: they are theirs). A platform team grants them with Roles; the console
 only asks. Answers (yes and no) are kept a few seconds, never over a minute.
 """
 
@@ -37,6 +39,8 @@ class Action:
 VIEW = Action(verb="get")
 CHAT = Action(verb="create", subresource="chat")
 APPROVE = Action(verb="create", subresource="approve")
+MEMORIES = Action(verb="get", subresource="memories")
+FORGET = Action(verb="delete", subresource="memories")
 
 
 class Authorizer(Protocol):

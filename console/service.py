@@ -102,7 +102,7 @@ class Console:
         if settings.amqp_url is not None:  # chat goes over the bus, as the console's own login
             self.chat = ChatRelay(timeout_seconds=settings.chat_timeout_seconds, store=self.store)
         app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store,
-                        trace_url_template=settings.trace_url_template, chat=self.chat)
+                        trace_url_template=settings.trace_url_template, chat=self.chat, memories=self.memories)
         add_run_routes(app, store=self.store, authorizer=authorizer)
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()

@@ -28,6 +28,7 @@ from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
 from rockbot.console.authorization import Action
 from rockbot.console.chat import ChatRelay
+from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store
 from rockbot.console.web.app import Handler, build_app
 from rockbot.console.web.gate import Gate
@@ -132,7 +133,8 @@ async def serving(*, connect: Connect, store: Store | None, manifests: Manifests
         stack.push_async_callback(relay.stop)
         gate = Gate(tokens=None, sessions=Sessions(), local_identity=Identity(username=f"local:{getpass.getuser()}"))
         app = build_app(gate=gate, authorizer=Everyone(), kube=ManifestCatalog.of(manifests=manifests, agents=agents),
-                        desk=desk, store=store, chat=relay, secure_cookie=False)  # type: ignore[arg-type]
+                        desk=desk, store=store, chat=relay, secure_cookie=False,  # type: ignore[arg-type]
+                        memories=store and MemoryStore(store=store))
         app.middlewares.insert(0, _loopback_host)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

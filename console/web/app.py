@@ -15,13 +15,16 @@ from aiohttp import web
 from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.console.auth_sessions import COOKIE_NAME, IDLE_SECONDS
 from rockbot.console.authentication import Unauthenticated
-from rockbot.console.authorization import APPROVE, CHAT, VIEW, Authorizer
+from rockbot.console.authorization import APPROVE, CHAT, MEMORIES, VIEW, Authorizer
 from rockbot.console.chat import ChatRelay
+from rockbot.console.memory_api import add_memory_routes
+from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import RunFilter
 from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
 from rockbot.console.web.chat import ChatPages
 from rockbot.console.web.gate import CSRF_PRINCIPAL, IDENTITY, Gate
+from rockbot.console.web.memories import MemoryPages
 from rockbot.console.web.pages import HERE, TEMPLATES, Pages, templates
 from rockbot.console.web.runs import RunPages
 from rockbot.kube import KubeClient
@@ -48,16 +51,18 @@ LAST_RUNS = 10
 def build_app(
     *, gate: Gate, authorizer: Authorizer, kube: KubeClient, desk: ApprovalDesk | None = None,
     store: Store | None = None, trace_url_template: str | None = None, secure_cookie: bool = True,
-    chat: ChatRelay | None = None,
+    chat: ChatRelay | None = None, memories: MemoryStore | None = None,
 ) -> web.Application:
     """The console's pages, guarded by `gate` (who) and `authorizer` (what they may do); approvals need `desk`,
-    the Runs pages the run `store`, the chat page the `chat` relay (the console's bus login)."""
+    the Runs pages the run `store`, the chat page the `chat` relay (the console's bus login), the Memories pages
+    the long-term `memories` (and their JSON API comes with them)."""
     app = web.Application(middlewares=[_security_headers, gate.middleware()], client_max_size=64 * 1024)
     app[TEMPLATES] = templates()
     app[TEMPLATES].globals["approvals_on"] = desk is not None
     app[TEMPLATES].globals["runs_on"] = store is not None
     app[TEMPLATES].globals["trace_url_template"] = trace_url_template
     app[TEMPLATES].globals["chat_on"] = chat is not None
+    app[TEMPLATES].globals["memories_on"] = memories is not None
     views = _Views(gate=gate, authorizer=authorizer, kube=kube, store=store, secure_cookie=secure_cookie)
     if chat is not None:
         chats = ChatPages(pages=views, relay=chat, store=store)
@@ -71,6 +76,12 @@ def build_app(
         runs = RunPages(pages=views, store=store, kube=kube)
         app.router.add_get("/runs", runs.list)
         app.router.add_get("/runs/{run_id}", runs.run)
+    if memories is not None:
+        memory_pages = MemoryPages(pages=views, memories=memories)
+        app.router.add_get("/memories", memory_pages.mine)
+        app.router.add_get("/agents/{namespace}/{name}/memories", memory_pages.agent)
+        app.router.add_post("/memories/{memory_id}/forget", memory_pages.forget)
+        add_memory_routes(app, memories=memories, authorizer=authorizer)
     app.router.add_get("/", views.home)
     app.router.add_get("/login", views.login_form)
     app.router.add_post("/login", views.login)
@@ -156,7 +167,10 @@ class _Views(Pages):
                 log.warning("the Agent page of %s/%s shows no runs: %s", namespace, name, exc)
         may_chat = request.app[TEMPLATES].globals["chat_on"] and await self.authorizer.allowed(
             identity=request[IDENTITY], namespace=namespace, action=CHAT)
-        return self.render(request, "agent.html", page=page, last_runs=last_runs, may_chat=may_chat)
+        may_see_memories = request.app[TEMPLATES].globals["memories_on"] and await self.authorizer.allowed(
+            identity=request[IDENTITY], namespace=namespace, action=MEMORIES)
+        return self.render(request, "agent.html", page=page, last_runs=last_runs, may_chat=may_chat,
+                           may_see_memories=may_see_memories)
 
 
 class _Approvals:
