@@ -19,8 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from rockbot.addresses import IPNetwork, non_public_reason
 
 
 class AddressRefused(OSError):
@@ -30,24 +29,6 @@ class AddressRefused(OSError):
         super().__init__(f"{address} is {reason}")
         self.address = address
         self.reason = reason
-
-
-def non_public_reason(address: IPAddress) -> str | None:
-    """Why an address is not on the public internet (loopback, private, ...), or None if it is."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return non_public_reason(address.ipv4_mapped)
-    for reason, flag in (
-        ("an unspecified address", address.is_unspecified),
-        ("a loopback address", address.is_loopback),
-        ("a link-local address", address.is_link_local),
-        ("a multicast address", address.is_multicast),
-        ("a private address", address.is_private),
-        ("a reserved address", address.is_reserved),
-        ("a special-purpose address", not address.is_global),
-    ):
-        if flag:
-            return reason
-    return None
 
 
 class EgressPolicy:

@@ -43,7 +43,14 @@ from rockbot.agent.recording import HistorySource, Publish, Redactor, RunRecorde
 from rockbot.agent.registry import ToolRegistry
 from rockbot.agent.toolsets.a2a_agents import a2a_tool
 from rockbot.agent.toolsets.delegation import agent_tool
-from rockbot.agent.toolsets.kit import Guides, ToolKit, ToolSetSource, builtin_modules, install_tool_sets
+from rockbot.agent.toolsets.kit import (
+    HTTP_TOOL_TIMEOUT_SECONDS,
+    Guides,
+    ToolKit,
+    ToolSetSource,
+    builtin_modules,
+    install_tool_sets,
+)
 from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import A2ABackend, AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
@@ -54,7 +61,6 @@ from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
-HTTP_TOOL_TIMEOUT_SECONDS = 60.0
 HELPER_PROMPT = (
     "You are a helper started by another agent for one task. Do the task with the tools you have and "
     "reply with a complete, self-contained answer; nobody can answer questions you ask back."

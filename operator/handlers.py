@@ -68,7 +68,7 @@ class Runtime:
             kube=kube, settings=settings, post_event=EventPoster(kube, component=builders.MANAGED_BY),
             children=self.children, secret_keys=self.secret_keys, egress=self.egress,
         )  # fmt: skip
-        self.tool_statuses = ToolStatusWriter(kube)
+        self.tool_statuses = ToolStatusWriter(kube, private_networks=settings.private_networks)
         self.queue = WorkQueue(self._work, workers=WORKERS)
         #: On the operator's /metrics (`registry`): how much work the Agents' events made, and of which kind.
         self.reconciles = Counter(

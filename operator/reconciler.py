@@ -189,6 +189,7 @@ class AgentReconciler:
             http_token_secret=token_ref,
             default_runs=RunPolicy(record=self._settings.runs_record,
                                    retention_days=self._settings.runs_retention_days),
+            private_networks=self._settings.private_networks,
         )
         config_text = builders.render_config(resolution.config)
         blocking = list(resolution.blocking_problems) + forbidden

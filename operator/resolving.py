@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rockbot.addresses import IPNetwork, within
 from rockbot.contracts import agent_config as cfg
 from rockbot.contracts.builtin_tools import enabled_builtin_tools
 from rockbot.contracts.tool_names import ToolRank, clash_warning
-from rockbot.operator.validation import parse_tool, tool_problems
+from rockbot.operator.validation import PRIVATE_NETWORKS_SETTING, parse_tool, tool_problems
 from rockbot.resources import Agent, Tool
 from rockbot.resources.agent import LabelSelector, ResolvedToolStatus
 from rockbot.resources.common import SecretKeyRef
@@ -108,12 +109,15 @@ def resolve_agent(
     bus_secret: SecretKeyRef | None,
     http_token_secret: SecretKeyRef,
     default_runs: cfg.RunPolicy | None = None,
+    private_networks: Sequence[IPNetwork] | None = None,
 ) -> Resolution:
     """Decide the agent's config and status from what exists in its namespace.
 
     `secret_keys` maps each Secret that exists in the namespace (of those referenced) to its key names;
     `bus_secret` holds the agent's own broker login (None: the agent gets no bus); `default_runs` is what the
-    run store keeps of an Agent whose `spec.runs` says nothing (the chart's `runStore.defaults`).
+    run store keeps of an Agent whose `spec.runs` says nothing (the chart's `runStore.defaults`);
+    `private_networks` the non-public networks a cluster administrator opened to Tools and Agents (the chart's
+    `agents.privateNetworks`; None: no such limit, as in `rockbot local`).
     """
     name, namespace = agent.metadata["name"], agent.metadata["namespace"]
     spec = agent.spec
@@ -147,7 +151,7 @@ def resolve_agent(
     servers: dict[str, tuple[str, cfg.McpServer]] = {}  # one connection per server name: the first Tool's
     for tool_name in wanted:
         body = by_name[tool_name]
-        tool_issues = tool_problems(body)
+        tool_issues = tool_problems(body, private_networks=private_networks)
         if tool_issues:
             problems.append(f'Tool "{tool_name}" is not accepted: {tool_issues[0]}')
             continue
@@ -198,7 +202,8 @@ def resolve_agent(
                 continue
             holders[tool.name] = tool.source
         offered.append(tool)
-    catalog = _mcp_catalog(spec.builtin_tools, tools=tools, declared=offered, secrets=secrets, problems=problems)
+    catalog = _mcp_catalog(spec.builtin_tools, tools=tools, declared=offered, secrets=secrets, problems=problems,
+                           private_networks=private_networks)
 
     http_token = secrets.wire(http_token_secret, env=cfg.HTTP_TOKEN_ENV, required=False)
     config = cfg.AgentConfig(
@@ -224,7 +229,8 @@ def resolve_agent(
         runs=cfg.RunPolicy(**spec.runs.model_dump()) if spec.runs else (default_runs or cfg.RunPolicy()),
         long_term_memory=long_term_memory,
         web_search=web_search,
-        web_browse=_resolve_web_browse(agent, problems=problems),
+        web_browse=_resolve_web_browse(agent, private_networks=private_networks, problems=problems),
+        private_networks=None if private_networks is None else list(private_networks),
         http_token=http_token,
         mcp_catalog=catalog,
         approvals=_approvals(agent),
@@ -320,19 +326,29 @@ def _resolve_long_term_memory(
     )  # fmt: skip
 
 
-def _resolve_web_browse(agent: Agent, *, problems: list[str]) -> cfg.WebBrowseConfig:
-    """Where web_browse may go; a network that does not parse is left out and named (the schema's pattern
-    cannot tell 10.0.0.300/8 or 10.0.0.1/8 from a network), so one typo never fails the whole reconcile."""
+def _resolve_web_browse(agent: Agent, *, private_networks: Sequence[IPNetwork] | None,
+                        problems: list[str]) -> cfg.WebBrowseConfig:
+    """Where web_browse may go beyond public addresses; a network that does not parse, or one not within what a
+    cluster administrator opened (`private_networks`), is left out and named (the schema's pattern cannot tell
+    10.0.0.300/8 or 10.0.0.1/8 from a network), so one entry never fails the whole reconcile."""
     browse = agent.spec.web_browse
     if browse is None:
         return cfg.WebBrowseConfig()
     networks = []
     for index, text in enumerate(browse.allowed_networks):
         try:
-            networks.append(ipaddress.ip_network(text))
+            network = ipaddress.ip_network(text)
         except ValueError as error:
             problems.append(f"spec.webBrowse.allowedNetworks[{index}]: {text!r} is not a network ({error}): "
                             f"{_cidr_fix(text)}; web_browse is given the others")
+            continue
+        if private_networks is not None and not within(network, private_networks):
+            problems.append(f"spec.webBrowse.allowedNetworks[{index}]: {text} is not within the non-public networks "
+                            f"a cluster administrator opened to agents: ask them to add it to "
+                            f"{PRIVATE_NETWORKS_SETTING}, or remove it (web_browse reaches public addresses without "
+                            "it, and is given the others)")
+            continue
+        networks.append(network)
     github = {"github_api_url": browse.github_api_url} if browse.github_api_url else {}
     return cfg.WebBrowseConfig(allowed_networks=networks, **github)
 
@@ -472,6 +488,7 @@ def _mcp_catalog(
     declared: list[cfg.ResolvedTool],
     secrets: _SecretWiring,
     problems: list[str],
+    private_networks: Sequence[IPNetwork] | None,
 ) -> list[cfg.McpServer]:
     """The namespace's other MCP servers, which the `mcp` set lets the model attach by name, and nothing else:
     a server is only ever one an accepted Tool declares, never a URL or command the model wrote."""
@@ -481,7 +498,8 @@ def _mcp_catalog(
     catalog: dict[str, cfg.McpServer] = {}
     for body in sorted(tools, key=lambda tool: tool["metadata"]["name"]):
         mcp = (body.get("spec") or {}).get("mcp")
-        if not mcp or mcp.get("server") in taken or mcp.get("server") in catalog or tool_problems(body):
+        if not mcp or mcp.get("server") in taken or mcp.get("server") in catalog or tool_problems(
+                body, private_networks=private_networks):
             continue
         spec = parse_tool(body).spec.mcp
         assert spec is not None

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, IPvAnyNetwork, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot import __version__
 from rockbot.reachability import check_targets
-from rockbot.settings_fields import CommaSeparated
+from rockbot.settings_fields import CommaSeparated, split_commas
 
 #: What agent pods must not reach by default (they may reach DNS, the bus and their model endpoint).
 AGENT_FORBIDDEN = {
@@ -86,6 +86,13 @@ class OperatorSettings(BaseSettings):
         "an empty list turns a probe off.",
     )
     egress_canary_interval_seconds: float = Field(default=600.0, gt=0, description="Seconds a canary's proof holds.")
+    private_networks: Annotated[list[IPvAnyNetwork], NoDecode, BeforeValidator(split_commas)] = Field(
+        default_factory=list,
+        description="Non-public networks (comma-separated CIDRs) that REST Tools may reach and Agents' "
+        "webBrowse.allowedNetworks may name: loopback, private (the cluster's Service and pod ranges), link-local "
+        "(the cloud metadata endpoint) and other non-public addresses are refused unless listed; a cluster "
+        "administrator's call, never a Tool's or Agent's author's.",
+    )
     log_format: Literal["json", "text"] = Field(default="json", description="Log format.")
     resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
 

@@ -27,6 +27,9 @@ from rockbot.contracts.builtin_tools import BUILTIN_TOOLS, LONG_TERM_MEMORY_TOOL
 
 log = logging.getLogger(__name__)
 
+#: The whole time an HTTP tool's request may take (REST Tools, web search).
+HTTP_TOOL_TIMEOUT_SECONDS = 60.0
+
 #: Built-in set name (as in `AgentConfig.builtin_tools`) -> the module that installs it.
 BUILTIN_SET_MODULES: dict[str, str] = {
     "scripts": "rockbot.agent.toolsets.scripts",

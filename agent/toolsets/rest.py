@@ -6,7 +6,10 @@ expanded with `uritemplate`, so every value is percent-encoded: a model cannot s
 POST/PUT/PATCH and as query parameters for GET/DELETE. Auth is a bearer token or an API-key
 header whose value comes from an env var the operator wired from a Secret; it is read at call
 time and never logged. The expanded URL is sent exactly as built (no re-quoting).
-429 and 5xx answers are reported as retryable.
+429 and 5xx answers are reported as retryable. Where a cluster administrator said which non-public networks Tools
+may reach (`AgentConfig.private_networks`, the chart's `agents.privateNetworks`), every address a call connects to
+is checked where it connects, redirects and names that resolve inside the cluster included (`egress`): a Tool's
+author chooses its URL, not what it may reach.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import aiohttp
 from uritemplate import URITemplate
 from yarl import URL
 
+from rockbot.agent.egress import AddressRefused, EgressPolicy
 from rockbot.agent.registry import ToolContext, ToolFailure
-from rockbot.agent.toolsets.kit import ToolKit
+from rockbot.agent.toolsets.kit import HTTP_TOOL_TIMEOUT_SECONDS, ToolKit
 from rockbot.contracts.agent_config import ResolvedTool, RestBackend
 from rockbot.contracts.errors import ErrorCode
 
@@ -31,6 +35,19 @@ def rest_tool(resolved: ResolvedTool, *, kit: ToolKit):
     assert isinstance(backend, RestBackend)
     template = URITemplate(backend.url)
     template_names = set(template.variable_names)
+    checked: list[aiohttp.ClientSession] = []  # made on the first call, when a cluster administrator limits Tools
+
+    async def session() -> aiohttp.ClientSession:
+        networks = kit.config.private_networks
+        if networks is None:
+            return await kit.http()
+        if not checked:
+            checked.append(aiohttp.ClientSession(
+                connector=EgressPolicy(allowed_networks=networks).connector(),
+                timeout=aiohttp.ClientTimeout(total=HTTP_TOOL_TIMEOUT_SECONDS), headers={"User-Agent": "rockbot-agent"},
+            ))  # fmt: skip
+            kit.closers.append(checked[0].close)
+        return checked[0]
 
     async def execute(args: dict[str, Any], context: ToolContext) -> str:
         url = template.expand({k: v for k, v in args.items() if k in template_names})
@@ -50,9 +67,8 @@ def rest_tool(resolved: ResolvedTool, *, kit: ToolKit):
             request["json"] = rest
         elif rest:
             request["params"] = {k: _query_value(v) for k, v in rest.items()}
-        session = await kit.http()
         try:
-            async with session.request(backend.method, URL(url, encoded=True), **request) as response:
+            async with (await session()).request(backend.method, URL(url, encoded=True), **request) as response:
                 body = await response.content.read(MAX_RESPONSE_BYTES)
                 text = body.decode(response.charset or "utf-8", errors="replace")
                 if response.status >= 400:
@@ -64,6 +80,13 @@ def rest_tool(resolved: ResolvedTool, *, kit: ToolKit):
                     )
                 return text or f"HTTP {response.status} (empty body)"
         except aiohttp.ClientError as exc:
+            refused = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else None
+            if isinstance(refused, AddressRefused):
+                raise ToolFailure(
+                    f"{_without_query(url)} (or a redirect from it) leads to {refused.address}, {refused.reason}, "
+                    f"which a cluster administrator has not opened to Tools (the chart's agents.privateNetworks): "
+                    "the call was not made", code=ErrorCode.REJECTED,
+                ) from exc  # fmt: skip
             raise ToolFailure(
                 f"cannot reach {_without_query(url)}: {exc}", code=ErrorCode.UNAVAILABLE, retryable=True
             ) from exc

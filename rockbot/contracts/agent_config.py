@@ -231,6 +231,9 @@ class AgentConfig(Contract):
     long_term_memory: LongTermMemoryConfig | None = None
     web_search: WebSearchConfig | None = None
     web_browse: WebBrowseConfig = Field(default_factory=WebBrowseConfig)
+    #: The non-public networks REST Tools may connect to, as a cluster administrator opened them (the operator sets
+    #: it from the chart's `agents.privateNetworks`); None: any address (`rockbot local`: the person running it).
+    private_networks: list[IPvAnyNetwork] | None = None
     http_token: SecretEnv | None = None
     #: MCP servers declared in the namespace that `mcp_register_server` may attach (the `mcp` set only).
     mcp_catalog: list[McpServer] = Field(default_factory=list)

@@ -1,13 +1,14 @@
 """How a local script is cut off from the host: bubblewrap, or (only if asked) something weaker.
 
-bubblewrap (0.8.0 or newer) gives the script new user, network, PID, IPC, UTS and cgroup
-namespaces, no capabilities, and no further user namespaces (`--disable-userns`), so it cannot
-mount anything. The script is its sandbox's PID 1 (`--as-pid-1`): no process of bubblewrap's runs in
-there beside it (its init would run as the same user, where the script could trace it and act as it). All it can write are a private `/tmp` and `/dev/shm`, tmpfs mounts of
-ROCKBOT_SCRIPTS_TMP_SIZE each; everything else is read-only: `/`, `/etc` and `/dev` themselves,
-`/usr`, the interpreter's prefix, the package set, and the job's script and hook, which bubblewrap
-copies in from descriptors the manager opened (the job folder stays private to the manager). The
-sandbox dies with the manager. It is the only isolation `auto` uses.
+bubblewrap (0.8.0 or newer) gives the script new user, network, PID, IPC, UTS and cgroup namespaces,
+no capabilities, and no further user namespaces (`--disable-userns`), so it cannot mount anything.
+The script is its sandbox's PID 1 (`--as-pid-1`): no process of bubblewrap's runs in there beside it
+(its init would run as the same user, where the script could trace it and act as it). All it can
+write are a private `/tmp` and `/dev/shm`, tmpfs mounts of ROCKBOT_SCRIPTS_TMP_SIZE each; everything
+else is read-only: `/`, `/etc` and `/dev` themselves, `/usr`, the interpreter's prefix, the package
+set, and the job's script and hook, which bubblewrap copies in from descriptors the manager opened
+(the job folder stays private to the manager). The sandbox dies with the manager. It is the only
+isolation `auto` uses.
 
 A manager running as root starts every sandbox as `nobody` (65534, via util-linux `setpriv`): root
 ignores RLIMIT_NPROC, and a script that escapes still owns nothing on the host. It never falls back
