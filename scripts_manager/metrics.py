@@ -69,4 +69,9 @@ class ScriptMetrics:
             "rockbot_scripts_swept_objects", "Leftover script pods deleted by the sweeper.",
             registry=self.registry,
         )  # fmt: skip
+        self.reaped = Counter(
+            "rockbot_scripts_reaped_pods", "Script pods of a dead manager instance deleted by this one, by whether "
+            "a job waited on them (job: its asker was answered with a retryable error; idle: none).",
+            ["kind"], registry=self.registry,
+        )  # fmt: skip
         self.backend = backend

@@ -9,7 +9,7 @@ from packaging.utils import canonicalize_name
 from rockbot.contracts.agent_config import ScriptLimits
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeRequest
-from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends import Asker, ScriptJob
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, cpu_millicores, quantity_bytes
 
 #: A distribution name as PEP 508 defines it; versions, extras, URLs and markers are not accepted.
@@ -28,7 +28,9 @@ def _invalid(message: str) -> Refused:
     return Refused(ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=message, retryable=False))
 
 
-def check(*, request: ScriptInvokeRequest, limits: ScriptLimits, settings: ScriptsManagerSettings) -> ScriptJob:
+def check(
+    *, request: ScriptInvokeRequest, limits: ScriptLimits, settings: ScriptsManagerSettings, asker: Asker | None = None
+) -> ScriptJob:
     """The job to run with the asking agent's `limits`, or `Refused` with InvalidArguments (fix the request) or
     Rejected (policy). The request's own cpu, memory and timeout may lower its Agent's limits, never raise them."""
     script_bytes = len(request.script.encode())
@@ -64,6 +66,7 @@ def check(*, request: ScriptInvokeRequest, limits: ScriptLimits, settings: Scrip
         packages=tuple(sorted({canonicalize_name(name) for name in request.pip_packages})),
         cpu=cpu,
         memory=memory,
+        asker=asker,
     )
 
 

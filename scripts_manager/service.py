@@ -24,6 +24,12 @@ A run outlives its delivery (see `RunOnce`): a delivery cancelled because the br
 was lost leaves the script running, and the copy the broker redelivers joins it. Only `stop()`
 cancels runs.
 
+A request whose script started under a manager instance that then died is answered by whoever cleans up
+after that instance (backends/reaping.py: its `Orphan`s), with a retryable error saying the script may have run
+in part; the copy the broker redelivers is then not run again (`ScriptBackend.taken_before`): when a sandbox
+took it, its manager (or whoever reaps that one) answers it; when that sandbox was reaped here, it gets the same
+error. Only a copy no sandbox ever took runs.
+
 A run is a span (`run script`: backend, agent, outcome) in the trace of the agent that asked, with
 the time the request waited in `script.invoke` as a `queue wait` span; the backend adds its
 start-up, run and cleanup spans.
@@ -31,6 +37,7 @@ start-up, run and cleanup spans.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -40,23 +47,46 @@ from typing import Protocol
 from opentelemetry.trace import Status, StatusCode
 from pydantic import ValidationError
 
-from rockbot.bus import Bus, Delivery, Nacked, NoRoute, Principal, Refused, Subscription, TooLarge
+from rockbot.bus import (
+    Bus,
+    BusError,
+    Delivery,
+    Nacked,
+    NoRoute,
+    Principal,
+    Refused,
+    ReplyAddress,
+    Subscription,
+    TooLarge,
+)
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.topology import SCRIPT_INVOKE, agent_replies_prefix
 from rockbot.bus.tracing import queue_wait
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager import policy
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptBackend
+from rockbot.scripts_manager.backends import (
+    Asker,
+    Orphan,
+    SandboxFailure,
+    SandboxUnavailable,
+    ScriptBackend,
+    Taken,
+)
 from rockbot.scripts_manager.limits import AgentLimits
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.scripts_manager.sharing import FairShare
+from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
 Reply = ScriptInvokeResponse | ScriptInvokeError
+
+#: The answer to a request whose script started under a manager instance that died (or stopped before it ended).
+STOPPED = ("the scripts-manager running this script stopped; the script may have run in part: check what it did "
+           "(files, messages, changes it makes) before you run it again")
 
 
 class Isolation(Protocol):
@@ -79,12 +109,16 @@ class ScriptService:
         self._share = FairShare(total=settings.scripts_concurrency, per_agent=settings.scripts_per_agent)
         self._held: Counter[str] = Counter()  # each sender's requests taken and not answered yet
         self._subscription: Subscription | None = None
+        self._answering: asyncio.Task[None] | None = None
 
     @property
     def consuming(self) -> bool:
         return self._subscription is not None
 
     async def start(self) -> None:
+        if self._backend.orphans is not None and self._answering is None:
+            self._answering = asyncio.create_task(self._answer_orphans(self._backend.orphans),
+                                                  name="answer orphaned jobs")
         self._subscription = await self._bus.consume(
             queue=SCRIPT_INVOKE, handler=self.handle,
             prefetch=max(self._settings.scripts_prefetch, self._settings.scripts_concurrency),
@@ -96,6 +130,7 @@ class ScriptService:
             subscription, self._subscription = self._subscription, None
             await subscription.close(drain_seconds=drain_seconds)
         await self._once.cancel_all()  # their deliveries were not acked: the broker hands them on
+        await cancel_and_wait(self._answering)
 
     async def handle(self, delivery: Delivery) -> None:
         sender = _answerable(delivery)
@@ -104,9 +139,31 @@ class ScriptService:
         except _Refusal as refusal:
             await self._reply(delivery, refusal.reply)
             raise Refused(refusal.reply.error.message) from None
-        await self._reply(delivery, reply)
+        if reply is not None:
+            await self._reply(delivery, reply)
 
-    async def _reply(self, delivery: Delivery, reply: Reply) -> None:
+    async def _answer_orphans(self, orphans: asyncio.Queue[Orphan]) -> None:
+        """Answer the jobs of dead manager instances, as the reaper hands them on (until cancelled)."""
+        while True:
+            orphan = await orphans.get()
+            asker = Principal.parse(orphan.asker.user)
+            if asker is None or asker.kind != "agent" or not orphan.asker.reply_to.startswith(
+                    agent_replies_prefix(namespace=asker.namespace, name=asker.name)):
+                log.error("the pod %s of a dead instance names %s, who cannot be answered on %s; not answering it",
+                          orphan.pod, orphan.asker.user, orphan.asker.reply_to)  # only a manager writes pods
+                continue
+            log.warning("answering request %s of %s: the scripts-manager instance %s running it stopped",
+                        orphan.request_id, orphan.asker.user, orphan.manager)
+            reply = self._count(_error(request_id=orphan.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
+                                       message=STOPPED))
+            address = ReplyAddress(reply_to=orphan.asker.reply_to, correlation_id=orphan.asker.correlation_id)
+            try:
+                await self._reply(address, reply)
+            except BusError as exc:
+                log.warning("could not answer the orphaned request %s of %s: %s", orphan.request_id,
+                            orphan.asker.user, exc)
+
+    async def _reply(self, delivery: Delivery | ReplyAddress, reply: Reply) -> None:
         """Answer; an answer that cannot be delivered is dropped with a log line and counted, and its request is
         acked all the same (requeued, it would run again and be refused again: a hostile reply queue must not
         make the manager work for nothing)."""
@@ -121,8 +178,9 @@ class ScriptService:
             log.warning("the broker refused the answer to request %s from %s on %s (%s); dropping it",
                         reply.request_id, delivery.user_id, delivery.reply_to, exc)
 
-    async def answer(self, delivery: Delivery, *, sender: Principal) -> Reply:
-        """The answer to a request from `sender`; `_Refusal` (answered, then dead-lettered) for one to refuse."""
+    async def answer(self, delivery: Delivery, *, sender: Principal) -> Reply | None:
+        """The answer to a request from `sender`; `_Refusal` (answered, then dead-lettered) for one to refuse; None
+        for a copy of a request that another manager instance answers (or whoever cleans up after it)."""
         request_id = delivery.correlation_id or delivery.message_id or ""
         try:
             delivery.check_size(self._settings.max_request_bytes)
@@ -156,12 +214,25 @@ class ScriptService:
                          "at this scripts-manager (ROCKBOT_SCRIPTS_QUEUED_PER_AGENT): wait for their answers, then "
                          "send this one again"),
             ))  # fmt: skip
+        if new and delivery.redelivered:  # a copy of a request a manager took before: did its script start?
+            match await self._taken_before(request, sender=sender):
+                case Taken.RUNNING:
+                    log.info("request %s of %s came back, but a sandbox runs it already: its manager (or whoever "
+                             "cleans up after it) answers it", request.request_id, sender)
+                    return None
+                case Taken.REAPED:
+                    return self._count(_error(request_id=request.request_id, code=ErrorCode.UNAVAILABLE,
+                                              retryable=True, message=STOPPED))
+                case ScriptInvokeError() as unknown:
+                    return unknown
         if new:
             self._held[sender.user] += 1
+        asker = Asker(user=sender.user, reply_to=delivery.reply_to or "",
+                      correlation_id=delivery.correlation_id or request.request_id)
         try:
             return await self._once.run(
                 key=key, fingerprint=fingerprint.hexdigest(),
-                work=lambda: self._run(request, sender=sender, waited=waited, taken=taken),
+                work=lambda: self._run(request, sender=sender, asker=asker, waited=waited, taken=taken),
             )  # fmt: skip
         except Conflict:
             return self._count(_error(
@@ -177,8 +248,22 @@ class ScriptService:
                 if not self._held[sender.user]:
                     del self._held[sender.user]
 
+    async def _taken_before(
+        self, request: ScriptInvokeRequest, *, sender: Principal
+    ) -> Taken | ScriptInvokeError | None:
+        """What became of a redelivered request (None: no sandbox took it); an error when that cannot be told."""
+        try:
+            return await self._backend.taken_before(user=sender.user, request_id=request.request_id)
+        except SandboxUnavailable as exc:
+            return self._count(_error(
+                request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
+                message=f"this request came back from a scripts-manager that stopped, and whether its script "
+                        f"started there cannot be told now ({exc}); it is not run, lest it run twice: check what "
+                        "it did, then send it again",
+            ))  # fmt: skip
+
     async def _run(
-        self, request: ScriptInvokeRequest, *, sender: Principal, waited: float | None, taken: int
+        self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, waited: float | None, taken: int
     ) -> Reply:
         """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""
         backend = self._metrics.backend
@@ -191,14 +276,14 @@ class ScriptService:
                 "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
             })  # fmt: skip
             async with self._share.slot(sender.user):  # its turn: a sandbox free, under its agent's share
-                reply = await self._checked_run(request, sender=sender)
+                reply = await self._checked_run(request, sender=sender, asker=asker)
             outcome = _outcome(reply)
             span.set_attribute("rockbot.script.outcome", outcome)
             if isinstance(reply, ScriptInvokeError):
                 span.set_status(Status(StatusCode.ERROR, outcome))
             return reply
 
-    async def _checked_run(self, request: ScriptInvokeRequest, *, sender: Principal) -> Reply:
+    async def _checked_run(self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker) -> Reply:
         limits = self._limits.of(sender)
         if limits is None:
             return self._count(_error(
@@ -207,7 +292,7 @@ class ScriptService:
                         "(it follows the Agents of ROCKBOT_NAMESPACES)",
             ))  # fmt: skip
         try:
-            job = policy.check(request=request, limits=limits, settings=self._settings)
+            job = policy.check(request=request, limits=limits, settings=self._settings, asker=asker)
         except policy.Refused as refused:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
         if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:

@@ -133,6 +133,12 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_pod_start_seconds: Annotated[float, Field(gt=0)] = 120.0  # scheduling and image pull
     scripts_sweep_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
     scripts_sweep_grace_seconds: Annotated[float, Field(ge=0)] = 120.0
+    # Each manager instance holds a Lease in the scripts namespace, renewed every third of this; once another
+    # instance has seen it unchanged this long, it deletes the instance's pods and answers their jobs
+    # (backends/reaping.py). The pod's name (the downward API's metadata.name) names the Lease, so a process
+    # restarted in the same pod knows its predecessor is dead and cleans up after it at once.
+    scripts_lease_seconds: Annotated[int, Field(ge=3, le=300)] = 15
+    pod_name: str | None = None
 
     # Warm pool (pod backend): idle pods kept per limits class, `CPU/MEMORY=SIZE,...` (e.g.
     # `500m/256Mi=2`); empty or size 0: off. Each idle pod reserves its CPU and memory on a node.
@@ -140,8 +146,6 @@ class ScriptsManagerSettings(BaseSettings):
     # An idle pod's activeDeadlineSeconds (the kubelet stops it then, whatever happens to the manager);
     # the manager replaces its pods before they are too old for the longest script.
     scripts_pool_pod_lifetime_seconds: Annotated[float, Field(gt=0)] = 3600.0
-    # How long another manager's sweeper leaves an idle pod whose manager stopped renewing it.
-    scripts_pool_lease_seconds: Annotated[float, Field(gt=0)] = 60.0
 
     # Isolation canary (canary.py): what a script must not reach, by probe (an empty list turns a probe
     # off; `broker` defaults to ROCKBOT_AMQP_URL's address), how often, and whether to refuse scripts

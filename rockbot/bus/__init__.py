@@ -21,7 +21,7 @@ from rockbot.bus.errors import (
 from rockbot.bus.identity import CONSOLE, GATEWAY, LOCAL, OPERATOR, SCRIPTS_MANAGER, Principal
 from rockbot.bus.interface import Bus, Handler, Subscription
 from rockbot.bus.memory import MemoryBroker, MemoryBus
-from rockbot.bus.messages import Delivery
+from rockbot.bus.messages import Delivery, ReplyAddress
 from rockbot.bus.permissions import Permissions, permissions_for
 from rockbot.bus.topology import Queue
 
@@ -48,6 +48,7 @@ __all__ = [
     "Principal",
     "Queue",
     "Refused",
+    "ReplyAddress",
     "RequestTimeout",
     "Subscription",
     "TooLarge",

@@ -44,7 +44,7 @@ from rockbot.bus.errors import (
     TooLarge,
 )
 from rockbot.bus.identity import Principal
-from rockbot.bus.messages import Delivery, Outgoing, encode
+from rockbot.bus.messages import Delivery, Outgoing, ReplyAddress, encode
 from rockbot.bus.topology import MAX_MESSAGE_BYTES, MAX_REPLY_SLOTS, Queue, agent_replies
 from rockbot.telemetry import inject
 
@@ -184,10 +184,10 @@ class Bus(ABC):
         await self._post(queue.name, body, message_id=message_id, correlation_id=correlation_id, reply_to=reply_to,
                          expires_after_seconds=expires_after_seconds)  # fmt: skip
 
-    async def reply(self, *, to: Delivery, body: BaseModel) -> None:
+    async def reply(self, *, to: Delivery | ReplyAddress, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
         if not to.reply_to:
-            raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")
+            raise BusError(f"message {to.message_id!r} on {to.queue!r} has no reply_to to answer")  # type: ignore[union-attr]
         await self._post(to.reply_to, body, correlation_id=to.correlation_id)
 
     async def _post(self, queue_name: str, body: BaseModel, **fields: str | float | None) -> None:

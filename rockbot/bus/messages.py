@@ -72,6 +72,16 @@ def encode(
     )
 
 
+class ReplyAddress(BaseModel):
+    """Where the answer to a request goes: a `Delivery`'s `reply_to` and `correlation_id`, kept for answering later
+    (by another process, say, that cleans up after the one that took the request)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reply_to: str
+    correlation_id: str | None = None
+
+
 class Delivery(BaseModel):
     """A received message; the consumer's handler gets one and the bus acks it after the handler."""
 

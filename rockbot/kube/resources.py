@@ -50,6 +50,7 @@ SERVICEACCOUNTS = Resource(group="", version="v1", plural="serviceaccounts", kin
 SERVICES = Resource(group="", version="v1", plural="services", kind="Service")
 EVENTS = Resource(group="", version="v1", plural="events", kind="Event")
 DEPLOYMENTS = Resource(group="apps", version="v1", plural="deployments", kind="Deployment")
+LEASES = Resource(group="coordination.k8s.io", version="v1", plural="leases", kind="Lease")
 NETWORKPOLICIES = Resource(group="networking.k8s.io", version="v1", plural="networkpolicies", kind="NetworkPolicy")
 CRDS = Resource(
     group="apiextensions.k8s.io",

@@ -7,11 +7,24 @@ itself; it raises `SandboxUnavailable` when it cannot run anything right now (re
 
 from __future__ import annotations
 
+import asyncio
+import enum
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
+
+
+class Asker(BaseModel):
+    """Who waits for a job's answer, and where it goes: the pod backend records it on the job's pod, so that
+    whichever manager outlives this one can answer the job if this one dies (backends/reaping.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    user: str  # the sender's broker user, as the broker validated it
+    reply_to: str  # one of that agent's own reply queues (the manager checked it)
+    correlation_id: str
 
 
 class ScriptJob(BaseModel):
@@ -28,6 +41,8 @@ class ScriptJob(BaseModel):
     # None: the manager's defaults (ROCKBOT_SCRIPTS_CPU, ROCKBOT_SCRIPTS_MEMORY).
     cpu: str | None = None
     memory: str | None = None
+    # Who asked; None for the manager's own jobs (the isolation canary).
+    asker: Asker | None = None
 
 
 class SandboxUnavailable(Exception):
@@ -38,12 +53,37 @@ class SandboxFailure(Exception):
     """This run failed for a reason that is not the script's (pod rejected, output unreadable)."""
 
 
+class Orphan(BaseModel):
+    """A job whose manager instance died (its pod reaped by another, see reaping.py): who waits for its answer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_id: str
+    asker: Asker
+    pod: str
+    manager: str  # the dead instance's id
+
+
+class Taken(enum.Enum):
+    """What became of a request before the copy of it now at hand (that copy must not run the script again)."""
+
+    RUNNING = "a sandbox runs it (or ran it), and its manager, or whoever cleans up after that one, answers it"
+    REAPED = "its sandbox was deleted because the manager running it died, and its asker was answered"
+
+
 class ScriptBackend(Protocol):
     name: str
+    #: Jobs of dead manager instances whose sandboxes this backend reaped, for the service to answer (None: its
+    #: sandboxes die with their manager, so it has none).
+    orphans: asyncio.Queue[Orphan] | None
 
     async def start(self) -> None:
-        """Begin background work (the pod backend's sweeper)."""
+        """Begin background work (the pod backend's Lease, reaper and pool)."""
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse: ...
+
+    async def taken_before(self, *, user: str, request_id: str) -> Taken | None:
+        """What became of this request before (asked for a copy the broker redelivered); None when no sandbox took
+        it, so its script has not started anywhere."""
 
     async def close(self) -> None: ...

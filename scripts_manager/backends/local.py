@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken
 from rockbot.scripts_manager.backends import isolation as isolations
 from rockbot.scripts_manager.backends.cgroups import MemoryCgroups
 from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
@@ -125,10 +125,17 @@ class LocalBackend:
             await asyncio.to_thread(packages.check, reader_uid=isolation.script_uid)
         return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages, cgroups=cgroups)
 
+    orphans = None  # a local sandbox dies with its manager (bubblewrap's --die-with-parent)
+
     async def start(self) -> None:
         return None
 
     async def close(self) -> None:
+        return None
+
+    async def taken_before(self, *, user: str, request_id: str) -> Taken | None:
+        """None: a local sandbox dies with the process that ran it (bubblewrap's --die-with-parent), and its copy
+        comes back to this process only if it lost the broker while the run went on (which the service joins)."""
         return None
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:

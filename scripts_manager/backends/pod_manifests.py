@@ -9,6 +9,13 @@ that the chart's default-deny NetworkPolicy (no ingress, no egress) selects.
 A pod carries no job: its only process is the runner (runner.py, on the command line), which waits
 for one job on its stdin (`stdin`, `stdinOnce`). The manager attaches and writes it, so a script and
 its input never reach etcd, and a warm pod is the same pod a cold start makes, only made earlier.
+
+Every pod is marked with the manager instance answerable for it (`MANAGER_LABEL`: the keeper of an idle
+warm pod, the maker or claimer of a job's), and a job's pod with who waits for its answer (`ASKER_ANNOTATION`:
+the sender's broker user, its reply queue and correlation id) and the request it runs (`REQUEST_LABEL`, a
+digest of sender and request id). Only the scripts-manager may write pods in the scripts namespace (agents
+have no Kubernetes rights; script pods no token), so a mark cannot be forged: when the instance dies, whoever
+is alive answers the job from it (reaping.py).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from importlib.resources import files
 from typing import Any
 
 from rockbot.kube.security import restricted_container_context, restricted_pod_context
-from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends import Asker, ScriptJob
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
 
 K8sObject = dict[str, Any]
@@ -32,16 +39,19 @@ NOBODY = 65534
 #: The labels every script pod carries; the sweeper and the NetworkPolicy select on them.
 SANDBOX_LABELS = {"app.kubernetes.io/managed-by": "rockbot-scripts-manager", "rockbot.dev/sandbox": "script"}
 SANDBOX_SELECTOR = ",".join(f"{key}={value}" for key, value in SANDBOX_LABELS.items())
-#: A warm pod's limits class, the manager that keeps it, and whether a job has claimed it.
+#: A warm pod's limits class, and whether a job has claimed it (a job's pod is claimed from the start).
 POOL_LABEL = "rockbot.dev/pool"
-OWNER_LABEL = "rockbot.dev/pool-owner"
 STATE_LABEL = "rockbot.dev/state"
 IDLE, CLAIMED = "idle", "claimed"
 POOL_SELECTOR = f"{SANDBOX_SELECTOR},{POOL_LABEL}"
-#: When the pod is certainly finished (a job's pod), or when its keeper's lease ends (an idle warm
-#: pod, renewed while its manager lives): the sweeper deletes pods past it plus a grace.
-DEADLINE_ANNOTATION = "rockbot.dev/deadline"
+#: The manager instance answerable for the pod (its Lease's holderIdentity, see reaping.py).
+MANAGER_LABEL = "rockbot.dev/manager"
+#: The request a job's pod runs (`request_key`), and who waits for its answer (an `Asker` as JSON).
+REQUEST_LABEL = "rockbot.dev/request"
+ASKER_ANNOTATION = "rockbot.dev/asker"
 REQUEST_ANNOTATION = "rockbot.dev/request-id"
+#: When the pod is certainly finished; the sweeper deletes a pod of no known manager past it plus a grace.
+DEADLINE_ANNOTATION = "rockbot.dev/deadline"
 #: Seconds a pod may live past the script's timeout before the kubelet stops it (the runner stops
 #: the script itself at the timeout, and reports what it printed so far).
 DEADLINE_SLACK_SECONDS = 10
@@ -110,38 +120,58 @@ def build_pod(
     }
 
 
-def job_pod(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime) -> K8sObject:
-    """A pod made for one job (the cold path)."""
+def request_key(*, user: str, request_id: str) -> str:
+    """A request as a label value: sender and request id together (another agent's same id is another request)."""
+    return hashlib.sha256(f"{user}\0{request_id}".encode()).hexdigest()[:40]
+
+
+def job_marks(job: ScriptJob, *, manager: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations that make a pod `job`'s, answerable by the instance `manager`."""
+    labels = {STATE_LABEL: CLAIMED, MANAGER_LABEL: manager}
+    annotations = {REQUEST_ANNOTATION: job.request_id}
+    if job.asker is not None:
+        labels[REQUEST_LABEL] = request_key(user=job.asker.user, request_id=job.request_id)
+        annotations[ASKER_ANNOTATION] = job.asker.model_dump_json()
+    return labels, annotations
+
+
+def asker_of(pod: K8sObject) -> Asker | None:
+    """Who waits for the answer of the job on `pod` (None: nobody, an idle pod, or the manager's own canary)."""
+    text = (pod["metadata"].get("annotations") or {}).get(ASKER_ANNOTATION)
+    try:
+        return Asker.model_validate_json(text) if text else None
+    except ValueError:
+        return None
+
+
+def job_pod(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime, manager: str) -> K8sObject:
+    """A pod made for one job (the cold path), by the instance `manager`."""
     seconds = job_deadline_seconds(job=job, settings=settings)
+    labels, annotations = job_marks(job, manager=manager)
     return build_pod(
         name=pod_name(job), cpu=job.cpu or settings.scripts_cpu, memory=job.memory or settings.scripts_memory,
-        settings=settings, active_deadline_seconds=seconds, labels={STATE_LABEL: CLAIMED},
-        annotations={DEADLINE_ANNOTATION: (now + timedelta(seconds=seconds)).isoformat(),
-                     REQUEST_ANNOTATION: job.request_id},
+        settings=settings, active_deadline_seconds=seconds, labels=labels,
+        annotations={DEADLINE_ANNOTATION: (now + timedelta(seconds=seconds)).isoformat(), **annotations},
     )  # fmt: skip
 
 
 def pool_pod(*, pool: PoolClass, owner: str, settings: ScriptsManagerSettings, now: datetime) -> K8sObject:
-    """An idle warm pod of a limits class, kept by the manager `owner` (its lease ends at the deadline)."""
+    """An idle warm pod of a limits class, kept by the manager instance `owner` while its Lease lives."""
+    seconds = math.ceil(settings.scripts_pool_pod_lifetime_seconds)
     return build_pod(
         name=f"rockbot-script-warm-{secrets.token_hex(5)}", cpu=pool.cpu, memory=pool.memory, settings=settings,
-        active_deadline_seconds=math.ceil(settings.scripts_pool_pod_lifetime_seconds),
-        labels={POOL_LABEL: pool.label, OWNER_LABEL: owner, STATE_LABEL: IDLE},
-        annotations={DEADLINE_ANNOTATION: lease_end(settings=settings, now=now)},
+        active_deadline_seconds=seconds, labels={POOL_LABEL: pool.label, MANAGER_LABEL: owner, STATE_LABEL: IDLE},
+        annotations={DEADLINE_ANNOTATION: (now + timedelta(seconds=seconds)).isoformat()},
     )  # fmt: skip
 
 
-def lease_end(*, settings: ScriptsManagerSettings, now: datetime) -> str:
-    return (now + timedelta(seconds=settings.scripts_pool_lease_seconds)).isoformat()
-
-
-def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime) -> list[K8sObject] | None:
+def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime, manager: str) -> list[K8sObject] | None:
     """The conditional write (a JSON patch) that makes an idle warm pod this job's, or None if the pod cannot fit it.
 
     Conditional on the pod still being idle with the deadline seen, so of two managers claiming one pod, one gets
     422 (its test fails); not on the resourceVersion seen, which every lease renewal and status write moves on (a
     claim lost to those sent the job to a cold pod). It also brings the deadline down to the pod's age plus the
-    job's own bound.
+    job's own bound, and marks the pod as the job's, answerable by the claiming instance `manager`.
     """
     started = (pod.get("status") or {}).get("startTime")
     current = (pod.get("spec") or {}).get("activeDeadlineSeconds")
@@ -151,14 +181,16 @@ def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime) -> list[K8sObj
     deadline = math.ceil(max(age, 0) + job.timeout_seconds) + DEADLINE_SLACK_SECONDS
     if deadline > current:  # too old for this job: the API never raises a deadline
         return None
-    label, annotation = f"/metadata/labels/{json_pointer(STATE_LABEL)}", "/metadata/annotations/{}"
+    state = f"/metadata/labels/{json_pointer(STATE_LABEL)}"
+    labels, annotations = job_marks(job, manager=manager)
+    annotations[DEADLINE_ANNOTATION] = (now + timedelta(seconds=deadline - age)).isoformat()
     return [
-        {"op": "test", "path": label, "value": IDLE},
+        {"op": "test", "path": state, "value": IDLE},
         {"op": "test", "path": "/spec/activeDeadlineSeconds", "value": current},
-        {"op": "replace", "path": label, "value": CLAIMED},
-        {"op": "add", "path": annotation.format(json_pointer(DEADLINE_ANNOTATION)),
-         "value": (now + timedelta(seconds=deadline - age)).isoformat()},
-        {"op": "add", "path": annotation.format(json_pointer(REQUEST_ANNOTATION)), "value": job.request_id},
+        *({"op": "add", "path": f"/metadata/labels/{json_pointer(key)}", "value": value}
+          for key, value in labels.items()),  # `add` replaces a label that is there (the state, the keeper)
+        *({"op": "add", "path": f"/metadata/annotations/{json_pointer(key)}", "value": value}
+          for key, value in annotations.items()),
         {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": deadline},
     ]
 

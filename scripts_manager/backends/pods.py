@@ -21,10 +21,10 @@ creating one), `run` (waiting for a cold pod's container to run, attach, job, an
 `pod scheduled`, `pod container running`, `attach refused`, and pod_jobs.py's), so a trace shows
 where a slow answer's time went (benchmarks/bench_pods.py prints them as a phase breakdown).
 
-A sweeper (on start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) deletes script pods past
-their deadline annotation plus a grace: the pods of jobs whose manager died, and idle warm pods
-whose manager stopped renewing their lease. The kubelet stops every pod at its activeDeadlineSeconds
-in any case.
+Each instance holds a Lease and marks every pod it makes or claims with its id and a job's pod with who
+waits for the answer; when an instance dies, whoever is alive deletes its pods at once and answers their
+jobs (reaping.py). A redelivered request whose script a pod already took is not run again
+(`taken_before`). The kubelet stops every pod at its activeDeadlineSeconds in any case.
 
 A cold pod that cannot start (its image cannot be pulled, its container not made, or it is not running
 within ROCKBOT_SCRIPTS_POD_START_SECONDS) gets a Warning Event, reason `ScriptPodFailedToStart`, before
@@ -35,9 +35,10 @@ RBAC: a namespaced Role in the scripts namespace with exactly
     pods/attach:    get, create
     pods/log:       get
     events:         create
-(`get` on pods is the re-read after a watch answers 410 Gone; `list` the sweeper and the pool's
-cache; `patch` the claim and the lease; `pods/attach` is a GET upgraded to a WebSocket, which
-Kubernetes 1.35 and later also authorise as `create`.)
+    leases:         create, get, list, update, delete
+(`get` on pods is the re-read after a watch answers 410 Gone; `list` the reaper and the pool's
+cache; `patch` the claim; `pods/attach` is a GET upgraded to a WebSocket, which Kubernetes 1.35 and
+later also authorise as `create`; leases: each instance's own, and the others' it judges.)
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -55,9 +55,9 @@ import aiohttp
 from opentelemetry import trace
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.kube import PODS, ApiError, Conflict, Gone, KubeClient, NotFound
+from rockbot.kube import PODS, ApiError, Gone, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken
 from rockbot.scripts_manager.backends.pod_jobs import (
     OutputTooLarge,
     RunnerOutput,
@@ -67,13 +67,14 @@ from rockbot.scripts_manager.backends.pod_jobs import (
 )
 from rockbot.scripts_manager.backends.pod_manifests import (
     CONTAINER,
-    DEADLINE_ANNOTATION,
     DEADLINE_SLACK_SECONDS,
-    SANDBOX_SELECTOR,
+    REQUEST_LABEL,
     job_pod,
     now_utc,
+    request_key,
 )
 from rockbot.scripts_manager.backends.pool import WarmPool
+from rockbot.scripts_manager.backends.reaping import Reaper
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.tasks import cancel_and_wait
@@ -109,12 +110,14 @@ class PodBackend:
         self._post_event = EventPoster(kube, component="rockbot-scripts-manager")
         self._tasks: list[asyncio.Task[None]] = []
         self._deleting: set[asyncio.Task[None]] = set()  # used pods' deletes, which no answer waits for
+        self.reaper = Reaper(kube=kube, settings=settings, metrics=metrics)
+        self.orphans = self.reaper.orphans
         pooled = any(pool.size > 0 for pool in settings.scripts_pool)
-        self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=secrets.token_hex(4)) if pooled \
-            else None
+        self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=self.reaper.instance,
+                             ready=self.reaper.held) if pooled else None
 
     async def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._sweep_forever(), name="sweep script pods"))
+        self._tasks.append(asyncio.create_task(self.reaper.run(), name="hold the Lease, reap dead instances"))
         if self.pool is not None:
             self._tasks.append(asyncio.create_task(self.pool.cache.run(), name="watch the warm pool"))
             self._tasks.append(asyncio.create_task(self.pool.run(), name="keep the warm pool"))
@@ -125,10 +128,24 @@ class PodBackend:
             await asyncio.wait(self._deleting)
         if self.pool is not None:
             await self.pool.release()
+        await self.reaper.release()
         await self._kube.close()
+
+    async def taken_before(self, *, user: str, request_id: str) -> Taken | None:
+        """What became of a redelivered request: a pod runs (or ran) it, or its pod was reaped; None when no pod
+        ever took it, so that its script has not started anywhere."""
+        if self.reaper.reaped(user=user, request_id=request_id) is not None:
+            return Taken.REAPED
+        key = request_key(user=user, request_id=request_id)
+        try:
+            listed = await self._kube.list(PODS, namespace=self._namespace, label_selector=f"{REQUEST_LABEL}={key}")
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API did not answer: {exc}") from exc
+        return Taken.RUNNING if listed.items else None
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
         started = time.monotonic()
+        await self._held()
         if self.pool is not None:
             async with contextlib.aclosing(self.pool.claims(job)) as claims:
                 while (name := await _claimed(claims)) is not None:
@@ -141,8 +158,23 @@ class PodBackend:
                         self.metrics.pool_misses.labels(pool.label if pool else "", "failed").inc()
         return await self._cold(job, since=started)
 
+    async def _held(self) -> None:
+        """Wait (bounded like a pod start) until this instance holds its Lease: a pod marked with its id before
+        would look like a dead instance's to the others."""
+        reaper = self.reaper
+        if not reaper.held.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.scripts_pod_start_seconds):
+                    await reaper.tried.wait()
+        if not reaper.held.is_set():
+            raise SandboxUnavailable(
+                f"this scripts-manager cannot take its Lease in the scripts namespace {self._namespace!r} "
+                f"({reaper.problem or 'no answer yet'}), and makes no script pod without one: does the namespace "
+                "exist, and may it create, get and update leases there?"
+            )
+
     async def _cold(self, job: ScriptJob, *, since: float) -> ScriptInvokeResponse:
-        pod = job_pod(job=job, settings=self._settings, now=now_utc())
+        pod = job_pod(job=job, settings=self._settings, now=now_utc(), manager=self.reaper.instance)
         name = pod["metadata"]["name"]
         created = None
         try:
@@ -390,35 +422,8 @@ class PodBackend:
                 log.warning("could not delete script pod %s: %s", name, exc)
 
     async def sweep(self, *, now: datetime | None = None) -> int:
-        """Delete script pods whose deadline plus the grace has passed; returns how many."""
-        now = now or now_utc()
-        grace = self._settings.scripts_sweep_grace_seconds
-        deleted = 0
-        listed = await self._kube.list(PODS, namespace=self._namespace, label_selector=SANDBOX_SELECTOR)
-        for pod in listed.items:
-            metadata = pod["metadata"]
-            stamp = (metadata.get("annotations") or {}).get(DEADLINE_ANNOTATION) or metadata.get("creationTimestamp")
-            try:
-                expired = (now - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds() > grace
-            except (AttributeError, TypeError, ValueError):
-                expired = True
-            if not expired:
-                continue
-            with contextlib.suppress(NotFound, Conflict):  # gone, or changed (claimed, renewed) since listed
-                await self._kube.delete(PODS, namespace=self._namespace, name=metadata["name"], grace_period_seconds=0,
-                                        preconditions_resource_version=metadata["resourceVersion"])
-                deleted += 1
-                log.info("swept leftover script pod %s", metadata["name"])
-        self.metrics.swept.inc(deleted)
-        return deleted
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except (ApiError, OSError) as exc:
-                log.warning("sweeping script pods failed: %s", exc)
-            await asyncio.sleep(self._settings.scripts_sweep_interval_seconds)
+        """Clean up after dead instances and delete pods past their deadline now (reaping.py); returns how many."""
+        return await self.reaper.sweep(now=now)
 
 
 async def _claimed(claims: AsyncIterator[str]) -> str | None:

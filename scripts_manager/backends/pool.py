@@ -1,14 +1,14 @@
 """The warm pool: idle script pods per limits class, made ahead of demand, each used for one job.
 
 Each manager keeps `size` idle pods of every class in ROCKBOT_SCRIPTS_POOL (labelled with the class,
-itself as owner, state `idle`), replaces those that are claimed, die or grow too old, and renews the
-lease on its idle pods (their deadline annotation) while it lives, so another manager's sweeper
-reaps the pool of a manager that died. Any manager may claim any idle pod of the right class (its
-own first): the claim is one conditional write (the resourceVersion it saw) that marks the pod
-`claimed` and lowers its activeDeadlineSeconds to its age plus the job's bound, so of two managers
-claiming one pod, one gets 409 and tries another. A claimed pod is never idle again. Running pods are
-claimed first; when none is, a pod still starting is (scheduled, not ended): its job waits for the
-rest of its start, not for a whole new pod's. The pods a burst used are replaced all at once.
+its instance as keeper, state `idle`) and replaces those that are claimed, die or grow too old; when
+the instance dies, whoever is alive reaps them with the rest of its pods (reaping.py). Any manager
+may claim any idle pod of the right class (its own first): the claim is one conditional write that
+marks the pod `claimed`, the claiming instance's and the job's, and lowers its activeDeadlineSeconds
+to its age plus the job's bound, so of two managers claiming one pod, one fails and tries another.
+A claimed pod is never idle again. Running pods are claimed first; when none is, a pod still starting
+is (scheduled, not ended): its job waits for the rest of its start, not for a whole new pod's. The
+pods a burst used are replaced all at once.
 
 A job costs no attach either: the manager opens an attach session to each of its own idle pods as
 soon as it runs (`held`), and a job claimed there writes on it (pods.py). Nothing is written before
@@ -39,16 +39,13 @@ from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_cache import PodCache
 from rockbot.scripts_manager.backends.pod_manifests import (
     CONTAINER,
-    DEADLINE_ANNOTATION,
     DEADLINE_SLACK_SECONDS,
     IDLE,
-    OWNER_LABEL,
+    MANAGER_LABEL,
     POOL_LABEL,
     POOL_SELECTOR,
     STATE_LABEL,
     claim_patch,
-    json_pointer,
-    lease_end,
     now_utc,
     pool_pod,
 )
@@ -62,6 +59,8 @@ log = logging.getLogger(__name__)
 CLAIM_ATTEMPTS = 3
 _RETRY_SECONDS = 5.0
 _KEEPALIVE_SECONDS = 60.0
+#: How often the pool looks again with no change seen (pods growing too old for the longest script).
+_LOOK_AGAIN_SECONDS = 30.0
 
 
 @dataclass(eq=False)
@@ -76,13 +75,15 @@ class Held:
 
 class WarmPool:
     def __init__(
-        self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics, owner: str
+        self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics, owner: str,
+        ready: asyncio.Event,
     ) -> None:
         self._kube = kube
         self._settings = settings
         self._metrics = metrics
         self._namespace = settings.scripts_namespace
-        self.owner = owner
+        self.owner = owner  # this manager instance's id
+        self._ready = ready  # set once the instance holds its Lease: no pod is made before
         self.classes = [pool for pool in settings.scripts_pool if pool.size > 0]
         self.cache = PodCache(kube=kube, namespace=self._namespace, selector=POOL_SELECTOR)
         self._claiming: set[str] = set()  # pods this manager's requests are claiming right now
@@ -118,7 +119,7 @@ class WarmPool:
         for pod in candidates[:CLAIM_ATTEMPTS]:
             name = pod["metadata"]["name"]
             tried.add(name)
-            patch = claim_patch(pod=pod, job=job, now=now_utc())
+            patch = claim_patch(pod=pod, job=job, now=now_utc(), manager=self.owner)
             if patch is None:
                 continue
             self._claiming.add(name)
@@ -146,7 +147,7 @@ class WarmPool:
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         since = min((((s.get("state") or {}).get("running") or {}).get("startedAt") or "~" for s in statuses),
                     default="~")  # RFC 3339 times of one format sort as they happened
-        return (not _ready(pod), pod["metadata"]["labels"].get(OWNER_LABEL) != self.owner,
+        return (not _ready(pod), pod["metadata"]["labels"].get(MANAGER_LABEL) != self.owner,
                 held is None or held.session is None, since)
 
     async def take(self, name: str) -> Held | None:
@@ -208,14 +209,14 @@ class WarmPool:
             if (labels := pod["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.label
             and labels.get(STATE_LABEL) == IDLE
             and not pod["metadata"].get("deletionTimestamp")
-            and (owner is None or labels.get(OWNER_LABEL) == owner)
+            and (owner is None or labels.get(MANAGER_LABEL) == owner)
         ]  # fmt: skip
 
     async def run(self) -> None:
-        """Keep every class at its size until cancelled: on each change of the pool, and to renew leases."""
+        """Keep every class at its size until cancelled: on each change of the pool, and every little while."""
         if not self.classes:
             return
-        renew_every = self._settings.scripts_pool_lease_seconds / 3
+        await self._ready.wait()
         while True:
             await self.cache.synced.wait()
             seen = self.cache.version
@@ -228,7 +229,7 @@ class WarmPool:
             except OSError as exc:
                 log.warning("the Kubernetes API is unreachable (%s); trying again in %g s", exc, _RETRY_SECONDS)
                 await asyncio.sleep(_RETRY_SECONDS)
-            await self.cache.changed(since=seen, within=renew_every)
+            await self.cache.changed(since=seen, within=_LOOK_AGAIN_SECONDS)
 
     def _note_started(self) -> None:
         """How long each pod this manager made took to run: a `warm pod start` span and an observation."""
@@ -259,10 +260,6 @@ class WarmPool:
                                     return_exceptions=True)
         if failed := next((error for error in made if isinstance(error, BaseException)), None):
             raise failed
-        renewal = lease_end(settings=self._settings, now=now)
-        for pod in keep:
-            if _lease_left(pod, now=now) < self._settings.scripts_pool_lease_seconds * 2 / 3:
-                await self._renew(pod, renewal)
 
     async def _create(self, pool: PoolClass, now: datetime) -> None:
         """One idle pod more; the missing ones are made all at once, so a burst's replacements start together."""
@@ -271,19 +268,6 @@ class WarmPool:
         created = await self._kube.create(PODS, namespace=self._namespace, body=body)
         self._starting[created["metadata"]["name"]] = (pool, born)
         self.cache.remember(created)
-
-    async def _renew(self, pod: K8sObject, until: str) -> None:
-        """Move the lease on, only while the pod is idle (a JSON patch whose test fails changes nothing)."""
-        patch = [
-            {"op": "test", "path": f"/metadata/labels/{json_pointer(STATE_LABEL)}", "value": IDLE},
-            {"op": "replace", "path": f"/metadata/annotations/{json_pointer(DEADLINE_ANNOTATION)}", "value": until},
-        ]
-        try:
-            renewed = await self._kube.patch(PODS, namespace=self._namespace, name=pod["metadata"]["name"],
-                                             body=patch, patch_type="json")
-        except (Invalid, Conflict, NotFound):
-            return  # claimed or gone meanwhile: the watch brings its new state
-        self.cache.pods[renewed["metadata"]["name"]] = renewed
 
     async def _delete(self, pod: K8sObject) -> None:
         """Delete an idle pod of ours, unless it changed (say, claimed) since we looked."""
@@ -334,13 +318,3 @@ def _too_old(pod: K8sObject, *, settings: ScriptsManagerSettings, now: datetime)
     age = (now - datetime.fromisoformat(started.replace("Z", "+00:00"))).total_seconds()
     left = settings.scripts_pool_pod_lifetime_seconds - age
     return left < settings.scripts_max_timeout_seconds + DEADLINE_SLACK_SECONDS + 60
-
-
-def _lease_left(pod: K8sObject, *, now: datetime) -> float:
-    stamp = (pod["metadata"].get("annotations") or {}).get(DEADLINE_ANNOTATION)
-    try:
-        return (datetime.fromisoformat(stamp) - now).total_seconds()
-    except (TypeError, ValueError):
-        return 0.0
-
-

@@ -311,6 +311,7 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
     assert env == {
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-scripts-manager-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_NAMESPACE": "rockbot-scripts",
+        "ROCKBOT_POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # names its Lease
         "ROCKBOT_SCRIPTS_BACKEND": "pods",
         "ROCKBOT_SCRIPTS_AGENT_LIMITS": "agents",  # each agent's scripts get its own Agent's scriptLimits
         "ROCKBOT_NAMESPACES": "rockbot",  # the Agents it follows are those the operator watches

@@ -22,8 +22,10 @@ from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
 from rockbot.scripts_manager.backends.pod_manifests import job_pod
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.limits import MirroredAgents
+from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.policy_watch import PolicyWatch
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.tasks import cancel_and_wait
 from tests.chart.conftest import Manifest
 from tests.chart.rbac import SCRIPTS_MANAGER_SA, Right, grants_of, refused_by_the_api_server
 from tests.chart.test_operator_rbac import Used, used_right
@@ -34,6 +36,7 @@ from tests.kubeapi.kubelet import FakeKubelet, RunningPod, run_command, timestam
 from tests.operator.samples import agent_body
 from tests.scripts_manager.conftest import NS, MakeSettings, kube, make_settings, node, pod_backend  # noqa: F401
 from tests.scripts_manager.test_pods import image_pull_fails
+from tests.scripts_manager.test_pool import pool_full
 from tests.waiting import bounded, eventually
 
 Render = Callable[..., list[Manifest]]
@@ -94,7 +97,8 @@ async def exercise_the_manager(
                                                         "startedAt": timestamp(), "finishedAt": timestamp()}},
                              phase="Failed")
 
-    expired = job_pod(job=job("1", "expired"), settings=settings, now=datetime.now(UTC) - timedelta(hours=1))
+    expired = job_pod(job=job("1", "expired"), settings=settings, now=datetime.now(UTC) - timedelta(hours=1),
+                      manager="gone")  # an instance without a Lease: reaped
     await client.create(PODS, namespace=NS, body=expired)
     async with pod_backend(settings) as backend:
         async with node(emulator, client, held_then_run):
@@ -121,8 +125,24 @@ async def exercise_the_manager(
             with pytest.raises(SandboxFailure, match="ImagePullBackOff"):  # a Warning Event on the pod
                 await backend.run(job("print(1)", "unpullable"))
         await backend.sweep()  # list, delete
+    await exercise_a_restart(settings=settings)
     await exercise_the_policy_watch(client=client)
     await exercise_the_agent_mirror(client=client)
+
+
+async def exercise_a_restart(*, settings: ScriptsManagerSettings) -> None:
+    """A process restarted in its pod takes over the Lease of the one before, killed (create, get, update), and
+    cleans up after it; a clean stop deletes its Lease."""
+    in_pod = settings.model_copy(update={"pod_name": "scripts-manager-0"})
+    killed = PodBackend(kube=await KubeClient.from_environment(), settings=in_pod,
+                        metrics=ScriptMetrics(backend="pods"))
+    await killed.start()
+    await bounded(killed.reaper.held.wait(), within=15, what="the first process's Lease")
+    await cancel_and_wait(*killed._tasks)  # as if SIGKILLed: nothing cleaned up
+    await killed._kube.close()
+    async with pod_backend(in_pod) as restarted:
+        await bounded(restarted.reaper.held.wait(), within=15, what="the Lease taken over")
+        assert await restarted.reaper.lease.renew()
 
 
 async def exercise_the_policy_watch(*, client: KubeClient) -> None:
@@ -160,15 +180,10 @@ async def exercise_the_agent_mirror(*, client: KubeClient) -> None:
 
 
 async def exercise_the_pool(*, client: KubeClient, emulator: KubeApiEmulator, settings: ScriptsManagerSettings) -> None:
-    """The warm pool's paths: its cache (list, watch), pods made, leases renewed, a claim, release at the end."""
+    """The warm pool's paths: its cache (list, watch), pods made, a claim (a JSON patch), release at the end."""
     async with node(emulator, client), pod_backend(settings) as backend:
         assert backend.pool is not None
-
-        async def renewed() -> None:  # a lease renewal is a JSON patch on an idle pod
-            assert any(request.headers.get("Content-Type") == "application/json-patch+json"
-                       for request in emulator.requests)
-
-        await eventually(renewed)
+        await pool_full(client, backend, 1)
         result = await backend.run(job("print(1)", "warm"))
         assert sample_path(backend) == 1 and result.stdout == "1\n"
 
@@ -193,7 +208,7 @@ async def test_with_a_warm_pool_every_request_is_granted_by_the_chart_and_patch_
 ) -> None:
     cold = make_settings(scripts_backend="pods", scripts_sweep_grace_seconds=0)
     await exercise_the_manager(client=kube, emulator=kube_api, settings=cold)
-    warm = make_settings(scripts_backend="pods", scripts_pool="500m/256Mi=1", scripts_pool_lease_seconds=1.5)
+    warm = make_settings(scripts_backend="pods", scripts_pool="500m/256Mi=1")
     await exercise_the_pool(client=kube, emulator=kube_api, settings=warm)
     values = {"scripts": {"pool": [{"cpu": "500m", "memory": "256Mi", "size": 1}]}}
     check(manager_rights(kube_api), render=render, values=values, cluster=kube_cluster, release=kube_namespace)

@@ -42,6 +42,7 @@ SCRIPTS_MANAGER_RIGHTS = (
     | expand("", ["pods/log"], ["get"])
     | expand("", ["events"], ["create"])  # a script pod that could not start
     | expand("networking.k8s.io", ["networkpolicies"], ["list", "watch"])  # a policy change: the canary again
+    | expand("coordination.k8s.io", ["leases"], ["create", "get", "list", "update", "delete"])  # its own, others'
 )
 
 # Exactly what the gateway uses in the namespaces it watches (test_gateway_rbac.py checks this list against
@@ -135,7 +136,7 @@ def test_the_gateway_has_its_rights_only_where_the_operator_watches_and_writes_o
 def test_scripts_manager_rights_stop_at_the_scripts_namespace_but_for_reading_agents(
     render: Render, name: str, extra: set[Right]
 ) -> None:
-    """Patch only with a warm pool (claims and leases are patches); list/watch of Agents (their scriptLimits)
+    """Patch only with a warm pool (claims are patches); list/watch of Agents (their scriptLimits)
     where the operator watches, and nothing else outside the scripts namespace."""
     values = COMBINATIONS[name]
     grants = grants_of(render(values), account=SCRIPTS_MANAGER_SA)

@@ -48,7 +48,7 @@ def start_manager(render: Callable[..., list[dict[str, Any]]], kube_api, pods: l
     port = free_port()
     process = start(
         chart_pod_spec(render(CANARY_OFF), "scripts-manager"),
-        values_from={"ROCKBOT_AMQP_URL": amqp_url},
+        values_from={"ROCKBOT_AMQP_URL": amqp_url, "ROCKBOT_POD_NAME": "rockbot-scripts-manager-0"},
         extra_env={"KUBECONFIG": KUBECONFIG, "ROCKBOT_HEALTH_PORT": str(port)},
         files={KUBECONFIG: kubeconfig_for(kube_api, token="scripts-manager")},
     )

@@ -26,6 +26,7 @@ from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
 from rockbot.kube import EVENTS, KubeClient
 from rockbot.reachability import PROBE, check_target, findings
 from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.backends.pod_manifests import REQUEST_LABEL
 from rockbot.scripts_manager.canary import host_listeners
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.buses import manager_and_agent
@@ -173,7 +174,9 @@ async def test_script_pods_that_reach_nothing_run_scripts_and_an_event_says_isol
     assert isinstance(ok, ScriptInvokeResponse) and ok.stdout == "42\n", ok
     assert proof.isolated and {f.target for f in proof.findings} == set(targets["host"])
     canary_pod = kubelet.seen[0]  # the canary is a script pod like any other, from the same builder
-    assert canary_pod["metadata"]["labels"] == kubelet.seen[1]["metadata"]["labels"]
+    script_labels = dict(kubelet.seen[1]["metadata"]["labels"])
+    del script_labels[REQUEST_LABEL]  # the request a job's pod runs; the canary is nobody's request
+    assert canary_pod["metadata"]["labels"] == script_labels
     assert canary_pod["spec"]["containers"][0]["command"] == kubelet.seen[1]["spec"]["containers"][0]["command"]
     [event] = await canary_events(kube)
     assert (event["type"], event["reason"]) == ("Normal", "IsolationProven")

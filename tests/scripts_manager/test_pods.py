@@ -78,7 +78,7 @@ def test_script_pod_passes_pod_security_restricted_and_carries_no_job(
 ) -> None:
     settings = make_settings(scripts_runtime_class="gvisor", scripts_image="python:3.12-slim")
     pod = job_pod(job=job("print('the-script-itself')", timeout=42, input_data="the-input-itself"), settings=settings,
-                  now=datetime.now(UTC))
+                  now=datetime.now(UTC), manager="m1")
     assert restricted_violations(pod) == []
     spec = pod["spec"]
     assert (spec["automountServiceAccountToken"], spec["enableServiceLinks"], spec["restartPolicy"]) == (
@@ -95,7 +95,7 @@ def test_script_pod_passes_pod_security_restricted_and_carries_no_job(
 
 
 def test_restricted_admission_refuses_a_script_pod_loosened(make_settings: MakeSettings, restricted_violations) -> None:
-    pod = job_pod(job=job("print(1)"), settings=make_settings(), now=datetime.now(UTC))
+    pod = job_pod(job=job("print(1)"), settings=make_settings(), now=datetime.now(UTC), manager="m1")
     loose = copy.deepcopy(pod)
     container = loose["spec"]["containers"][0]
     container["securityContext"]["capabilities"] = {"add": ["NET_RAW"]}
@@ -213,7 +213,7 @@ async def test_a_deadline_reached_before_the_script_started_is_unavailable_not_a
 
 def test_the_pods_deadline_leaves_room_for_start_up_before_the_timeout(make_settings: MakeSettings) -> None:
     settings = make_settings(scripts_pod_start_seconds=120)
-    pod = job_pod(job=job("print(1)", timeout=42), settings=settings, now=datetime.now(UTC))
+    pod = job_pod(job=job("print(1)", timeout=42), settings=settings, now=datetime.now(UTC), manager="m1")
     assert pod["spec"]["activeDeadlineSeconds"] == 120 + 42 + DEADLINE_SLACK_SECONDS
 
 
@@ -284,8 +284,9 @@ async def test_sweeper_reaps_pods_past_their_deadline_and_keeps_live_ones(
 ) -> None:
     settings = make_settings()
     now = datetime.now(UTC)
-    old = job_pod(job=job("1"), settings=settings, now=now - timedelta(hours=1))
-    live = job_pod(job=job("1"), settings=settings, now=now)
+    manager = backend.reaper.instance  # a live one: its pods are swept by their deadline alone
+    old = job_pod(job=job("1"), settings=settings, now=now - timedelta(hours=1), manager=manager)
+    live = job_pod(job=job("1"), settings=settings, now=now, manager=manager)
     unrelated = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someone-else", "annotations": {
         "rockbot.dev/deadline": old["metadata"]["annotations"]["rockbot.dev/deadline"]}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
@@ -330,4 +331,5 @@ async def test_a_missing_scripts_namespace_is_a_retryable_unavailable_for_the_ag
             await manager.stop()
     assert isinstance(result, ScriptInvokeError), result
     assert (result.error.code, result.error.retryable) == (ErrorCode.UNAVAILABLE, True)
-    assert "cannot create the script pod in 'nowhere'" in result.error.message
+    assert "cannot take its Lease in the scripts namespace 'nowhere'" in result.error.message
+    assert 'namespaces "nowhere" not found' in result.error.message

@@ -23,7 +23,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     CLAIMED,
     DEADLINE_SLACK_SECONDS,
     IDLE,
-    OWNER_LABEL,
+    MANAGER_LABEL,
     POOL_SELECTOR,
     STATE_LABEL,
     claim_patch,
@@ -52,7 +52,7 @@ def pooled(make_settings: MakeSettings, size: int, **overrides: Any) -> ScriptsM
 async def idle_pods(kube: KubeClient, *, owner: str | None = None, ready: bool = True) -> list[dict[str, Any]]:
     pods = (await kube.list(PODS, namespace=NS, label_selector=f"{POOL_SELECTOR},{STATE_LABEL}={IDLE}")).items
     return [pod for pod in pods
-            if (owner is None or pod["metadata"]["labels"][OWNER_LABEL] == owner)
+            if (owner is None or pod["metadata"]["labels"][MANAGER_LABEL] == owner)
             and (not ready or (pod.get("status") or {}).get("phase") == "Running")
             and not pod["metadata"].get("deletionTimestamp")]
 
@@ -149,21 +149,22 @@ async def test_two_managers_never_claim_the_same_pod(
 async def test_a_claim_holds_against_a_write_made_after_the_manager_looked_but_a_pod_is_claimed_once(
     one_warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
 ) -> None:
-    """The claim's condition is that the pod is still idle, not the version seen: a lease renewal (every third of a
-    lease) or a status write landing in between must not send the job to a cold pod; a second claim must fail."""
+    """The claim's condition is that the pod is still idle, not the version seen: a write landing in between (the
+    node's status writes) must not send the job to a cold pod; a second claim must fail."""
     async with node(kube_api, kube):
         await pool_full(kube, one_warm, 1)
         (seen,) = await idle_pods(kube)
         name = seen["metadata"]["name"]
-        renewal = [{"op": "add", "path": "/metadata/annotations/rockbot.dev~1renewed-by-test", "value": "1"}]
-        await kube.patch(PODS, namespace=NS, name=name, body=renewal, patch_type="json")
-        claim = claim_patch(pod=seen, job=job(), now=now_utc())
+        meanwhile = [{"op": "add", "path": "/metadata/annotations/rockbot.dev~1written-by-test", "value": "1"}]
+        await kube.patch(PODS, namespace=NS, name=name, body=meanwhile, patch_type="json")
+        claim = claim_patch(pod=seen, job=job(), now=now_utc(), manager="m2")
         assert claim is not None
         claimed = await kube.patch(PODS, namespace=NS, name=name, body=claim, patch_type="json")
         assert claimed["metadata"]["labels"][STATE_LABEL] == CLAIMED
         with pytest.raises((Conflict, Invalid)):
             await kube.patch(PODS, namespace=NS, name=name, body=claim_patch(pod=seen, job=job(request_id="call-2"),
-                                                                             now=now_utc()), patch_type="json")
+                                                                             now=now_utc(), manager="m3"),
+                             patch_type="json")
 
 
 async def test_a_pod_that_dies_as_the_job_arrives_hands_the_job_on_and_it_runs_once(
@@ -346,10 +347,10 @@ async def sessions_held(backend: PodBackend, pods: list[dict[str, Any]]) -> None
     await eventually(held)
 
 
-async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
+async def test_a_dead_managers_idle_pods_are_reaped_by_another_manager_once_its_lease_expires(
     kube: KubeClient, kube_api: KubeApiEmulator, make_settings: MakeSettings
 ) -> None:
-    fast = {"scripts_pool_lease_seconds": 1.5, "scripts_sweep_grace_seconds": 0, "scripts_sweep_interval_seconds": 0.3}
+    fast = {"scripts_lease_seconds": 3}
     async with node(kube_api, kube), contextlib.AsyncExitStack() as dead:
         gone = await dead.enter_async_context(pod_backend(pooled(make_settings, 2, **fast)))
         await pool_full(kube, gone, 2)
@@ -359,7 +360,7 @@ async def test_a_dead_managers_idle_pods_are_reaped_by_another_managers_sweeper(
             await pool_full(kube, survivor, 1)
 
             async def reaped() -> None:
-                owners = {pod["metadata"]["labels"][OWNER_LABEL] for pod in await idle_pods(kube, ready=False)}
+                owners = {pod["metadata"]["labels"][MANAGER_LABEL] for pod in await idle_pods(kube, ready=False)}
                 assert owners == {survivor.pool.owner}
 
             await eventually(reaped)
