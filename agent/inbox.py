@@ -16,7 +16,8 @@ from a platform service, and one that speaks for a person (`on_behalf_of`, recor
 `console:<user>`) or carries the session's recorded conversation only from the console; a request
 over `MAX_REQUEST_BYTES` is refused before it is parsed. Those refusals are answered, then dead-lettered.
 A request that asks for `progress` gets the turn's events (text deltas, tool calls starting and ending)
-on its reply queue before the reply.
+on its reply queue before the reply. An agent's calls are answered `CALLS_PER_AGENT` at a time; its others
+meanwhile are answered at once, `Unavailable` (retryable), so one calling agent cannot hold the inbox.
 
 A request is known by its sender and request id: a redelivered or duplicated copy joins the run in
 flight or gets the remembered reply, so the model is not asked (and tools not called) twice, while
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from contextlib import nullcontext
 
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import EventSink
@@ -53,6 +55,7 @@ from rockbot.bus import (
 )
 from rockbot.bus.once import Conflict, RunOnce
 from rockbot.bus.permissions import is_reply_queue_of
+from rockbot.bus.shares import InFlight
 from rockbot.bus.topology import agent_inbox
 from rockbot.contracts.conversations import console_caller
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -60,12 +63,18 @@ from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
 
 log = logging.getLogger(__name__)
 
+#: Calls of one calling agent answered at once by one agent process (each a model turn); its others meanwhile are
+#: answered at once, Unavailable, so one caller's flood never stands before another caller's call. Platform services
+#: (the console's people, scheduled runs, Triggers) are trusted and bounded where they start work.
+CALLS_PER_AGENT = 2
+
 
 async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> Subscription:
     """Start consuming this agent's inbox; close the returned subscription to stop."""
     config = runtime.config
     agent_id = f"{config.namespace}/{config.name}"
     once: RunOnce[InboxReply] = RunOnce()  # a turn outlives a delivery lost with the connection
+    calls = InFlight(per_sender=CALLS_PER_AGENT)
 
     async def handle(delivery: Delivery) -> None:
         sender = delivery.sender
@@ -87,32 +96,49 @@ async def serve_inbox(*, runtime: AgentRuntime, bus: Bus, prefetch: int = 8) -> 
             error = ErrorInfo(code=ErrorCode.REJECTED, message=problem)
             await _answer(bus, delivery, InboxReply(request_id=request_id, session_id=request.session_id, error=error))
             raise Refused(problem)
-        fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
-        caller = console_caller(request.on_behalf_of) if request.on_behalf_of else sender.user
-        relay = (ProgressRelay(bus=bus, reply_to=delivery.reply_to, request_id=request.request_id)
-                 if request.progress and delivery.reply_to else None)  # fmt: skip
-        try:
-            reply = await once.run(
-                key=(sender.user, request.request_id), fingerprint=fingerprint.hexdigest(),
-                work=lambda: _remembered(runtime, request, agent_id=agent_id, caller=caller, on_event=relay),
-            )  # fmt: skip
-        except _Retryable as retryable:
-            reply = retryable.reply
-        except Conflict:
-            error = ErrorInfo(
-                code=ErrorCode.REJECTED,
-                message=f"request_id {request.request_id!r} was already used for another request or reply queue; "
-                "send each request with a fresh request_id",
-            )
-            reply = InboxReply(request_id=request.request_id, session_id=request.session_id, error=error)
-        finally:
-            if relay is not None:
-                await relay.close()  # every progress message before the reply
+        key = (sender.user, request.request_id)
+        # a copy of a call taken before joins it (RunOnce), whatever share its caller holds; services are trusted
+        share = calls.slot(sender.user) if sender.kind == "agent" and not once.knows(key) else nullcontext(True)
+        with share as admitted:
+            if not admitted:
+                error = ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True, message=(
+                    f"{CALLS_PER_AGENT} calls of {sender.agent_id} are being answered by {agent_id}: call again "
+                    "once they are answered"))  # fmt: skip
+                reply = InboxReply(request_id=request.request_id, session_id=request.session_id, error=error)
+            else:
+                reply = await _turn(runtime, bus, once, delivery=delivery, request=request, key=key,
+                                    agent_id=agent_id)
         await _answer(bus, delivery, reply)
 
     return await bus.consume(
         queue=agent_inbox(namespace=config.namespace, name=config.name), handler=handle, prefetch=prefetch
     )
+
+
+async def _turn(runtime: AgentRuntime, bus: Bus, once: RunOnce[InboxReply], *, delivery: Delivery,
+                request: InboxRequest, key: tuple[str, str], agent_id: str) -> InboxReply:
+    """The reply to `request`: its turn's, run once however often it arrives (progress relayed first, if asked)."""
+    fingerprint = hashlib.sha256(request.model_dump_json().encode() + b"\0" + (delivery.reply_to or "").encode())
+    caller = console_caller(request.on_behalf_of) if request.on_behalf_of else key[0]
+    relay = (ProgressRelay(bus=bus, reply_to=delivery.reply_to, request_id=request.request_id)
+             if request.progress and delivery.reply_to else None)  # fmt: skip
+    try:
+        return await once.run(
+            key=key, fingerprint=fingerprint.hexdigest(),
+            work=lambda: _remembered(runtime, request, agent_id=agent_id, caller=caller, on_event=relay),
+        )  # fmt: skip
+    except _Retryable as retryable:
+        return retryable.reply
+    except Conflict:
+        error = ErrorInfo(
+            code=ErrorCode.REJECTED,
+            message=f"request_id {request.request_id!r} was already used for another request or reply queue; "
+            "send each request with a fresh request_id",
+        )
+        return InboxReply(request_id=request.request_id, session_id=request.session_id, error=error)
+    finally:
+        if relay is not None:
+            await relay.close()  # every progress message before the reply
 
 
 def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:

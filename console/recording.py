@@ -14,7 +14,7 @@ crowd out the others.
 
 History (`console.history`): an agent gets the messages of its own runs only (the conversation key:
 the sender agent, the caller it names, the session id), or one chunk of that conversation's working
-memory, answered on its own reply queue.
+memory, answered on its own reply queue; at most `HISTORY_PER_AGENT` of one agent's requests at once.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from rockbot.bus import Bus, Delivery, Refused, Subscription
 from rockbot.bus.identity import Principal
+from rockbot.bus.shares import InFlight
 from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies_prefix
 from rockbot.console.store import Batch, Store, StoreUnavailable
 from rockbot.contracts.recording import MAX_BATCH_BYTES, HistoryRequest, RunEvents, owns_run, run_id_prefix
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 #: Pauses between attempts to write a batch while the database is unreachable; the last one repeats.
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
 _HISTORY_REQUEST_BYTES = 4096
+#: History requests of one agent answered at once (`InFlight`); its others are refused meanwhile (its turn goes on
+#: with what its process holds), so one agent's flood of them never stands before another agent's.
+HISTORY_PER_AGENT = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +194,7 @@ class HistoryAnswerer:
         self._store = store
         self._bus = bus
         self._metrics = metrics
+        self._in_flight = InFlight(per_sender=HISTORY_PER_AGENT)
         self._subscription: Subscription | None = None
 
     async def start(self) -> None:
@@ -208,6 +213,12 @@ class HistoryAnswerer:
                 f"own reply queues, not {delivery.reply_to!r}"
             )
         request = delivery.decode(HistoryRequest, max_bytes=_HISTORY_REQUEST_BYTES)
+        with self._in_flight.slot(agent.user) as admitted:
+            if not admitted:
+                raise Refused(f"{agent} already has {HISTORY_PER_AGENT} history requests being answered")
+            await self._answer(delivery, agent=agent, request=request)
+
+    async def _answer(self, delivery: Delivery, *, agent: Principal, request: HistoryRequest) -> None:
         conversation = {"namespace": agent.namespace, "agent": agent.name, "caller": request.caller,
                         "session_id": request.session_id}  # fmt: skip
         try:

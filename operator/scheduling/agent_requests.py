@@ -7,7 +7,8 @@ name whose run-once task has completed creates it afresh, so it fires again (an 
 would otherwise change nothing). Every request is checked (the sender is the agent, the reply goes
 to that agent's own queue, the agent exists, the request is signed with that agent's token and
 recent, cron and zone parse) and answered, with a coded error saying what to change when it is
-refused.
+refused. At most `REQUESTS_PER_AGENT` of one agent's requests are carried out at once; its others meanwhile are
+answered at once, `Unavailable` (retryable), so one agent's flood never stands before another's requests.
 
 Identity: the sender is the broker user that published the request (`user_id`, validated by the
 broker, see `rockbot.bus.identity`); a request whose `agent` is not its sender is refused. A request
@@ -30,6 +31,7 @@ import logging
 from typing import Any
 
 from rockbot.bus import BadMessage, Bus, Delivery, Principal, Refused, Subscription
+from rockbot.bus.shares import InFlight
 from rockbot.bus.topology import OPERATOR_SCHEDULING, agent_replies_prefix
 from rockbot.clock import Clock, SystemClock
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -55,6 +57,9 @@ TASK_LABEL = f"{GROUP}/task"
 PROMPT_PREVIEW = 200
 #: The largest request read (a prompt of 100 000 characters, all escaped, and the rest).
 MAX_REQUEST_BYTES = 1024 * 1024
+#: Requests of one agent carried out at once (each reads its Agent and token Secret, and writes or lists tasks); its
+#: others meanwhile are answered at once, Unavailable, so one agent's flood never stands before another's requests.
+REQUESTS_PER_AGENT = 2
 #: Reads and conditional writes of a task an agent schedules again: the scheduler writes the task's status (its
 #: next schedule time) right after it is made, and that write, not the agent's, is what a first conflict means.
 UPDATE_ATTEMPTS = 3
@@ -88,6 +93,7 @@ class SchedulingRequests:
         self._bus = bus
         self._clock = clock
         self._wall_clock = wall_clock or SystemClock()
+        self._in_flight = InFlight(per_sender=REQUESTS_PER_AGENT)
         self._subscription: Subscription | None = None
 
     async def start(self) -> None:
@@ -110,7 +116,13 @@ class SchedulingRequests:
         try:
             _check_version(delivery)
             request = delivery.decode(SchedulingRequest, max_bytes=MAX_REQUEST_BYTES)
-            reply = await self.serve(request, sender=sender, correlation_id=delivery.correlation_id, reply_to=reply_to)
+            with self._in_flight.slot(sender.user) as admitted:
+                if not admitted:
+                    raise Refusal(ErrorCode.UNAVAILABLE, f"{REQUESTS_PER_AGENT} scheduling requests of agent "
+                                  f"{sender.agent_id} are being carried out: send this one again once they are "
+                                  "answered", retryable=True)  # fmt: skip
+                reply = await self.serve(request, sender=sender, correlation_id=delivery.correlation_id,
+                                         reply_to=reply_to)
         except BadMessage as exc:
             reply = self._error(ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=str(exc)))
         except Refusal as refused:

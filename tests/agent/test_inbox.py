@@ -91,12 +91,13 @@ class Team:
             started.append(agent_runtime)
         return started
 
-    async def ask(self, *, name: str, request: InboxRequest, sender: Principal = LOCAL) -> InboxReply:
+    async def ask(self, *, name: str, request: InboxRequest, sender: Principal = LOCAL,
+                  timeout_seconds: float = 10) -> InboxReply:
         bus = await self.connect(sender)
         replies = {LOCAL: CALLER, GATEWAY: GATEWAY_RUNS, OPERATOR: OPERATOR_RUNS}.get(sender) or await bus.own_replies()
         delivery = await bus.request(
             queue=agent_inbox(namespace="team-a", name=name), body=request, reply_queue=replies,
-            correlation_id=request.request_id, timeout_seconds=10, responder=agent(name),
+            correlation_id=request.request_id, timeout_seconds=timeout_seconds, responder=agent(name),
         )  # fmt: skip
         return delivery.decode(InboxReply)
 
