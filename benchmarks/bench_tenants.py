@@ -11,8 +11,15 @@ sandbox and its default settings unless said:
 - P4: how many connections A's login opens of 150 tried.
 - P5: B's dead letter and A's first one, then 10,050 of A's messages refused (by a consumer whose
   dead-letter share stands for many processes'): what is left in the shared queue and in the records.
+Issue 31's surfaces of the console:
+- P6: A puts 2 x --flood approval requests asking to wait a year on `console.approvals`, B asks for one once
+  half of them are out: how long until B's call is on the desk for a person, and what became of A's; once more
+  with the desk as before (prefetch 1,000, no per-agent bound).
+- P7: a person's chat page stalls after the first step while A sends 100 progress messages of 3.7 MiB (the
+  issue's) and 100 of just under 1 MiB to that turn: the console's memory (its own process, RSS and peak)
+  before and after, what it holds for the page, and what the page gets when it reads again.
 
-    python -m benchmarks.bench_tenants [--flood 1000] [--parts 1,2,3,4,5]
+    python -m benchmarks.bench_tenants [--flood 1000] [--parts 1,2,3,4,5,6,7]
 """
 
 from __future__ import annotations
@@ -20,11 +27,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import gc
 import logging
+import multiprocessing
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from urllib.parse import quote
 
@@ -32,17 +44,33 @@ import aio_pika
 from pydantic import BaseModel
 
 from agent.sandbox import ScriptSandbox
-from rockbot.bus import OPERATOR, SCRIPTS_MANAGER, AmqpBus, Delivery, Principal, Refused
+from rockbot.agent.approvals import BusApprover
+from rockbot.bus import CONSOLE, OPERATOR, SCRIPTS_MANAGER, AmqpBus, Delivery, Principal, Refused
 from rockbot.bus.deadletters import DeadLetterKeeper
 from rockbot.bus.interface import DeadLetterShare
 from rockbot.bus.permissions import Permissions
-from rockbot.bus.topology import DEAD_LETTERS_KEPT, EXCHANGE, SCRIPT_INVOKE, agent_replies, work_queue
+from rockbot.bus.topology import (
+    CONSOLE_APPROVALS,
+    DEAD_LETTERS_KEPT,
+    EXCHANGE,
+    SCRIPT_INVOKE,
+    Queue,
+    agent_inbox,
+    agent_replies,
+    work_queue,
+)
+from rockbot.console import approvals
+from rockbot.console.chat import TURN_BUFFER_BYTES
 from rockbot.contracts.agent_config import ScriptLimits
+from rockbot.contracts.approvals import ApprovalRequest
+from rockbot.contracts.inbox import InboxReply, InboxRequest
+from rockbot.contracts.progress import MAX_PROGRESS_BYTES, TextDelta, TurnProgress
 from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.limits import FixedLimits
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.fixtures.rabbitmq import RabbitBroker, Vhost, provisioned
+from tests.waiting import eventually
 
 A = Principal.agent(namespace="bench", name="a")
 B = Principal.agent(namespace="bench", name="b")
@@ -204,6 +232,149 @@ async def p5(vhost: Vhost) -> None:
           f"{keeper.dropped} of A's dropped past its record")
 
 
+async def flood_approvals(bus: AmqpBus, count: int, *, reply_to: str, halfway: asyncio.Event) -> None:
+    """A's `count` approval requests, each asking to wait a year (A's login is `bus`); `halfway` set at half."""
+    year = 365 * 24 * 3600.0
+    for start in range(0, count, 100):
+        await asyncio.gather(*(bus.publish(
+            queue=CONSOLE_APPROVALS, body=(request := approval_request(A, seconds=year, reply_to=reply_to)),
+            message_id=request.approval_id, correlation_id=request.approval_id, reply_to=reply_to,
+            expires_after_seconds=year,
+        ) for _ in range(start, min(start + 100, count))))  # fmt: skip
+        if start + 100 >= count // 2:  # confirmed by the broker, so queued before B's
+            halfway.set()
+
+
+def approval_request(agent: Principal, *, seconds: float, reply_to: str) -> ApprovalRequest:
+    now = datetime.datetime.now(datetime.UTC)
+    return ApprovalRequest(
+        approval_id=uuid.uuid4().hex, namespace=agent.namespace, agent=agent.name, session_id="s1", tool_call_id="c1",
+        tool_name="delete_database", arguments='{"name": "prod"}', requested_at=now,
+        expires_at=now + datetime.timedelta(seconds=seconds), on_timeout="Allow", reply_to=reply_to,
+    )  # fmt: skip
+
+
+async def p6(vhost: Vhost, flood: int) -> None:
+    as_before = {"PENDING_PER_AGENT": 10**6, "PREFETCH": 1000}
+    for label, patch in ((f"with the per-agent bound ({approvals.PENDING_PER_AGENT})", {}),
+                         ("as before (prefetch 1,000, no per-agent bound)", as_before)):
+        kept = {name: getattr(approvals, name) for name in patch}
+        for name, value in patch.items():
+            setattr(approvals, name, value)
+        desk = approvals.ApprovalDesk()
+        try:
+            async with (await AmqpBus.connect(url=await vhost.url(CONSOLE)) as console,
+                        await AmqpBus.connect(url=await vhost.url(A)) as a,
+                        await AmqpBus.connect(url=await vhost.url(B)) as b):  # fmt: skip
+                await desk.start(bus=console)
+                halfway = asyncio.Event()
+                started = time.perf_counter()
+                flooding = asyncio.create_task(flood_approvals(a, flood, reply_to=(await a.own_replies()).name,
+                                                               halfway=halfway))
+                await halfway.wait()  # B asks while A is flooding
+                asked = approval_request(B, seconds=600, reply_to="")
+                waiting = asyncio.create_task(BusApprover(bus=b).ask(asked))
+                asked_at = time.perf_counter()
+                seen = None
+                while seen is None and time.perf_counter() - asked_at < 30:
+                    if any(request.approval_id == asked.approval_id for request in desk.pending()):
+                        seen = time.perf_counter() - asked_at
+                    await asyncio.sleep(0.005)
+                await flooding
+                published = time.perf_counter() - started
+                held = sum(1 for request in desk.pending() if request.agent == A.name)
+                waiting.cancel()
+                await desk.stop()
+        finally:
+            for name, value in kept.items():
+                setattr(approvals, name, value)
+        await purge(vhost, CONSOLE_APPROVALS.name)
+        shown = f"on the desk after {seen:.3f} s" if seen is not None else "not on the desk within 30 s"
+        rest = "" if held == flood else "; the rest waited in the queue" if patch else "; the rest denied at once"
+        print(f"P6 {label}: A published {flood} year-long approval requests in {published:.1f} s, B asked after the "
+              f"first {flood // 2}: B's request {shown}; A's held {held}{rest}")
+
+
+async def console_of_a_stalled_chat(url: str, pipe: Connection) -> None:
+    """The console's chat side in a process of its own: a person's turn to A whose page reads one step, then stalls
+    until the parent says A's flood is in; reports this process's memory at each point."""
+    from rockbot.console.chat import ChatRelay  # the child imports what it runs
+
+    logging.disable(logging.WARNING)  # a line per dropped message
+    def memory() -> dict[str, int]:
+        status = Path("/proc/self/status").read_text()
+        return {key: int(line.split()[1]) // 1024 for line in status.splitlines() for key in ("VmRSS", "VmHWM")
+                if line.startswith(key + ":")}
+
+    async with await AmqpBus.connect(url=url) as bus:
+        relay = ChatRelay(instance="bench", timeout_seconds=600)
+        await relay.start(bus=bus)
+        steps = relay.turn(namespace=A.namespace, agent=A.name, user="alice", session_id="s1", content="hi")
+        pipe.send(("started", memory()))
+        await anext(steps)
+        gc.collect()
+        pipe.send(("stalled", memory()))
+        await asyncio.to_thread(pipe.recv)  # A's flood is in
+        gc.collect()
+        pipe.send(("flooded", {**memory(), "held": relay.buffered(A)}))
+        rest = [step async for step in steps]
+        pipe.send(("read", {"steps": len(rest), "answer": getattr(rest[-1], "answer", None)}))
+        await relay.stop()
+
+
+def _console_process(url: str, pipe: Connection) -> None:
+    asyncio.run(console_of_a_stalled_chat(url, pipe))
+
+
+async def p7(vhost: Vhost) -> None:
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_console_process, args=(await vhost.url(CONSOLE), child))
+    turns: asyncio.Queue[InboxRequest] = asyncio.Queue()
+
+    async def take(delivery: Delivery) -> None:
+        await turns.put(delivery.decode(InboxRequest))
+
+    async with await AmqpBus.connect(url=await vhost.url(A, called_by=[CONSOLE])) as a:
+        await a.consume(queue=agent_inbox(namespace=A.namespace, name=A.name), handler=take)
+        process.start()
+        try:
+            report = {}
+            report.update([await asyncio.to_thread(parent.recv)])
+            turn = await turns.get()
+            replies = Queue(name=str(turn.reply_to))
+
+            async def progress(text: str, count: int, first: int) -> None:
+                for seq in range(first, first + count):
+                    await a.publish(queue=replies, correlation_id=turn.request_id, body=TurnProgress(
+                        request_id=turn.request_id, seq=seq, event=TextDelta(text=text)))
+
+            await progress("started", 1, 0)
+            report.update([await asyncio.to_thread(parent.recv)])
+            started = time.perf_counter()
+            await progress("x" * (3_700 * 1024), 100, 1)  # the issue's: over what the console reads
+            await progress("y" * (MAX_PROGRESS_BYTES - 4096), 100, 101)  # just within it
+            await a.publish(queue=replies, correlation_id=turn.request_id,
+                            body=InboxReply(request_id=turn.request_id, session_id="s1", answer="done"))
+
+            async def drained() -> None:  # the console has taken every message
+                assert (await asyncio.to_thread(vhost.queues))[replies.name] == (0, 0)
+
+            await eventually(drained, within=600)
+            sent = time.perf_counter() - started
+            parent.send("flooded")
+            report.update([await asyncio.to_thread(parent.recv)])
+            report.update([await asyncio.to_thread(parent.recv)])
+        finally:
+            await asyncio.to_thread(process.join, 60)
+    start, stalled, flooded, read = (report[key] for key in ("started", "stalled", "flooded", "read"))
+    print(f"P7 a stalled chat page while A sends 100 progress messages of 3.7 MiB and 100 of 1 MiB ({sent:.1f} s): "
+          f"the console's RSS {stalled['VmRSS']} MiB before, {flooded['VmRSS']} MiB after (peak {flooded['VmHWM']} "
+          f"MiB, {start['VmRSS']} MiB at start); held for the page {flooded['held'] / 2**20:.1f} MiB (bound "
+          f"{TURN_BUFFER_BYTES / 2**20:.0f} MiB a turn); the page then read {read['steps']} steps, the last the "
+          f"answer {read['answer']!r}")
+
+
 async def purge(vhost: Vhost, queue: str) -> None:
     await vhost.admin._call("DELETE", f"queues/{quote(vhost.name, safe='')}/{queue}/contents")
 
@@ -215,7 +386,8 @@ async def main(args: argparse.Namespace) -> None:
         await asyncio.to_thread(rabbit.start)
         try:
             print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
-            parts = {"1": lambda v: p1(v, args.flood), "2": p2, "3": p3, "4": p4, "5": p5}
+            parts = {"1": lambda v: p1(v, args.flood), "2": p2, "3": p3, "4": p4, "5": p5,
+                     "6": lambda v: p6(v, 2 * args.flood), "7": p7}
             for name in args.parts.split(","):
                 async with provisioned(rabbit, f"bench-p{name}") as vhost:
                     await parts[name](vhost)
@@ -226,6 +398,6 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flood", type=int, default=1000, help="scripts A queues in P1")
-    parser.add_argument("--parts", default="1,2,3,4,5", help="which of P1-P5 to run, e.g. 2,5")
+    parser.add_argument("--flood", type=int, default=1000, help="scripts A queues in P1, approval requests in P6")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7", help="which of P1-P7 to run, e.g. 2,5")
     asyncio.run(main(parser.parse_args()))
