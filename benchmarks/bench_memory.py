@@ -1,0 +1,276 @@
+"""Long-term memory benchmarks (issue 32), printed; real PostgreSQL (pgvector), SQLite (sqlite-vec) and RabbitMQ as
+the tests start them, 384-number embeddings (the size of MiniLM/BGE-small).
+
+    python -m benchmarks.bench_memory [--postgres 1000000] [--sqlite 100000] [--turns 200] [--skip-agent]
+
+1. Recall in PostgreSQL holding `--postgres` memories: 90 % in callers' scopes of 1,000 each (compared whole),
+   10 % in one Agent-wide scope (larger than `EXACT_UP_TO`: through the HNSW index, iterative scan); p50/p95 of
+   `MemoryStore.recall` (k=5) for each, the HNSW's recall@5 against the exact answer, and `remember` (insert and
+   the usage rows) p50.
+2. Recall in SQLite holding `--sqlite` memories in callers' scopes of 1,000; and, to say where it stops, one
+   scope of 10,000 and of 100,000 (SQLite compares whole).
+3. A turn through an agent on a real RabbitMQ, its console on the seeded PostgreSQL, embeddings and model from
+   the scripted server on 127.0.0.1: how long a `remember` call takes (embed, bus round trip, insert), and how
+   much later the model is asked with the automatic recall on than off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sqlalchemy import insert, text
+
+from rockbot.agent.long_term_memory import BusMemoryDesk
+from rockbot.agent.registry import ToolContext
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import CONSOLE, AmqpBus, Principal
+from rockbot.console import memory_store
+from rockbot.console.memories import MemoryAnswerer
+from rockbot.console.memory_store import MemoryStore, new_memory_id
+from rockbot.console.store import Store
+from rockbot.console.store_schema import memories as memories_table
+from rockbot.contracts.agent_config import AgentConfig
+from rockbot.contracts.memories import Recall, Remember
+from tests.fixtures.llm import EMBEDDING_MODEL, ScriptedLLM, Turn
+from tests.fixtures.postgres import PostgresServer
+from tests.fixtures.rabbitmq import RabbitBroker, provisioned
+
+DIMS = 384
+SCOPE = 1000
+
+
+def last_caller(total: int) -> tuple[Principal, str]:
+    """The agent and caller of the last callers' scope the seeding made (one of `SCOPE` memories)."""
+    index = total // SCOPE - 1
+    return Principal.agent(namespace=f"ns-{index % 10}", name=f"agent-{index % 10}"), f"console:user-{index}"
+
+
+_NOW = datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC)
+_LATER = _NOW.replace(year=2027)
+
+
+def _percentiles(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return f"p50 {statistics.median(ordered) * 1000:.2f} ms, p95 {p95 * 1000:.2f} ms"
+
+
+def _vector(rng: random.Random) -> list[float]:
+    return [rng.uniform(-1, 1) for _ in range(DIMS)]
+
+
+def _load() -> str:
+    return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+async def _timed_recalls(memories: MemoryStore, *, namespace: str, agent: str, caller: str, shared: bool,
+                         rounds: int, rng: random.Random) -> list[float]:  # fmt: skip
+    samples = []
+    for _ in range(rounds):
+        request = Recall(caller=caller, shared=shared, embedding=_vector(rng), model=EMBEDDING_MODEL, k=5)
+        started = time.perf_counter()
+        found = await memories.recall(namespace=namespace, agent=agent, request=request)
+        samples.append(time.perf_counter() - started)
+        assert len(found) == 5
+    return samples
+
+
+async def seed_postgres(store: Store, *, total: int) -> None:
+    """`total` memories made by the database itself: 90 % in callers' scopes of `SCOPE` (10 agents), the rest in
+    agent-0's shared scope; the HNSW index of their size built once over all of them, as the migration defines it."""
+    shared = total // 10
+    async with store.engine.begin() as connection:
+        definition = await connection.scalar(text(
+            f"SELECT indexdef FROM pg_indexes WHERE indexname = 'memories_hnsw_{DIMS}'"))
+        await connection.execute(text(f"DROP INDEX memories_hnsw_{DIMS}"))
+        await connection.execute(text(f"""
+            INSERT INTO memories (id, namespace, agent, scope, caller, text, tags, bytes, model, dims, embedding,
+                                  created_at, expires_at)
+            SELECT 'm-' || lpad(to_hex(i), 16, '0'), 'ns-' || ((i / {SCOPE}) % 10), 'agent-' || ((i / {SCOPE}) % 10),
+                   CASE WHEN i < {shared} THEN '' ELSE 'console:user-' || (i / {SCOPE}) END,
+                   'console:user-' || (i / {SCOPE}), 'memory number ' || i, '[]', 20, '{EMBEDDING_MODEL}', {DIMS},
+                   (SELECT array_agg(random() * 2 - 1)::vector FROM generate_series(1, {DIMS} + 0 * i)),
+                   timestamp '2026-11-01' + i * interval '1 second', timestamp '2027-11-01'
+            FROM generate_series(0, :total - 1) AS i"""), {"total": total})
+        await connection.execute(text("""
+            INSERT INTO memory_usage (namespace, agent, scope, items_held, bytes_held)
+            SELECT namespace, agent, scope, count(*), sum(bytes) FROM memories GROUP BY namespace, agent, scope"""))
+    async with store.engine.connect() as connection:
+        await connection.execute(text("SET maintenance_work_mem = '6GB'"))
+        await connection.execute(text("SET max_parallel_maintenance_workers = 1"))
+        started = time.perf_counter()
+        await connection.execute(text(definition))
+        await connection.commit()
+    async with store.engine.connect() as connection:
+        autocommit = await connection.execution_options(isolation_level="AUTOCOMMIT")
+        await autocommit.execute(text("VACUUM ANALYZE memories"))
+        print(f"   (HNSW index over {total:,} built in {time.perf_counter() - started:.0f} s)", flush=True)
+
+
+async def postgres_recall(*, postgres: PostgresServer, total: int) -> str:
+    url = postgres.create_database()
+    store = await Store.open(url=url)
+    started = time.perf_counter()
+    await seed_postgres(store, total=total)
+    print(f"   ({total:,} memories seeded in {time.perf_counter() - started:.0f} s)", flush=True)
+    memories = MemoryStore(store=store)
+    rng = random.Random(7)
+    agent, who = last_caller(total)
+    caller = await _timed_recalls(memories, namespace=agent.namespace, agent=agent.name, caller=who, shared=False,
+                                  rounds=300, rng=rng)  # fmt: skip
+    shared = await _timed_recalls(memories, namespace="ns-0", agent="agent-0", caller="console:user-1",
+                                  shared=True, rounds=300, rng=rng)  # fmt: skip
+    hits = asked = 0
+    for _ in range(30):  # the HNSW answer against the exact one (every memory of the scope compared)
+        request = Recall(caller="console:user-1", shared=True, embedding=_vector(rng), model=EMBEDDING_MODEL, k=5)
+        approximate = {m.id for m in await memories.recall(namespace="ns-0", agent="agent-0", request=request)}
+        memory_store.EXACT_UP_TO = 10**9
+        exact = {m.id for m in await memories.recall(namespace="ns-0", agent="agent-0", request=request)}
+        memory_store.EXACT_UP_TO = 20_000
+        hits, asked = hits + len(approximate & exact), asked + len(exact)
+    remembered = []
+    for n in range(200):
+        request = Remember(caller=who, memory_id=new_memory_id(), text=f"new fact {n}",
+                           embedding=_vector(rng), model=EMBEDDING_MODEL, retention_days=365, max_items=100_000,
+                           max_bytes=10**8)  # fmt: skip
+        started = time.perf_counter()
+        reply = await memories.remember(namespace=agent.namespace, agent=agent.name, request=request)
+        remembered.append(time.perf_counter() - started)
+        assert reply.stored
+    await store.close()
+    print(f"1. PostgreSQL, {total:,} memories: recall in a caller's scope of {SCOPE:,} (exact) {_percentiles(caller)}; "
+          f"in a shared scope of {total // 10:,} ({'HNSW' if total // 10 > memory_store.EXACT_UP_TO else 'exact'}) "
+          f"{_percentiles(shared)}, recall@5 {hits / asked:.2f} against "
+          f"exact; remember {_percentiles(remembered)} ({_load()}; goal recall p95 <= 20 ms)", flush=True)
+    return url
+
+
+async def sqlite_recall(*, total: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="rockbot-bench-sqlite-") as root:
+        store = await Store.open(url=f"sqlite:///{Path(root) / 'runs.db'}")
+        rng = random.Random(11)
+        started = time.perf_counter()
+        layout = [("ns-0", "agent-0", f"console:user-{i // SCOPE}") for i in range(total)]
+        layout += [("ns-1", "wide", "console:ten")] * 10_000 + [("ns-2", "huge", "console:hundred")] * 100_000
+        for start in range(0, len(layout), 10_000):
+            rows = [{"id": new_memory_id(), "namespace": ns, "agent": agent, "scope": scope, "caller": scope,
+                     "text": "memory", "tags": [], "bytes": 6, "model": EMBEDDING_MODEL, "dims": DIMS,
+                     "embedding": _vector(rng), "created_at": _NOW, "expires_at": _LATER}
+                    for ns, agent, scope in layout[start:start + 10_000]]  # fmt: skip
+            async with store.engine.begin() as connection:
+                await connection.execute(insert(memories_table), rows)
+        async with store.engine.begin() as connection:
+            await connection.execute(text("ANALYZE"))
+        print(f"   ({len(layout):,} SQLite memories seeded in {time.perf_counter() - started:.0f} s)", flush=True)
+        memories = MemoryStore(store=store)
+        caller = await _timed_recalls(memories, namespace="ns-0", agent="agent-0", shared=False, rounds=300,
+                                      caller=f"console:user-{total // SCOPE - 1}", rng=rng)  # fmt: skip
+        wide = await _timed_recalls(memories, namespace="ns-1", agent="wide", caller="console:ten", shared=False,
+                                    rounds=100, rng=rng)  # fmt: skip
+        huge = await _timed_recalls(memories, namespace="ns-2", agent="huge", caller="console:hundred",
+                                    shared=False, rounds=30, rng=rng)  # fmt: skip
+        await store.close()
+    print(f"2. SQLite, {total:,} memories in scopes of {SCOPE:,}: recall {_percentiles(caller)}; one scope of 10,000 "
+          f"{_percentiles(wide)}; one of 100,000 {_percentiles(huge)} ({_load()}; goal p95 <= 20 ms)", flush=True)
+
+
+async def agent_turns(*, url: str, total: int, turns: int) -> None:
+    agent, who = last_caller(total)
+    llm = await ScriptedLLM(embedding_dimensions=DIMS).start()
+    store = await Store.open(url=url)
+    memories = MemoryStore(store=store)
+    with tempfile.TemporaryDirectory(prefix="rockbot-bench-rabbit-") as root:
+        broker = RabbitBroker(root=Path(root))
+        broker.start()
+        try:
+            async with provisioned(broker, f"bench-{uuid.uuid4().hex[:6]}") as vhost:
+                console = await AmqpBus.connect(url=await vhost.url(CONSOLE))
+                answerer = MemoryAnswerer(memories=memories, bus=console)
+                await answerer.start()
+                bus = await AmqpBus.connect(url=await vhost.url(agent))
+                durations: list[float] = []
+                asked: dict[str, list[float]] = {"off": [], "on": []}
+                for mode in ("off", "on", "off", "on"):
+                    config = AgentConfig.model_validate({
+                        "name": agent.name, "namespace": agent.namespace,
+                        "model": {"base_url": llm.url, "name": "scripted-model"},
+                        "long_term_memory": {"embeddings": {"base_url": llm.url, "model": EMBEDDING_MODEL},
+                                             "max_items_per_scope": 100_000,
+                                             "auto_recall": {"min_score": 0.0} if mode == "on" else None},
+                    })  # fmt: skip
+                    runtime = await AgentRuntime.from_config(config, bus=bus, env={},
+                                                             memory_desk=BusMemoryDesk(bus=bus)).start()
+                    if mode == "off":  # a remember call as the loop makes it (the registry's validation included)
+                        context = ToolContext(session_id=runtime.conversation(caller=who,
+                                                                              session_id="s").id)  # fmt: skip
+                        for n in range(turns):
+                            started = time.perf_counter()
+                            outcome = await runtime.registry.invoke(
+                                "remember", {"text": f"fact {n} about deploys"}, context=context)
+                            durations.append(time.perf_counter() - started)
+                            assert outcome.error is None, outcome.error
+                    for n in range(turns):
+                        llm.play(_stamp(asked[mode], time.perf_counter()))
+                        await runtime.chat(f"s{n}", f"what about fact {n} and deploys?", caller=who)
+                    await runtime.close()
+                await answerer.stop()
+                await bus.close()
+                await console.close()
+        finally:
+            broker.stop()
+    await store.close()
+    await llm.stop()
+    off, on = statistics.median(asked["off"]), statistics.median(asked["on"])
+    print(f"3. through an agent on RabbitMQ, {turns} turns per mode, twice: a remember call {_percentiles(durations)} "
+          f"(goal p50 <= 5 ms); the model asked {off * 1000:.2f} ms after the turn started without the automatic "
+          f"recall, {on * 1000:.2f} ms with it: +{(on - off) * 1000:.2f} ms at p50 (goal <= 15 ms; {_load()})",
+          flush=True)
+
+
+def _stamp(samples: list[float], sent: float):
+    """A scripted turn that notes how long after `sent` the model was asked."""
+
+    def answer(body: dict) -> Turn:
+        samples.append(time.perf_counter() - sent)
+        return Turn(text="ok")
+
+    return answer
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--postgres", type=int, default=1_000_000)
+    parser.add_argument("--sqlite", type=int, default=100_000)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--skip-agent", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rockbot-bench-pg-"))
+    postgres = PostgresServer(root=root, durable=True)
+    postgres.init()
+    postgres.start()
+    try:
+        url = await postgres_recall(postgres=postgres, total=args.postgres)
+        if args.sqlite:
+            await sqlite_recall(total=args.sqlite)
+        if not args.skip_agent:
+            await agent_turns(url=url, total=args.postgres, turns=args.turns)
+    finally:
+        postgres.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
