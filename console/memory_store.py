@@ -24,10 +24,11 @@ from __future__ import annotations
 import datetime
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Float, and_, bindparam, cast, delete, func, select, text, update
+from sqlalchemy import Float, and_, bindparam, case, cast, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rockbot.console.store import Store, StoreUnavailable
@@ -95,6 +96,16 @@ class BoundReached(Exception):
     """A scope or an agent holds as much as it may."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Bound:
+    """What one usage row may hold, and how an error names it."""
+
+    scope: str
+    items: int
+    bytes: int
+    whose: str
+
+
 _SHOWN = (memories.c.id, memories.c.namespace, memories.c.agent, memories.c.scope, memories.c.caller,
           memories.c.text, memories.c.tags, memories.c.model, memories.c.run_id, memories.c.created_at,
           memories.c.expires_at)  # fmt: skip
@@ -152,13 +163,13 @@ class MemoryStore:
                 if inserted.first() is None:
                     return await self._redelivered(connection, namespace=namespace, agent=agent, scope=scope,
                                                    memory_id=request.memory_id)  # fmt: skip
-                await self._count(connection, namespace=namespace, agent=agent, scope=scope, size=size,
-                                  max_items=min(request.max_items, ceilings.items_per_scope),
-                                  max_bytes=min(request.max_bytes, ceilings.bytes_per_scope),
-                                  whose="this scope" if scope else "the agent's shared memory")  # fmt: skip
-                await self._count(connection, namespace=namespace, agent=agent, scope=AGENT_TOTAL, size=size,
-                                  max_items=ceilings.items_per_agent, max_bytes=ceilings.bytes_per_agent,
-                                  whose=f"agent {namespace}/{agent} (over all its scopes)")  # fmt: skip
+                await self._count(connection, namespace=namespace, agent=agent, size=size, bounds=[
+                    _Bound(scope=scope, items=min(request.max_items, ceilings.items_per_scope),
+                           bytes=min(request.max_bytes, ceilings.bytes_per_scope),
+                           whose="this scope" if scope else "the agent's shared memory"),
+                    _Bound(scope=AGENT_TOTAL, items=ceilings.items_per_agent, bytes=ceilings.bytes_per_agent,
+                           whose=f"agent {namespace}/{agent} (over all its scopes)"),
+                ])  # fmt: skip
         except BoundReached as exc:
             return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
         return MemoryReply(stored=request.memory_id)
@@ -174,25 +185,37 @@ class MemoryStore:
         return MemoryReply(error=ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS,
                                            message=f"memory id {memory_id} is taken: choose another"))  # fmt: skip
 
-    async def _count(self, connection: AsyncConnection, *, namespace: str, agent: str, scope: str, size: int,
-                     max_items: int, max_bytes: int, whose: str) -> None:  # fmt: skip
-        """Add one memory of `size` bytes to a usage row, or `BoundReached` (the transaction is rolled back)."""
-        key = {"namespace": namespace, "agent": agent, "scope": scope}
-        await connection.execute(self._store._insert(memory_usage).on_conflict_do_nothing(),
-                                 {**key, "items_held": 0, "bytes_held": 0})  # fmt: skip
-        where = [memory_usage.c[name] == value for name, value in key.items()]
-        items, held_bytes = memory_usage.c.items_held, memory_usage.c.bytes_held
-        counted = await connection.execute(
-            update(memory_usage).where(*where, items + 1 <= max_items, held_bytes + size <= max_bytes)
-            .values(items_held=items + 1, bytes_held=held_bytes + size).returning(items)
-        )  # fmt: skip
-        if counted.first() is None:
-            held = (await connection.execute(select(items, held_bytes).where(*where))).one()
-            raise BoundReached(
-                f"not remembered: {whose} holds {held.items_held} memories ({held.bytes_held} bytes), and may hold "
-                f"at most {max_items} ({max_bytes} bytes); forget some (recall them, then forget(id)) or ask the "
-                "Agent's author to raise spec.memory.longTerm.maxItemsPerScope / maxBytesPerScope"
+    async def _count(self, connection: AsyncConnection, *, namespace: str, agent: str, size: int,
+                     bounds: list[_Bound]) -> None:  # fmt: skip
+        """Add one memory of `size` bytes to the usage rows of `bounds` in one upsert, each only while within its
+        bound; `BoundReached` naming the first it would pass (the caller's transaction is then rolled back)."""
+        items, held_bytes, scope = memory_usage.c.items_held, memory_usage.c.bytes_held, memory_usage.c.scope
+        max_items = case(*((scope == b.scope, b.items) for b in bounds))
+        max_bytes = case(*((scope == b.scope, b.bytes) for b in bounds))
+        fits = all(size <= b.bytes for b in bounds)  # else not even a first memory fits: no row is made
+        counted = set()
+        if fits:
+            statement = self._store._insert(memory_usage).values([
+                {"namespace": namespace, "agent": agent, "scope": b.scope, "items_held": 1, "bytes_held": size}
+                for b in bounds
+            ])  # fmt: skip
+            statement = statement.on_conflict_do_update(
+                index_elements=["namespace", "agent", "scope"],
+                set_={"items_held": items + 1, "bytes_held": held_bytes + size},
+                where=(items + 1 <= max_items) & (held_bytes + size <= max_bytes),
             )
+            counted = {row.scope for row in await connection.execute(statement.returning(scope))}
+        for bound in bounds:
+            if (bound.scope not in counted) if fits else (size > bound.bytes):
+                held = (await connection.execute(select(items, held_bytes).where(
+                    memory_usage.c.namespace == namespace, memory_usage.c.agent == agent, scope == bound.scope,
+                ))).first()  # fmt: skip
+                raise BoundReached(
+                    f"not remembered: {bound.whose} holds {held.items_held if held else 0} memories "
+                    f"({held.bytes_held if held else 0} bytes), and may hold at most {bound.items} ({bound.bytes} "
+                    "bytes); forget some (recall them, then forget(id)) or ask the Agent's author to raise "
+                    "spec.memory.longTerm.maxItemsPerScope / maxBytesPerScope"
+                )
 
     async def recall(
         self, *, namespace: str, agent: str, request: Recall, now: datetime.datetime | None = None

@@ -102,6 +102,9 @@ async def test_a_scope_is_bounded_in_bytes(memories: MemoryStore) -> None:
     reply = await memories.remember(namespace="team-a", agent="triage", request=remember("y" * 600, max_bytes=1000),
                                     now=NOW)  # fmt: skip
     assert reply.error is not None and "(600 bytes)" in reply.error.message and "1000 bytes" in reply.error.message
+    first = await memories.remember(namespace="team-a", agent="triage",
+                                    request=remember("z" * 1500, caller="console:bob", max_bytes=1000), now=NOW)
+    assert first.error is not None and "this scope holds 0 memories (0 bytes)" in first.error.message
 
 
 async def test_an_agent_claiming_a_larger_bound_gets_the_consoles_ceiling(store: Store) -> None:
