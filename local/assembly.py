@@ -71,8 +71,14 @@ def assemble(manifests: Manifests, *, model: LocalModel) -> dict[str, AssembledA
                 "a kind: Secret document, export OPENAI_API_KEY, or point every agent at another endpoint with "
                 "OPENAI_BASE_URL"  # type: ignore[union-attr]
             )
+        memory = resolution.config.long_term_memory
+        defaulted = agent.spec.memory and agent.spec.memory.long_term and agent.spec.memory.long_term.embeddings
+        if memory is not None and defaulted and defaulted.base_url is None:  # embeddings follow the model's endpoint
+            memory = memory.model_copy(update={"embeddings": memory.embeddings.model_copy(
+                update={"base_url": model.base_url or own.base_url, "api_key": api_key})})
         config = resolution.config.model_copy(
             update={
+                "long_term_memory": memory,
                 "model": own.model_copy(
                     update={
                         "base_url": model.base_url or own.base_url,
