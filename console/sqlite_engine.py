@@ -39,10 +39,13 @@ def create_engine(url: str) -> AsyncEngine:
             **{name: getattr(sqlean, name) for name in _EXCEPTIONS},
             Connection=aiosqlite.Connection, connect=aiosqlite.connect, __version__=aiosqlite.__version__,
         )  # fmt: skip
-        engine = create_async_engine(
-            url, module=AsyncAdapt_aiosqlite_dbapi(driver, sqlean),  # type: ignore[arg-type]
-            async_creator=lambda: aiosqlite.Connection(lambda: sqlean.connect(path), 64),
-        )  # fmt: skip
+        def connection() -> aiosqlite.Connection:
+            made = aiosqlite.Connection(lambda: sqlean.connect(path), 64)
+            made._thread.daemon = True  # as SQLAlchemy makes its own: a store left open never holds the process
+            return made
+
+        engine = create_async_engine(url, module=AsyncAdapt_aiosqlite_dbapi(driver, sqlean),  # type: ignore[arg-type]
+                                     async_creator=connection)  # fmt: skip
     event.listen(engine.sync_engine, "connect", _prepare)
     return engine
 
