@@ -25,6 +25,8 @@ import json
 import secrets
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from rockbot.agent.embeddings import Embedder, EmbeddingsUnavailable
 from rockbot.agent.recording import Redactor
 from rockbot.bus import CONSOLE, BusError
@@ -32,6 +34,7 @@ from rockbot.bus.topology import CONSOLE_MEMORY
 from rockbot.contracts.agent_config import LongTermMemoryConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.memories import (
+    MAX_DIMENSIONS,
     MAX_MEMORY_CHARS,
     Forget,
     MemoryReply,
@@ -133,6 +136,8 @@ class LongTermMemory:
             result = quoted_notes(found, max_chars=policy.max_tokens * _CHARS_PER_TOKEN)
         except (MemoryUnavailable, MemoryRefused) as exc:
             result = f"Long-term memory: nothing recalled this turn ({exc})."
+        except ValidationError as exc:  # a caller or an embedding no store takes: the turn goes on without memory
+            result = f"Long-term memory: nothing recalled this turn ({exc.errors()[0]['msg']})."
         call_id = f"call_memory_{secrets.token_hex(6)}"
         arguments = json.dumps({"query": text[:200], "k": policy.max_items}, ensure_ascii=False)
         return [
@@ -146,9 +151,13 @@ class LongTermMemory:
 
     async def _embed(self, text: str) -> list[float]:
         try:
-            return await self._embedder.embed(text)
+            vector = await self._embedder.embed(text)
         except EmbeddingsUnavailable as exc:
             raise MemoryUnavailable(str(exc)) from None
+        if len(vector) > MAX_DIMENSIONS:
+            raise MemoryUnavailable(f"the embeddings model {self._embedder.model!r} gives {len(vector)} numbers; "
+                                    f"memory keeps embeddings of at most {MAX_DIMENSIONS}: choose a smaller model")
+        return vector
 
     async def _ask(self, request: Remember | Recall | Forget) -> MemoryReply:
         if self._desk is None:

@@ -144,7 +144,7 @@ async def test_automatic_recall_stays_within_its_token_budget(scripted_llm, memo
     assert len(notes) <= 60 * 4 and "more not shown" in notes
 
 
-@pytest.mark.parametrize("failure", ["status", "slow"])
+@pytest.mark.parametrize("failure", ["status", "slow", "too large"])
 async def test_a_failing_or_slow_embeddings_endpoint_degrades_recall_and_says_so(scripted_llm, memories,
                                                                                   failure) -> None:  # fmt: skip
     scripted_llm.play(Turn(text="I do not remember, sorry."),
@@ -152,16 +152,20 @@ async def test_a_failing_or_slow_embeddings_endpoint_degrades_recall_and_says_so
     async with agent_with_memory(scripted_llm, memories, auto_recall={}) as agent:
         if failure == "status":
             scripted_llm.embedding_status = 500
-        else:
+        elif failure == "slow":
             scripted_llm.embedding_delay_seconds = 3.0  # past the 1 s timeout
+        else:
+            scripted_llm.embedding_dimensions = 5000  # more than any store keeps
         result = await agent.chat("s", "What is our deployment window?", caller=ANN)
         assert result.answer == "I do not remember, sorry."
         note = tool_answers(scripted_llm, 0)[0]
-        assert note.startswith("Long-term memory: nothing recalled this turn (the embeddings endpoint")
-        assert ("answered 500" if failure == "status" else "did not answer within 1 s") in note
+        assert note.startswith("Long-term memory: nothing recalled this turn (the embeddings ")
+        assert {"status": "answered 500", "slow": "did not answer within 1 s",
+                "too large": "gives 5000 numbers"}[failure] in note  # fmt: skip
         await agent.chat("s", "Then remember it.", caller=ANN)
     assert "Unavailable" in tool_answers(scripted_llm)[-1] and "not remembered" in tool_answers(scripted_llm)[-1]
-    assert len(scripted_llm.embedded) == 1  # asked once; then not again while it is quiet
+    if failure != "too large":
+        assert len(scripted_llm.embedded) == 1  # asked once; then not again while it is quiet
 
 
 async def test_without_a_console_memory_tools_say_so_and_the_turn_goes_on(scripted_llm) -> None:
