@@ -19,7 +19,8 @@ RUN = RunDetail(
 
 def render(trace_url_template: str | None, run: RunDetail = RUN) -> str:
     environment = templates()
-    environment.globals.update(trace_url_template=trace_url_template, runs_on=True, approvals_on=False, memories_on=False)
+    environment.globals.update(trace_url_template=trace_url_template, runs_on=True, approvals_on=False,
+                               memories_on=False)
     return environment.get_template("run.html").render(run=run, user="alice", csrf="", csrf_field="csrf",
                                                          can_log_out=False)
 
