@@ -12,12 +12,14 @@ RESTARTED = ("operator", "scripts-manager", "gateway")
 
 
 def children(kubectl: Kubectl, agent: Agent) -> dict[str, str]:
-    """The uid of each object the operator made for the Agent (a re-made one has a new uid)."""
+    """The uid of each object the operator made for the Agent and controls (a re-made one has a new uid); the
+    namespace's egress-canary account, which an Agent only co-owns and a canary may make at any time, is not one."""
     made: dict[str, str] = {}
     for kind in ("deployment", "service", "configmap", "serviceaccount", "secret"):
         for item in kubectl.json("get", kind, "-n", agent.namespace)["items"]:
             owners = item["metadata"].get("ownerReferences") or []
-            if any(owner["kind"] == "Agent" and owner["name"] == agent.name for owner in owners):
+            if any(owner["kind"] == "Agent" and owner["name"] == agent.name and owner.get("controller")
+                   for owner in owners):
                 made[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["uid"]
     return made
 
