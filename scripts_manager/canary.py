@@ -17,7 +17,9 @@ the gauges `rockbot_isolation_reachable` and `rockbot_isolation_last_proof_times
 (`PROOF_ANNOTATION`) for `rockbot status`. Fail closed: while the last canary reached anything, or
 could not run, scripts are refused naming what was reached and the fix, unless
 ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false (then they run and every canary logs a warning). A request
-that arrives before the first proof waits for it.
+that arrives before the first proof waits for it. A canary that could not run (its pod unschedulable on a full
+node, the API unreachable) is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS, not after
+the interval: scripts wait for it, and are told when the next try is.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ LOCAL_FIX = (
 CANARY_SECONDS = PROBE_TIMEOUT_SECONDS + 10.0
 #: How long the first proof waits for the first list of what would make it stale (ChangeWatch.listed).
 LISTED_SECONDS = 10.0
+#: After a canary that could not run, the next comes after this, doubling each time up to RETRY_MAX_SECONDS.
+RETRY_FIRST_SECONDS = 5.0
+RETRY_MAX_SECONDS = 60.0
 
 
 class ChangeWatch(Protocol):
@@ -109,6 +114,7 @@ class IsolationCanary:
         self._proven = asyncio.Event()
         self._again = asyncio.Event()
         self._why = ""
+        self._next_at: float | None = None  # when the next canary runs (the loop's clock); None: one runs now
 
     async def run(self) -> None:
         """Run the canary now, then every interval and after each change `changes` reports, until cancelled."""
@@ -119,9 +125,11 @@ class IsolationCanary:
                 with contextlib.suppress(TimeoutError):  # a change after the list is seen, so none is missed
                     async with asyncio.timeout(LISTED_SECONDS):
                         await self._changes.listed.wait()
+            failed = 0
             while True:
-                await self.run_once()
-                why = await self._next()
+                proof = await self.run_once()
+                failed = failed + 1 if proof.error is not None else 0
+                why = await self._next(retry_wait(failed) if failed else self._interval)
                 log.info("isolation canary again: %s", why)
         finally:
             await cancel_and_wait(watching)
@@ -132,13 +140,16 @@ class IsolationCanary:
         self._why = why
         self._again.set()
 
-    async def _next(self) -> str:
-        """Why to prove again: the interval passed, or a change followed by a quiet `debounce_seconds`."""
+    async def _next(self, seconds: float) -> str:
+        """Why to prove again: `seconds` passed, or a change followed by a quiet `debounce_seconds`."""
+        self._next_at = asyncio.get_running_loop().time() + seconds
         try:
-            async with asyncio.timeout(self._interval):
+            async with asyncio.timeout(seconds):
                 await self._again.wait()
         except TimeoutError:
-            return f"{self._interval:g} s since the last proof"
+            return f"{seconds:g} s since the last {'proof' if seconds == self._interval else 'try'}"
+        finally:
+            self._next_at = None
         while True:  # a change from here on asks for the proof after this one
             self._again.clear()
             try:
@@ -220,8 +231,21 @@ class IsolationCanary:
                "ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false)")
         if proof is None or proof.error is not None:
             return ErrorInfo(code=ErrorCode.UNAVAILABLE, retryable=True,
-                             message=f"scripts wait for the isolation canary: {self.condition().message}{fix}")
+                             message=f"scripts wait for the isolation canary: {self.condition().message}"
+                                     f"{self._when_next() if proof is not None else ''}{fix}")
         return ErrorInfo(code=ErrorCode.REJECTED, message=f"scripts are refused: {self.condition().message}{fix}")
+
+
+    def _when_next(self) -> str:
+        """When the next canary runs, for a refusal: try again after that."""
+        if self._next_at is None:
+            return "; a canary runs now"
+        return f"; the next canary runs in {max(self._next_at - asyncio.get_running_loop().time(), 0):.0f} s"
+
+
+def retry_wait(failed: int) -> float:
+    """Seconds before the next canary after `failed` in a row could not run: RETRY_FIRST_SECONDS, doubling."""
+    return min(RETRY_FIRST_SECONDS * 2 ** (failed - 1), RETRY_MAX_SECONDS)
 
 
 def _reason(proof: Proof) -> str:

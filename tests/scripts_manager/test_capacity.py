@@ -1,0 +1,82 @@
+"""A full node: the isolation canary that could not run is tried again within seconds, and scripts are refused
+saying when (canary.py).
+
+On the real API server, which has no scheduler and no node here: every pod stays Pending, so every canary fails
+("could not run") once its start bound passes, as it does on a node too full to schedule it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from rockbot.contracts.errors import ErrorCode
+from rockbot.contracts.scripts import ScriptInvokeError
+from rockbot.kube import PODS, KubeClient
+from rockbot.scripts_manager.backends.pod_manifests import REQUEST_ANNOTATION
+from rockbot.scripts_manager.canary import RETRY_FIRST_SECONDS, host_listeners, retry_wait
+from tests.scripts_manager.conftest import MakeSettings
+from tests.scripts_manager.test_canary import manager_with
+from tests.waiting import eventually
+
+
+def canary(pod: dict[str, Any]) -> bool:
+    return (pod["metadata"].get("annotations") or {}).get(REQUEST_ANNOTATION, "").startswith("isolation-canary-")
+
+
+@contextlib.asynccontextmanager
+async def pods_made(kube: KubeClient, namespace: str) -> AsyncIterator[dict[str, dict[str, Any]]]:
+    """Every pod made in `namespace` while in use, by name (its last state seen), deleted ones too."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    async def watch() -> None:
+        listed = await kube.list(PODS, namespace=namespace)
+        seen.update((pod["metadata"]["name"], pod) for pod in listed.items)
+        version = listed.resource_version
+        while True:
+            async for event in kube.watch(PODS, namespace=namespace, resource_version=version, timeout_seconds=30):
+                seen[event.object["metadata"]["name"]] = event.object
+                version = event.object["metadata"]["resourceVersion"]
+
+    watching = asyncio.create_task(watch())
+    try:
+        yield seen
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+def test_a_canary_that_could_not_run_is_tried_again_after_seconds_doubling_up_to_a_minute() -> None:
+    assert [retry_wait(failed) for failed in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+
+
+async def test_a_canary_that_could_not_run_is_tried_again_within_seconds_and_scripts_say_when(
+    make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
+) -> None:
+    async with host_listeners() as targets, pods_made(real_kube_client, kube_namespace) as made:
+        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace,
+                                 scripts_isolation_targets=targets, scripts_pod_start_seconds=1)
+        assert settings.scripts_isolation_interval_seconds == 600  # the default: a retry must not wait for it
+        async with manager_with(settings) as (manager, sandbox):
+
+            async def failed() -> None:
+                assert manager.canary is not None and manager.canary.last is not None
+                assert manager.canary.last.error is not None
+
+            await eventually(failed, within=60)
+            refused = await sandbox.execute_python_script(script="print('must not run')")
+
+            async def tried_again() -> None:
+                assert len([pod for pod in made.values() if canary(pod)]) >= 2
+
+            # The first canary's pod waits its start bound (1 s + 10 s of slack), then the next comes 5 s later.
+            await eventually(tried_again, within=RETRY_FIRST_SECONDS + 20)
+    assert isinstance(refused, ScriptInvokeError), refused
+    assert (refused.error.code, refused.error.retryable) == (ErrorCode.UNAVAILABLE, True)
+    assert "the isolation canary could not run" in refused.error.message
+    assert re.search(r"; (the next canary runs in [0-5] s|a canary runs now)", refused.error.message), refused
+
