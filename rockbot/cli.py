@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("rockbot.status", "say whether isolation is proven: the scripts-manager's and each Agent's (or, with "
                "--local, rockbot local's sandbox); exit 1 when not"),
     "crds": ("rockbot.cli", "print the CustomResourceDefinitions, or write them with --write"),
+    "docs": ("rockbot.docgen", "list the documentation site's generated reference pages, or write them with --write"),
 }
 
 
