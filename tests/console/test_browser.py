@@ -39,9 +39,18 @@ async def browser(chromium: str) -> AsyncIterator[Browser]:
             await launched.close()
 
 
+#: Shots the documentation shows, by the name of their picture in docs/images: every run writes them anew, so a
+#: picture of the console is never older than the last run of its test.
+DOCUMENTED = {"approvals": "console-approvals", "run": "console-run", "chat": "console-chat",
+              "local-chat": "console-local-chat", "memories": "console-memories"}
+DOCS_IMAGES = REPOSITORY / "docs" / "images"
+
+
 async def screenshot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    picture = await page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    if name in DOCUMENTED:
+        (DOCS_IMAGES / f"{DOCUMENTED[name]}.png").write_bytes(picture)
 
 
 async def log_in(page: Page, url: str, token: str) -> None:
