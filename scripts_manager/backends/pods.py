@@ -26,6 +26,10 @@ waits for the answer; when an instance dies, whoever is alive deletes its pods a
 jobs (reaping.py). A redelivered request whose script a pod already took is not run again
 (`taken_before`). The kubelet stops every pod at its activeDeadlineSeconds in any case.
 
+A cold pod (a job's, or the isolation canary's) the scheduler finds no room for (`Unschedulable`, say
+`Insufficient cpu`) makes this manager give back its own idle warm pods at once (`WarmPool.give_back`: deleted,
+and none made for a minute), so that the pod that has a job can run in their place.
+
 A cold pod that cannot start (its image cannot be pulled, its container not made, or it is not running
 within ROCKBOT_SCRIPTS_POD_START_SECONDS) gets a Warning Event, reason `ScriptPodFailedToStart`, before
 it is deleted: `kubectl -n <scripts namespace> get events --field-selector reason=ScriptPodFailedToStart`.
@@ -47,7 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -73,7 +77,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     now_utc,
     request_key,
 )
-from rockbot.scripts_manager.backends.pool import WarmPool
+from rockbot.scripts_manager.backends.pool import GIVE_BACK_SECONDS, WarmPool
 from rockbot.scripts_manager.backends.reaping import Reaper
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -199,11 +203,19 @@ class PodBackend:
         limit = self._settings.scripts_pod_start_seconds + DEADLINE_SLACK_SECONDS
         try:
             return await self._follow(name=pod["metadata"]["name"], resource_version=pod["metadata"]["resourceVersion"],
-                                      until=_running_or_finished, limit=limit)
+                                      until=_running_or_finished, limit=limit, no_room=self._no_room)
         except (SandboxFailure, SandboxUnavailable) as exc:
             await self._post_event({"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}, "Warning",
                                    CANNOT_START, f"the script pod could not start: {exc}")
             raise
+
+    async def _no_room(self, pod: K8sObject, why: str) -> None:
+        """The scheduler has no room for this job's pod: give back this manager's idle warm pods so that it fits."""
+        if self.pool is None:
+            return
+        given = await self.pool.give_back()
+        log.warning("the script pod %s cannot be scheduled (%s): gave back %d idle warm pods of this manager's, and "
+                    "the pool makes none for %g s", pod["metadata"]["name"], why, given, GIVE_BACK_SECONDS)
 
     async def _create(self, pod: K8sObject) -> K8sObject:
         try:
@@ -329,9 +341,11 @@ class PodBackend:
         )  # fmt: skip
 
     async def _follow(
-        self, *, name: str, resource_version: str | None, until: Callable[[K8sObject], bool], limit: float
+        self, *, name: str, resource_version: str | None, until: Callable[[K8sObject], bool], limit: float,
+        no_room: Callable[[K8sObject, str], Awaitable[None]] | None = None,
     ) -> K8sObject:
-        """Watch the pod (from `resource_version`, or its current state) until `until` holds; never poll."""
+        """Watch the pod (from `resource_version`, or its current state) until `until` holds; never poll. `no_room`
+        is awaited the first time the pod is seen unschedulable."""
         last: K8sObject | None = None
         noted: set[str] = set()
         try:
@@ -349,6 +363,9 @@ class PodBackend:
                             _note_progress(last, noted)
                             if until(last):
                                 return last
+                            if no_room is not None and "unschedulable" not in noted and (why := _unschedulable(last)):
+                                noted.add("unschedulable")
+                                await no_room(last, why)
                             _check_startable(last)
                     except Gone:
                         last = await self._kube.get(PODS, namespace=self._namespace, name=name)
@@ -490,6 +507,15 @@ def _note_progress(pod: K8sObject, noted: set[str]) -> None:
         if reached and step not in noted:
             noted.add(step)
             trace.get_current_span().add_event(step)
+
+
+def _unschedulable(pod: K8sObject) -> str | None:
+    """The scheduler's word when it found no node with room for the pod (`0/1 nodes are available: 1 Insufficient
+    cpu.`), else None."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return condition.get("message") or "Unschedulable"
+    return None
 
 
 def _check_startable(pod: K8sObject) -> None:

@@ -61,6 +61,8 @@ _RETRY_SECONDS = 5.0
 _KEEPALIVE_SECONDS = 60.0
 #: How often the pool looks again with no change seen (pods growing too old for the longest script).
 _LOOK_AGAIN_SECONDS = 30.0
+#: After giving its idle pods back for a pod the node had no room for, the pool makes none for this long.
+GIVE_BACK_SECONDS = 60.0
 
 
 @dataclass(eq=False)
@@ -90,6 +92,7 @@ class WarmPool:
         self._starting: dict[str, tuple[PoolClass, int]] = {}  # pods this manager made, not seen running yet
         self._held: dict[str, Held] = {}
         self._holders: set[asyncio.Task[None]] = set()
+        self._given_back_at: float | None = None  # the loop's clock at the last give_back
         for pool in self.classes:
             metrics.pool_size.labels(pool.label).set(pool.size)
 
@@ -256,10 +259,31 @@ class WarmPool:
         self._hold_sessions(keep)
         ready = [pod for pod in self._idle(pool) if _ready(pod)]
         self._metrics.pool_idle.labels(pool.label).set(len(ready))
-        made = await asyncio.gather(*(self._create(pool, now) for _ in range(pool.size - len(keep))),
-                                    return_exceptions=True)
+        missing = 0 if self.holding_back() else pool.size - len(keep)
+        made = await asyncio.gather(*(self._create(pool, now) for _ in range(missing)), return_exceptions=True)
         if failed := next((error for error in made if isinstance(error, BaseException)), None):
             raise failed
+
+    def holding_back(self) -> bool:
+        """Whether the pool makes no pod now: it gave its pods back less than GIVE_BACK_SECONDS ago."""
+        given = self._given_back_at
+        return given is not None and asyncio.get_running_loop().time() - given < GIVE_BACK_SECONDS
+
+    async def give_back(self) -> int:
+        """Delete this manager's idle pods, and make none for GIVE_BACK_SECONDS: the node has no room for a pod
+        that matters more (the isolation canary, a job's own pod); returns how many were deleted.
+
+        Only idle ones, each on the resourceVersion seen, so a pod claimed meanwhile is kept for its job.
+        """
+        self._given_back_at = asyncio.get_running_loop().time()
+        given = 0
+        for pool in self.classes:
+            for pod in self._idle(pool, owner=self.owner):
+                try:
+                    given += await self._delete(pod)
+                except (ApiError, OSError) as exc:
+                    log.warning("could not give back warm pod %s: %s", pod["metadata"]["name"], exc)
+        return given
 
     async def _create(self, pool: PoolClass, now: datetime) -> None:
         """One idle pod more; the missing ones are made all at once, so a burst's replacements start together."""
@@ -269,12 +293,15 @@ class WarmPool:
         self._starting[created["metadata"]["name"]] = (pool, born)
         self.cache.remember(created)
 
-    async def _delete(self, pod: K8sObject) -> None:
-        """Delete an idle pod of ours, unless it changed (say, claimed) since we looked."""
+    async def _delete(self, pod: K8sObject) -> bool:
+        """Delete an idle pod of ours, unless it changed (say, claimed) since we looked; True when deleted."""
         metadata = pod["metadata"]
-        with contextlib.suppress(Conflict, NotFound):
+        try:
             await self._kube.delete(PODS, namespace=self._namespace, name=metadata["name"], grace_period_seconds=0,
                                     preconditions_resource_version=metadata["resourceVersion"])
+        except (Conflict, NotFound):
+            return False
+        return True
 
     async def release(self) -> None:
         """At shutdown: close the held sessions and delete this manager's idle pods (nobody renews them any more)."""

@@ -1,8 +1,10 @@
 """A full node: the isolation canary that could not run is tried again within seconds, and scripts are refused
-saying when (canary.py).
+saying when (canary.py); a pod the scheduler has no room for makes the manager give back its idle warm pods
+(pods.py, pool.py).
 
 On the real API server, which has no scheduler and no node here: every pod stays Pending, so every canary fails
-("could not run") once its start bound passes, as it does on a node too full to schedule it.
+("could not run") once its start bound passes, as it does on a node too full to schedule it. Where a test needs
+the scheduler's verdict, it writes it as the scheduler does (the pod's PodScheduled condition, in its status).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError
 from rockbot.kube import PODS, KubeClient
-from rockbot.scripts_manager.backends.pod_manifests import REQUEST_ANNOTATION
+from rockbot.scripts_manager.backends.pod_manifests import POOL_LABEL, POOL_SELECTOR, REQUEST_ANNOTATION
 from rockbot.scripts_manager.canary import RETRY_FIRST_SECONDS, host_listeners, retry_wait
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_canary import manager_with
@@ -79,4 +81,36 @@ async def test_a_canary_that_could_not_run_is_tried_again_within_seconds_and_scr
     assert (refused.error.code, refused.error.retryable) == (ErrorCode.UNAVAILABLE, True)
     assert "the isolation canary could not run" in refused.error.message
     assert re.search(r"; (the next canary runs in [0-5] s|a canary runs now)", refused.error.message), refused
+
+
+#: What the scheduler writes on a pod it found no node with room for.
+NO_ROOM = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+           "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available."}
+
+
+async def test_a_canary_the_node_has_no_room_for_makes_the_manager_give_back_its_idle_warm_pods(
+    make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
+) -> None:
+    async with host_listeners() as targets, pods_made(real_kube_client, kube_namespace) as made:
+        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, scripts_pool="500m/256Mi=2",
+                                 scripts_isolation_targets=targets, scripts_pod_start_seconds=60)
+        async with manager_with(settings):
+
+            async def canary_and_pool_made() -> dict[str, Any]:
+                assert len([pod for pod in made.values() if POOL_LABEL in pod["metadata"]["labels"]]) == 2
+                return next(pod for pod in made.values() if canary(pod))
+
+            pod = await eventually(canary_and_pool_made, within=30)
+            await real_kube_client.patch(PODS, namespace=kube_namespace, name=pod["metadata"]["name"],
+                                         subresource="status", body={"status": {"conditions": [NO_ROOM]}})
+
+            async def given_back() -> None:
+                assert (await real_kube_client.list(PODS, namespace=kube_namespace,
+                                                     label_selector=POOL_SELECTOR)).items == []
+
+            await eventually(given_back)
+            warm = [name for name, pod in made.items() if POOL_LABEL in pod["metadata"]["labels"]]
+            canary_pod = await real_kube_client.get(PODS, namespace=kube_namespace, name=pod["metadata"]["name"])
+    assert len(warm) == 2, warm  # the pool made none in their place
+    assert canary_pod["metadata"].get("deletionTimestamp") is None  # the canary's pod waits for the room
 
