@@ -62,7 +62,9 @@ class ModelSpec(Schema):
     api_key: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Refused: declared only so that a literal key is rejected, not silently dropped."
     )
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(
+        default=None, description="Sampling temperature sent to the model; omit for the endpoint's default."
+    )
     max_result_chars: Annotated[int, Field(ge=1000, le=1_000_000)] = Field(
         default=16_000, description="Tool results longer than this go to working memory in chunks."
     )
@@ -86,22 +88,32 @@ class LabelSelectorRequirement(Schema):
         ),
     )
 
-    key: Annotated[str, Field(min_length=1, max_length=317)]
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(default_factory=list)
+    key: Annotated[str, Field(min_length=1, max_length=317)] = Field(
+        description="The label key the requirement applies to."
+    )
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="How the label's value is compared with values."
+    )
+    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] = Field(
+        default_factory=list, description="Label values; empty for Exists and DoesNotExist."
+    )
 
 
 class LabelSelector(Schema):
     """Selects Tools in the Agent's namespace by label, like a Deployment selects pods."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict)
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+    match_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels a Tool must carry, each with this value."
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, description="Further requirements on a Tool's labels; all must hold."
+    )
 
 
 class SubAgentRef(Schema):
     """Another Agent in the same namespace, offered to the model as a tool."""
 
-    name: KubeName
+    name: KubeName = Field(description="The Agent, in this namespace; the model sees a tool of this name.")
     tool_name: FunctionName | None = Field(default=None, description="Tool name; defaults to the Agent's name.")
     description: Annotated[str, Field(max_length=2000)] | None = Field(
         default=None, description="What the model is told; defaults to the sub-agent's spec.description."
@@ -122,9 +134,15 @@ class WebSearchSpec(Schema):
         ),
     )
 
-    provider: Literal["searxng", "brave"]
-    url: Annotated[str, Field(max_length=2048)] | None = None
-    api_key_secret_ref: SecretKeyRef | None = None
+    provider: Literal["searxng", "brave"] = Field(
+        description="searxng (an instance at url) or brave (Brave Search's API, its key in apiKeySecretRef)."
+    )
+    url: Annotated[str, Field(max_length=2048)] | None = Field(
+        default=None, description="Base URL of the search engine (searxng)."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the search API's key (brave)."
+    )
 
 
 class WebBrowseSpec(Schema):
@@ -149,9 +167,14 @@ class WebBrowseSpec(Schema):
 
 
 class ScriptLimitsSpec(Schema):
-    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
-    cpu: Quantity = "500m"
-    memory: Quantity = "256Mi"
+    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
+        default=30, description="Longest a script may run; then it is stopped and the call says so."
+    )
+    cpu: Quantity = Field(default="500m", description="CPU of a script's sandbox (a Kubernetes quantity).")
+    memory: Quantity = Field(
+        default="256Mi",
+        description="Memory of a script's sandbox; a script over it is killed (OOM) and the call says so.",
+    )
 
 
 class AgentLimitsSpec(Schema):
@@ -227,7 +250,7 @@ class LongTermMemorySpec(Schema):
         ),
     )
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="Turn long-term memory on (it needs embeddings).")
     scope: Literal["Caller", "Agent"] = Field(
         default="Caller", description="Caller: each caller has a memory of their own; Agent: one memory every caller "
         "of this Agent shares.",
@@ -252,31 +275,41 @@ class AgentMemorySpec(Schema):
 
 
 class ResourceRequirements(Schema):
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Resources the container is scheduled with (cpu, memory)."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="The most the container may use (cpu, memory)."
+    )
 
 
 class KeySelector(Schema):
     """A key of a Secret or ConfigMap in the Agent's namespace."""
 
-    name: KubeName
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
-    optional: bool | None = None
+    name: KubeName = Field(description="Name of the Secret or ConfigMap, in the Agent's namespace.")
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="Key whose value is used."
+    )
+    optional: bool | None = Field(default=None, description="Whether the pod starts when the key is missing.")
 
 
 class ObjectFieldSelector(Schema):
     field_path: Annotated[str, Field(min_length=1, max_length=256)] = Field(
         description="A field of the pod, e.g. metadata.name or status.podIP."
     )
-    api_version: Annotated[str, Field(max_length=64)] | None = None
+    api_version: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="Version of the schema fieldPath is written in (v1)."
+    )
 
 
 class ResourceFieldSelector(Schema):
     resource: Annotated[str, Field(min_length=1, max_length=64)] = Field(
         description="A container resource, e.g. limits.memory or requests.cpu."
     )
-    container_name: Annotated[str, Field(max_length=63)] | None = None
-    divisor: Quantity | None = None
+    container_name: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="The container whose resource is read; the agent's own by default."
+    )
+    divisor: Quantity | None = Field(default=None, description="The unit the value is given in, e.g. 1Mi.")
 
 
 class EnvVarSource(Schema):
@@ -293,8 +326,10 @@ class EnvVarSource(Schema):
 
     secret_key_ref: KeySelector | None = None
     config_map_key_ref: KeySelector | None = None
-    field_ref: ObjectFieldSelector | None = None
-    resource_field_ref: ResourceFieldSelector | None = None
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod, e.g. metadata.name.")
+    resource_field_ref: ResourceFieldSelector | None = Field(
+        default=None, description="A resource of a container, e.g. limits.memory."
+    )
 
 
 class EnvVar(Schema):
@@ -313,8 +348,10 @@ class EnvVar(Schema):
         ),
     )
 
-    name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)]
-    value: str | None = None
+    name: Annotated[str, Field(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256)] = Field(
+        description="The variable's name (ROCKBOT_* is reserved)."
+    )
+    value: str | None = Field(default=None, description="A literal value.")
     value_from: EnvVarSource | None = None
 
 
@@ -346,29 +383,49 @@ class AgentSpec(Schema):
         default="", description="What this agent does; shown to other agents that use it as a sub-agent."
     )
     model: ModelSpec
-    system_prompt: Annotated[str, Field(max_length=100_000)] = ""
+    system_prompt: Annotated[str, Field(max_length=100_000)] = Field(
+        default="", description="Instructions put before every conversation."
+    )
     tools: Annotated[list[KubeName], Field(max_length=128), ListSet()] = Field(
         default_factory=list, description="Tool resources in this namespace, by name."
     )
     tool_selector: LabelSelector | None = Field(default=None, description="Tool resources selected by label.")
-    sub_agents: Annotated[list[SubAgentRef], Field(max_length=32)] = Field(default_factory=list)
+    sub_agents: Annotated[list[SubAgentRef], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Other Agents of this namespace the model may call, each offered as a tool of its name.",
+    )
     tool_blacklist: Annotated[list[FunctionName], Field(max_length=256), ListSet()] = Field(
         default_factory=list, description="Tool names the model is never offered and that are refused if called."
     )
     builtin_tools: list[BuiltinToolSetName] = Field(
         default_factory=lambda: ["memory"], description="Built-in tool sets to enable."
     )
-    web_search: WebSearchSpec | None = None
+    web_search: WebSearchSpec | None = Field(
+        default=None, description="The search engine behind the web set's web_search tool; omit for none."
+    )
     web_browse: WebBrowseSpec | None = None
-    parallel_tool_calls: bool = True
-    max_iterations: Annotated[int, Field(ge=1, le=100)] = 10
-    replicas: Annotated[int, Field(ge=0, le=20)] = 1
+    parallel_tool_calls: bool = Field(
+        default=True, description="Run the tool calls of one model answer at once (true) or one after another."
+    )
+    max_iterations: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=10, description="The most model requests one turn may make; then it ends with iteration_limit."
+    )
+    replicas: Annotated[int, Field(ge=0, le=20)] = Field(
+        default=1, description="Pods of the agent's Deployment; 0 scales it to zero (not Ready)."
+    )
     image: Annotated[str, Field(max_length=512)] | None = Field(
         default=None, description="Overrides the operator's default agent image."
     )
-    resources: ResourceRequirements | None = None
-    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(default_factory=list)
-    script_limits: ScriptLimitsSpec = Field(default_factory=ScriptLimitsSpec)
+    resources: ResourceRequirements | None = Field(
+        default=None, description="CPU and memory of the agent's container, as a Pod's resources."
+    )
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list, description="Extra environment variables of the agent's container, as in a Pod."
+    )
+    script_limits: ScriptLimitsSpec = Field(
+        default_factory=ScriptLimitsSpec,
+        description="Limits of each script the agent runs in the sandbox; no request can raise them.",
+    )
     limits: AgentLimitsSpec | None = None
     approval: AgentApprovalSpec | None = Field(default=None, description="Tools whose calls wait for a person.")
     runs: AgentRunsSpec | None = None

@@ -112,8 +112,10 @@ def exactly_one(*values: Any) -> bool:
 class SecretKeyRef(Schema):
     """A key of a Secret in the same namespace: secrets are referenced, never written inline."""
 
-    name: KubeName
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+    name: KubeName = Field(description="Name of the Secret, in the resource's own namespace.")
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="Key of the Secret whose value is used."
+    )
 
 
 class Condition(Schema):
@@ -128,7 +130,7 @@ class Condition(Schema):
 
 
 class LocalObjectReference(Schema):
-    name: KubeName
+    name: KubeName = Field(description="Name of the object, in the same namespace.")
 
 
 class PrinterColumn(BaseModel):

@@ -18,24 +18,37 @@ CRON = (
 
 
 class ScheduledTaskSpec(Schema):
-    agent_ref: LocalObjectReference
+    agent_ref: LocalObjectReference = Field(description="The Agent that runs the task, in this namespace.")
     schedule: Annotated[str, Field(pattern=CRON, max_length=256)] = Field(
         description="Cron: 5 fields (minute), 6 fields (second first), or @hourly-style macros."
     )
     time_zone: Annotated[str, Field(pattern=r"^[A-Za-z0-9_+\-/]{1,64}$")] = Field(
         default="UTC", description="IANA time zone, e.g. Europe/Berlin."
     )
-    prompt: Annotated[str, Field(min_length=1, max_length=100_000)]
-    suspend: bool = False
-    concurrency_policy: ConcurrencyPolicy = "Forbid"
-    starting_deadline_seconds: Annotated[int, Field(ge=1)] | None = None
+    prompt: Annotated[str, Field(min_length=1, max_length=100_000)] = Field(
+        description="What the agent is asked at each run."
+    )
+    suspend: bool = Field(default=False, description="While true no slot starts a run.")
+    concurrency_policy: ConcurrencyPolicy = Field(
+        default="Forbid",
+        description="While an earlier run goes: Allow, Forbid (skip the slot) or Replace (ignore the earlier answer).",
+    )
+    starting_deadline_seconds: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="How late a slot may still start; later it is Missed. Omit for no deadline."
+    )
     missed_run_policy: Literal["Skip", "RunOnce"] = Field(
         default="RunOnce", description="After downtime: skip missed slots, or run the latest one once."
     )
     run_once: bool = Field(default=False, description="Fire at the next slot only, then mark Complete.")
-    run_timeout_seconds: Annotated[int, Field(ge=1, le=86_400)] = 600
-    successful_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 3
-    failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 1
+    run_timeout_seconds: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=600, description="Longest a run may take; then it is Failed."
+    )
+    successful_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=3, description="Successful runs kept in status.history."
+    )
+    failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=1, description="Failed runs, and separately skipped slots, kept in status.history."
+    )
 
 
 class SlotRecord(RunRecord):

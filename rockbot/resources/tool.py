@@ -32,8 +32,12 @@ class RestAuthSpec(Schema):
         ),
     )
 
-    type: Literal["bearer", "header"]
-    header_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")] | None = None
+    type: Literal["bearer", "header"] = Field(
+        description="bearer (Authorization: Bearer <key>) or header (the key in headerName)."
+    )
+    header_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")] | None = Field(
+        default=None, description="The header that carries the key when type is header."
+    )
     secret_ref: SecretKeyRef
 
 
@@ -50,18 +54,21 @@ class RestBackendSpec(Schema):
 
     rules = (URL_IS_HTTP,)
 
-    url: Annotated[str, Field(min_length=1, max_length=4096)]
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
-    headers: Annotated[dict[str, Annotated[str, Field(max_length=8192)]], Field(max_length=64)] = Field(
-        default_factory=dict
+    url: Annotated[str, Field(min_length=1, max_length=4096)] = Field(
+        description="The URL called; {arg} placeholders are filled, escaped, from the call's arguments."
     )
-    auth: RestAuthSpec | None = None
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = Field(default="GET", description="The HTTP method.")
+    headers: Annotated[dict[str, Annotated[str, Field(max_length=8192)]], Field(max_length=64)] = Field(
+        default_factory=dict,
+        description="Literal headers sent with every call (secrets go in auth, never here).",
+    )
+    auth: RestAuthSpec | None = Field(default=None, description="How a call authenticates, with a key from a Secret.")
 
 
 class SecretHeaderSpec(Schema):
     """An HTTP header whose value comes from a Secret key (after an optional prefix such as `Bearer `)."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,128}$")] = Field(description="The header's name.")
     prefix: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="e.g. 'Bearer '.")
     secret_key_ref: SecretKeyRef
 
@@ -69,7 +76,9 @@ class SecretHeaderSpec(Schema):
 class SecretEnvSpec(Schema):
     """An environment variable whose value comes from a Secret key."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)] = Field(
+        description="The variable's name."
+    )
     secret_key_ref: SecretKeyRef
 
 
@@ -95,12 +104,19 @@ class McpBackendSpec(Schema):
     )
 
     server: KubeName = Field(description="A short name for the server; tools are listed as mcp:<server>.")
-    url: Annotated[str, Field(max_length=4096)] | None = None
-    transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
-    command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
-        default_factory=list
+    url: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="URL of the MCP server (transport streamable-http or sse)."
     )
-    tool: Annotated[str, Field(min_length=1, max_length=256)]
+    transport: Literal["streamable-http", "sse", "stdio"] = Field(
+        default="streamable-http", description="streamable-http, sse, or stdio (command runs inside the agent's pod)."
+    )
+    command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="The command that starts a stdio server.",
+    )
+    tool: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        description="The server's tool offered to the model, or * for all of them."
+    )
     headers_from: Annotated[list[SecretHeaderSpec], Field(max_length=16)] = Field(
         default_factory=list, description="HTTP headers from Secrets, sent to this server only (never literals)."
     )
@@ -121,17 +137,20 @@ class ScriptBackendSpec(Schema):
         ),
     )
 
-    source: Annotated[str, Field(min_length=1, max_length=262_144)]
+    source: Annotated[str, Field(min_length=1, max_length=262_144)] = Field(
+        description="Python run in the sandbox; the call's arguments arrive as JSON on stdin."
+    )
     #: Item bounds keep the CEL rule's cost within the API server's budget (it estimates unbounded strings).
     pip_packages: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=32)] = Field(
-        default_factory=list
+        default_factory=list,
+        description="Packages the script needs, each a requirement such as pandas>=2 (see the README).",
     )
 
 
 class AgentBackendSpec(Schema):
     """Delegate the call to another Agent in this namespace."""
 
-    name: KubeName
+    name: KubeName = Field(description="The Agent called, in this namespace.")
 
 
 class A2ABackendSpec(Schema):
@@ -172,12 +191,16 @@ class ToolSpec(Schema):
     function_name: FunctionName | None = Field(
         default=None, description="The name the model sees; defaults to metadata.name."
     )
-    description: Annotated[str, Field(min_length=1, max_length=4000)]
+    description: Annotated[str, Field(min_length=1, max_length=4000)] = Field(
+        description="What the tool does, as the model reads it."
+    )
     parameters: dict[str, Any] = Field(
         default_factory=lambda: {"type": "object", "properties": {}},
         description="JSON Schema of the arguments (an object schema).",
     )
-    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = 30
+    timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
+        default=30, description="Longest a call may take; then it is a tool error the model sees."
+    )
     approval: ApprovalSpec | None = Field(default=None, description="Calls wait for a person's approval.")
     rest: RestBackendSpec | None = None
     mcp: McpBackendSpec | None = None

@@ -38,11 +38,15 @@ MAX_DELIVERY_ID = 128
 class WebhookSignature(Schema):
     """The HMAC-SHA256 of the raw body: GitHub's X-Hub-Signature-256 (sha256=<hex>) unless set otherwise."""
 
-    header: Annotated[str, Field(pattern=HEADER)] = "X-Hub-Signature-256"
+    header: Annotated[str, Field(pattern=HEADER)] = Field(
+        default="X-Hub-Signature-256", description="The header that carries the signature."
+    )
     prefix: Annotated[str, Field(max_length=64)] = Field(
         default="sha256=", description="What comes before the digest in the header; empty for none."
     )
-    encoding: Literal["hex", "base64"] = "hex"
+    encoding: Literal["hex", "base64"] = Field(
+        default="hex", description="How the signature's digest is written: hex or base64."
+    )
 
 
 class WebhookSource(Schema):
@@ -64,8 +68,12 @@ class WebhookSource(Schema):
 
 
 class InvolvedObject(Schema):
-    kind: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=63)] | None = None
-    name: Annotated[str, Field(pattern=OBJECT_NAME, max_length=253)] | None = None
+    kind: Annotated[str, Field(pattern=r"^[A-Z][A-Za-z0-9]*$", max_length=63)] | None = Field(
+        default=None, description="Kind of the object whose Events count; omit for any."
+    )
+    name: Annotated[str, Field(pattern=OBJECT_NAME, max_length=253)] | None = Field(
+        default=None, description="Name of the object; omit for any."
+    )
 
 
 class KubernetesEventsSource(Schema):
@@ -75,12 +83,16 @@ class KubernetesEventsSource(Schema):
         default_factory=list,
         description="Where to watch; empty: the Trigger's own namespace. Others only if the gateway allows it.",
     )
-    involved_object: InvolvedObject | None = None
-    type: Literal["Warning", "Normal"] = "Warning"
+    involved_object: InvolvedObject | None = Field(
+        default=None, description="Which objects' Events count; omit for any."
+    )
+    type: Literal["Warning", "Normal"] = Field(default="Warning", description="The Event type that counts.")
     reason: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
         default=None, description="A regular expression searched in the Event's reason, e.g. BackOff|Failed.*"
     )
-    deduplication_window_seconds: Annotated[int, Field(ge=1, le=86_400)] = 600
+    deduplication_window_seconds: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=600, description="One incident (an object and a reason) starts one run per window of this length."
+    )
 
 
 class TriggerSpec(Schema):
@@ -92,7 +104,7 @@ class TriggerSpec(Schema):
         ),
     )
 
-    agent_ref: LocalObjectReference
+    agent_ref: LocalObjectReference = Field(description="The Agent that runs, in this namespace.")
     prompt: Annotated[str, Field(min_length=1, max_length=100_000)] = Field(
         description="A Jinja2 template (sandboxed) of the message the agent gets: webhooks see payload (the "
         "parsed JSON body), body, headers and delivery; events see event; both see trigger."
@@ -105,13 +117,22 @@ class TriggerSpec(Schema):
     webhook: WebhookSource | None = None
     kubernetes_events: KubernetesEventsSource | None = None
     suspend: bool = Field(default=False, description="Refuse webhooks (503) and ignore events; nothing is recorded.")
-    concurrency_policy: ConcurrencyPolicy = "Allow"
+    concurrency_policy: ConcurrencyPolicy = Field(
+        default="Allow",
+        description="While an earlier run goes: Allow, Forbid (refuse it) or Replace (ignore the earlier answer).",
+    )
     max_runs_per_minute: Annotated[int, Field(ge=1, le=120)] | None = Field(
         default=None, description="Over it, webhooks get 429 and events are recorded Missed."
     )
-    run_timeout_seconds: Annotated[int, Field(ge=1, le=86_400)] = 600
-    successful_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 3
-    failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = 1
+    run_timeout_seconds: Annotated[int, Field(ge=1, le=86_400)] = Field(
+        default=600, description="Longest a run may take; then it is Failed."
+    )
+    successful_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=3, description="Successful runs kept in status.history."
+    )
+    failed_runs_history_limit: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=1, description="Failed runs kept in status.history."
+    )
 
 
 class DeliveryRecord(RunRecord):

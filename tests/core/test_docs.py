@@ -35,3 +35,15 @@ def test_values_reference_documents_every_leaf_the_chart_comments() -> None:
     text = (ROOT / docgen.VALUES).read_text()
     commented = sum(1 for line in text.splitlines() if line.strip().startswith("# --"))
     assert len(list(docgen._values_rows(text))) == commented
+
+
+def test_every_spec_field_has_a_description() -> None:
+    """The CRDs carry each field's description, so `kubectl explain agent.spec.scriptLimits` answers too."""
+    from rockbot import crdgen
+
+    undescribed = []
+    for resource in crdgen.RESOURCES:
+        spec = crdgen.crd_for(resource)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        undescribed += [f"{resource.kind} {path}" for path, field, _ in docgen._fields(spec, "spec")
+                        if not field.get("description")]
+    assert undescribed == [], "describe these fields in rockbot/resources (Field(description=...))"
