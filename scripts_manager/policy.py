@@ -66,6 +66,7 @@ def check(
         packages=tuple(sorted({canonicalize_name(name) for name in request.pip_packages})),
         cpu=cpu,
         memory=memory,
+        output_bounds=settings.output_bounds,
         asker=asker,
     )
 

@@ -10,8 +10,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from rockbot.bus.topology import MAX_MESSAGE_BYTES
 from rockbot.kube.quantity import parse_quantity
 from rockbot.reachability import check_targets
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 from rockbot.settings_fields import CommaSeparated
 
 #: What script and input may add up to: the runner reads a job line of at most 16 MiB, and JSON may
@@ -105,6 +107,10 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_max_timeout_seconds: Annotated[float, Field(gt=0)] = 300.0
     scripts_max_output_bytes: Annotated[int, Field(ge=1024)] = 256 * 1024  # per stream
     scripts_max_packages: Annotated[int, Field(ge=0)] = 20
+    # What comes back from a script's /output: files, bytes of one, bytes of all (see `output_bounds`).
+    scripts_output_files: Annotated[int, Field(ge=0, le=1000)] = 20
+    scripts_output_file_bytes: Annotated[int, Field(ge=0)] = 10 * 1024 * 1024
+    scripts_output_bytes: Annotated[int, Field(ge=0)] = 50 * 1024 * 1024
 
     # Resources of one script (pod requests = limits; the local sandbox turns memory into an rlimit):
     # the defaults (every agent's with ROCKBOT_SCRIPTS_AGENT_LIMITS=defaults), and the most an Agent's
@@ -169,6 +175,17 @@ class ScriptsManagerSettings(BaseSettings):
         Anything longer cannot be a valid request, so it is refused before it is parsed.
         """
         return 6 * (self.scripts_max_script_bytes + self.scripts_max_input_bytes) + 64 * 1024
+
+    @property
+    def output_bounds(self) -> OutputBounds:
+        """The bounds of a script's /output: the settings, within what one reply carries (the artifacts travel in
+        it, base64-encoded, beside both output streams at their cap, every byte escaped in JSON)."""
+        room = max((MAX_MESSAGE_BYTES - 12 * self.scripts_max_output_bytes - 256 * 1024) * 3 // 4, 0)
+        return OutputBounds(
+            files=self.scripts_output_files,
+            file_bytes=min(self.scripts_output_file_bytes, room),
+            total_bytes=min(self.scripts_output_bytes, room),
+        )
 
     @field_validator("scripts_isolation_targets")
     @classmethod

@@ -23,7 +23,7 @@ from rockbot.agent.sandbox import DEFAULT_REPLY_GRACE_SECONDS
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
 from rockbot.contracts.errors import ErrorCode
-from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeResponse
+from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, ScriptInvokeError, ScriptInvokeResponse
 
 #: The client waits the script's limit plus its reply grace; the tool waits a little longer, so the
 #: client's clearer error (busy, down, no answer) is the one the model sees.
@@ -37,7 +37,10 @@ GUIDE = Guide(
         "`execute_python_script(script, input_data?, timeout_seconds?, pip_packages?)` runs Python 3 in a "
         "throw-away sandbox with no network. Read `input_data` with `json.load(sys.stdin)`, print results "
         "(JSON is easiest to use afterwards) and exit 0. You get stdout, stderr and the exit code; a "
-        "non-zero exit code means the script failed: read stderr, fix the script and try again.\n"
+        "non-zero exit code means the script failed: read stderr, fix the script and try again.\n\n"
+        f"The conversation's files are in `{INPUT_DIR}` (read-only). Files the script writes under `{OUTPUT_DIR}` "
+        "(charts, cleaned data) are given to the user, and you get their names, types, sizes and first lines; "
+        "`plt.show()` saves each open matplotlib figure there as a PNG.\n"
     ),
 )
 
@@ -95,7 +98,19 @@ def format_response(reply: ScriptInvokeResponse) -> str:
         if flag
     ]
     header = f"{ended} after {reply.duration_seconds:.2f} s" + (f" ({'; '.join(notes)})" if notes else "")
-    return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}"
+    return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}" + describe_artifacts(reply)
+
+
+def describe_artifacts(reply: ScriptInvokeResponse) -> str:
+    """What the model learns of the files a script wrote under /output: name, type, size, a text's first lines."""
+    if not reply.artifacts and not reply.artifacts_dropped:
+        return ""
+    lines = [f"\n--- files written to {OUTPUT_DIR} (shown to the user) ---"]
+    for artifact in reply.artifacts:
+        lines.append(f"- {artifact.name} ({artifact.media_type}, {artifact.size:,} bytes)")
+        lines += [f"    {line}" for line in artifact.preview.splitlines()]
+    lines += [f"- left out: {dropped}" for dropped in reply.artifacts_dropped]
+    return "\n".join(lines)
 
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from rockbot.contracts.errors import ErrorInfo
 
@@ -27,6 +27,36 @@ AGENT_NAME_PATTERN = r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$"
 #: A positive Kubernetes quantity without exponent (`250m`, `0.5`, `128Mi`, `1G`), as an Agent's scriptLimits give it.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
+#: Where a script finds its conversation's files (read-only) and leaves the files it gives back (see README).
+INPUT_DIR = "/input"
+OUTPUT_DIR = "/output"
+
+
+def _checked_name(name: str) -> str:
+    if name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+        raise ValueError("a file name is a relative path without empty, '.' or '..' parts (such as 'charts/a.png')")
+    if not all(ch.isprintable() for ch in name):
+        raise ValueError("a file name holds printable characters only")
+    return name
+
+
+#: A file's name under `/input` or `/output`: a relative path of printable characters, never `..`; a label, never a
+#: path on any host.
+FileName = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_checked_name)]
+
+
+class ScriptArtifact(BaseModel):
+    """A file the script left under `/output`: its name there, its sniffed type, its size and its first lines."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    name: FileName
+    #: Sniffed from the content for raster images (a `.png` holding HTML is `application/octet-stream`).
+    media_type: Annotated[str, Field(max_length=128)]
+    size: Annotated[int, Field(ge=0)]
+    #: The first lines of a text or CSV file, for the model; empty for anything else.
+    preview: Annotated[str, Field(max_length=2000)] = ""
+    content: bytes = b""
 
 
 class ScriptInvokeRequest(BaseModel):
@@ -67,6 +97,9 @@ class ScriptInvokeResponse(BaseModel):
     #: (`local/bwrap`, `local/unshare`, `local/unsafe-none`); empty from a manager that does not say.
     backend: Annotated[str, Field(max_length=64)] = ""
     pod: Annotated[str, Field(max_length=253)] = ""
+    #: What the script left under `/output` within the bounds, and a sentence per file (or group) left out.
+    artifacts: tuple[ScriptArtifact, ...] = ()
+    artifacts_dropped: tuple[str, ...] = ()
 
 
 class ScriptInvokeError(BaseModel):

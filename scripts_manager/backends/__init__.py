@@ -13,7 +13,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.contracts.scripts import FileName, ScriptInvokeResponse
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 
 
 class Asker(BaseModel):
@@ -25,6 +26,15 @@ class Asker(BaseModel):
     user: str  # the sender's broker user, as the broker validated it
     reply_to: str  # one of that agent's own reply queues (the manager checked it)
     correlation_id: str
+
+
+class InputFile(BaseModel):
+    """One of the conversation's files, as a script sees it under `/input` (the name is checked, never a host path)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: FileName
+    content: bytes
 
 
 class ScriptJob(BaseModel):
@@ -41,6 +51,9 @@ class ScriptJob(BaseModel):
     # None: the manager's defaults (ROCKBOT_SCRIPTS_CPU, ROCKBOT_SCRIPTS_MEMORY).
     cpu: str | None = None
     memory: str | None = None
+    # The conversation's files, seen read-only under /input, and the bounds of what comes back from /output.
+    files: tuple[InputFile, ...] = ()
+    output_bounds: OutputBounds = OutputBounds()
     # Who asked; None for the manager's own jobs (the isolation canary).
     asker: Asker | None = None
 

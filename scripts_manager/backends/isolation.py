@@ -32,8 +32,9 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR
 from rockbot.scripts_manager.backends import SandboxUnavailable
-from rockbot.scripts_manager.backends.job_dirs import WORK
+from rockbot.scripts_manager.backends.job_dirs import FILES, OUTPUT, WORK
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class Sandboxed(NamedTuple):
     packages_dir: Path | None
     #: The script's writable working directory (also its HOME and TMPDIR), as it sees it.
     work_dir: Path
+    #: The conversation's files (read-only) and the folder whose files come back, as the script sees them.
+    input_dir: Path
+    output_dir: Path
 
 
 class Isolation(BaseModel):
@@ -93,14 +97,17 @@ class Isolation(BaseModel):
 
     def sandbox(
         self, *, interpreter: Interpreter, job_dir: Path, job_fds: Mapping[str, int], packages_dir: Path | None,
-        tmp_bytes: int, status_fd: int,
+        tmp_bytes: int, status_fd: int, input_fd: int, output_fd: int,
     ) -> Sandboxed:  # fmt: skip
-        """bubblewrap gets the job's files as `job_fds` (by path in the job folder), and reports on `status_fd`."""
+        """bubblewrap gets the job's files as `job_fds` (by path in the job folder), its `/input` and `/output`
+        folders as descriptors, and reports on `status_fd`."""
         if self.kind != "bwrap":
             prefix = [] if self.kind == "unsafe-none" else [
                 str(self.executable), "--net", "--map-root-user", "--pid", "--fork", "--kill-child", "--"
             ]  # fmt: skip
-            return Sandboxed(prefix, (), job_dir / WORK, job_dir, packages_dir, job_dir / WORK)
+            return Sandboxed(
+                prefix, (), job_dir / WORK, job_dir, packages_dir, job_dir / WORK, job_dir / FILES, job_dir / OUTPUT
+            )
         size = str(tmp_bytes)
         argv = [
             str(self.executable), "--unshare-all", "--unshare-user", "--disable-userns", "--uid", "65534",
@@ -121,13 +128,16 @@ class Isolation(BaseModel):
             inner_packages = SANDBOX_PACKAGES_DIR
         for name, fd in job_fds.items():
             argv += ["--ro-bind-data", str(fd), str(SANDBOX_JOB_DIR / name)]
+        argv += ["--ro-bind-fd", str(input_fd), INPUT_DIR, "--bind-fd", str(output_fd), OUTPUT_DIR]
         argv += [
             "--remount-ro", "/dev", "--remount-ro", "/", "--json-status-fd", str(status_fd), "--chdir", "/tmp", "--"
         ]  # fmt: skip
         if self.setpriv is not None:
             argv = [self.setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
-        fds = (*job_fds.values(), status_fd)
-        return Sandboxed(argv, fds, Path("/"), SANDBOX_JOB_DIR, inner_packages, Path("/tmp"))
+        fds = (*job_fds.values(), status_fd, input_fd, output_fd)
+        return Sandboxed(
+            argv, fds, Path("/"), SANDBOX_JOB_DIR, inner_packages, Path("/tmp"), Path(INPUT_DIR), Path(OUTPUT_DIR)
+        )
 
 
 def find(*, mode: Literal["auto", "bwrap", "unshare", "unsafe-none"], search_path: str | None = None) -> Isolation:

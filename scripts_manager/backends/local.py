@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken, outputs
 from rockbot.scripts_manager.backends import isolation as isolations
 from rockbot.scripts_manager.backends.cgroups import MemoryCgroups
+from rockbot.scripts_manager.backends.figures import FIGURES_BACKEND, FIGURES_HOOK
 from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
-from rockbot.scripts_manager.backends.job_dirs import HOOK, INPUT, SCRIPT, JobDir, reap
+from rockbot.scripts_manager.backends.job_dirs import FILES, HOOK, INPUT, OUTPUT, SCRIPT, JobDir, reap
 from rockbot.scripts_manager.packages import PackageCache, default_root
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, quantity_bytes
 from rockbot.telemetry import tracer
@@ -62,7 +63,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 _PROBE_SECONDS = 30.0
 #: How a script ends when it dies of an uncaught MemoryError (128 + SIGKILL, like an OOM-killed container).
 OOM_EXIT_CODE = 137
-#: Installed as the script's `sitecustomize`: an uncaught MemoryError ends the process like the OOM killer would.
+#: Installed as the script's `sitecustomize`: an uncaught MemoryError ends the process like the OOM killer would, and
+#: (as the matplotlib backend MPLBACKEND names) `plt.show()` saves each open figure as a PNG under /output.
 _MEMORY_HOOK = """\
 import os, signal, sys
 
@@ -74,7 +76,7 @@ def _oom_on_memory_error(kind, value, traceback, _default=sys.excepthook):
         os._exit(137)  # PID 1 of a namespace ignores its own SIGKILL
 
 sys.excepthook = _oom_on_memory_error
-"""
+""" + FIGURES_HOOK
 _MAX_OPEN_FILES = 256
 _UNSAFE_HINT = (
     "only for trusted scripts on a development machine, ROCKBOT_SCRIPTS_LOCAL_ISOLATION=unsafe-none runs them "
@@ -148,8 +150,9 @@ class LocalBackend:
                 packages_dir = await self._packages.ensure(job.packages)
             memory = quantity_bytes(job.memory or self._settings.scripts_memory)
             job_dir = await asyncio.to_thread(
-                JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK
-            )
+                JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK,
+                files=[(file.name, file.content) for file in job.files], script_uid=self.isolation.script_uid,
+            )  # fmt: skip
             cgroup = await self._cgroup(job_dir, memory=memory)
         try:
             with tracer.start_as_current_span("run"):
@@ -193,9 +196,10 @@ class LocalBackend:
             status_read, status_write = os.pipe()
             descriptors.callback(os.close, status_read)
             descriptors.callback(os.close, status_write)
+            input_fd, output_fd = (_opened(descriptors, job_dir / name, directory=True) for name in (FILES, OUTPUT))
             sandboxed = self.isolation.sandbox(
                 interpreter=self._interpreter, job_dir=job_dir, job_fds=job_fds, packages_dir=packages_dir,
-                tmp_bytes=self._tmp_bytes, status_fd=status_write,
+                tmp_bytes=self._tmp_bytes, status_fd=status_write, input_fd=input_fd, output_fd=output_fd,
             )  # fmt: skip
             limits = [
                 str(self._prlimit),
@@ -214,6 +218,9 @@ class LocalBackend:
                 "LANG": "C.UTF-8",
                 "PYTHONUNBUFFERED": "1",
                 "PYTHONDONTWRITEBYTECODE": "1",
+                "ROCKBOT_INPUT_DIR": str(sandboxed.input_dir),
+                "ROCKBOT_OUTPUT_DIR": str(sandboxed.output_dir),
+                "MPLBACKEND": FIGURES_BACKEND,
             }
             path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
             env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)
@@ -245,6 +252,7 @@ class LocalBackend:
             if bwrap and not timed_out and b'"exit-code"' not in _read_available(status_read):
                 raise SandboxUnavailable(f"the sandbox did not start: {stderr.text().strip()[-300:]}")
             oom_kills = 0 if cgroup is None else await asyncio.to_thread(MemoryCgroups.oom_kills, cgroup)
+            collected = await asyncio.to_thread(outputs.collect, output_fd, bounds=job.output_bounds)
         text_err = stderr.text()
         exit_code = None if timed_out else _exit_code(process.returncode)
         return ScriptInvokeResponse(
@@ -257,6 +265,8 @@ class LocalBackend:
             output_truncated=stdout.truncated or stderr.truncated,
             duration_seconds=round(duration, 4),
             backend=f"local/{self.isolation.kind}",
+            artifacts=collected.artifacts,
+            artifacts_dropped=collected.dropped,
         )
 
 
@@ -381,8 +391,8 @@ def _base_python() -> str:
     return str(candidate) if candidate.exists() else sys.executable
 
 
-def _opened(descriptors: contextlib.ExitStack, path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def _opened(descriptors: contextlib.ExitStack, path: Path, *, directory: bool = False) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY | os.O_NOFOLLOW if directory else 0))
     descriptors.callback(os.close, fd)
     return fd
 

@@ -47,3 +47,27 @@ async def test_the_model_runs_a_script_in_the_sandbox(scripted_llm, broker_with_
     assert ran.startswith("exit code 0 after ") and "--- stdout ---\n42\n" in ran
     failed = scripted_llm.requests[2].messages[-1]["content"]
     assert failed.startswith("exit code 3 after ")
+
+
+async def test_the_model_learns_what_the_script_left_under_output(scripted_llm, broker_with_scripts_manager):
+    bus = await login(broker_with_scripts_manager, Principal.agent(namespace="team-a", name="calc"))
+    script = (
+        "import os\nout = os.environ['ROCKBOT_OUTPUT_DIR']\n"
+        "open(f'{out}/clean.csv', 'w').write('month,revenue\\n2026-01,10\\n')\n"
+        "os.symlink('/etc/passwd', f'{out}/passwd')\n"
+    )
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": script})]),
+        Turn(text="Cleaned."),
+    )
+    config = agent_config(llm_url=scripted_llm.url, name="calc", builtin_tools=["scripts"])
+    sandbox = ScriptSandbox(bus=bus, namespace=config.namespace, agent=config.name)
+    async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"}) as agent:
+        await agent.chat("s", "Clean it.", caller="service.test")
+    told = scripted_llm.requests[1].messages[-1]["content"]
+    assert told.endswith(
+        "--- files written to /output (shown to the user) ---\n"
+        "- clean.csv (text/csv, 25 bytes)\n    month,revenue\n    2026-01,10\n"
+        "- left out: passwd: a symbolic link (only files written under /output come back)"
+    ), told
+    assert "bW9udGg" not in told  # never the content itself (base64 of "month")

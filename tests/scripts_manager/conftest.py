@@ -80,3 +80,12 @@ async def pod_backend(settings: ScriptsManagerSettings) -> AsyncIterator[PodBack
         yield backend
     finally:
         await backend.close()
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A folder like /tmp (every user may create in it), so other users' access is what it would be there."""
+    path = Path(tempfile.mkdtemp(prefix="rockbot-test-shared-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

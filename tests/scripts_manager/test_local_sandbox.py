@@ -12,7 +12,6 @@ import tempfile
 import textwrap
 import uuid
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,7 +94,8 @@ async def test_script_sees_none_of_the_parents_environment(
     import json
 
     seen = set(json.loads(result.stdout)) - {"PWD", "SHLVL", "_"}
-    assert seen == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH"}
+    assert seen == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH",
+                    "ROCKBOT_INPUT_DIR", "ROCKBOT_OUTPUT_DIR", "MPLBACKEND"}
 
 
 async def test_script_is_stopped_at_its_memory_limit(make_settings: MakeSettings) -> None:
@@ -321,15 +321,6 @@ async def test_two_managers_installing_the_same_set_at_once_both_succeed(tmp_pat
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root manager runs scripts as another user")
 
 
-@pytest.fixture
-def shared_tmp() -> Iterator[Path]:
-    """A folder like /tmp (every user may create in it), so other users' access is what it would be there."""
-    path = Path(tempfile.mkdtemp(prefix="rockbot-test-shared-"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_a_script_can_write_nowhere_but_its_sized_tmp_and_cannot_mount_more(
     make_settings: MakeSettings,
 ) -> None:
@@ -532,7 +523,10 @@ async def test_job_files_are_private_and_a_killed_managers_are_removed_by_the_ne
             )  # fmt: skip
             seen, _ = await peek.communicate()
             assert secret.encode() not in seen and peek.returncode != 0
-        assert job_dir.stat().st_mode & 0o077 == 0
+        # Only the script's own group (nobody's, under a root manager) may pass through it, to /input and /output.
+        mode = job_dir.stat()
+        assert mode.st_mode & 0o077 == 0 or (mode.st_mode & 0o077 == 0o010 and mode.st_gid == 65534)
+        assert (job_dir / "input").stat().st_mode & 0o077 == 0
     finally:
         os.killpg(manager.pid, signal.SIGKILL)
         await manager.wait()
