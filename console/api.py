@@ -5,28 +5,42 @@
 | `GET /api/runs?namespace=N[&agent&source&outcome&session&since&until&limit&cursor]` | `RunPage`, newest first |
 | `GET /api/runs/{run_id}`                            | `RunDetail`: the run and its timeline     |
 | `GET /api/sessions/{namespace}/{agent}/{session}[?caller]` | `{"runs": [RunSummary...]}`, oldest first |
+| `GET /api/runs/{run_id}/files`                      | `{"files": [StoredFile...]}`: what the run brought |
+| `GET /api/files/{file_id}`                          | the file: a raster image inline, all else as a download |
 
 Who asks is the console's gate's business (`IDENTITY`, set by its middleware: a ServiceAccount or
 user token, the authenticating proxy, or `rockbot local`'s one user); what they may read is the
 cluster's: the runs of a namespace need `get agents` there (the same right as the Agent pages).
-A run the user may not read answers 404, like one that does not exist, so ids cannot be probed.
+A run the user may not read answers 404, like one that does not exist, so ids cannot be probed; so does a file.
+
+A file is shown inline only when its bytes are a PNG, JPEG, GIF or WebP (sniffed when it was saved, served with
+that type); everything else (SVG, HTML, CSV...) is a download (`Content-Disposition: attachment`), and every file
+answer carries `X-Content-Type-Options: nosniff` and a CSP that runs nothing, so no file is ever a page of the
+console's origin. Its name goes in the header percent-encoded (RFC 5987), never as a path.
 """
 
 from __future__ import annotations
 
 import datetime
+import urllib.parse
 from collections.abc import Mapping
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from rockbot.console.authorization import VIEW, Authorizer
+from rockbot.console.file_store import FileStore
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import MAX_PAGE, BadCursor, RunFilter
 from rockbot.console.web.gate import IDENTITY
+from rockbot.media import RASTER
 
 STORE = web.AppKey("run_store", Store)
 AUTHORIZER = web.AppKey("run_authorizer", Authorizer)
+FILES = web.AppKey("run_files", FileStore)
+#: Every file answer: nothing in it runs, nothing is guessed from its bytes.
+FILE_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
+                "Cache-Control": "private, no-store"}
 
 
 def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer) -> None:
@@ -36,6 +50,9 @@ def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer
     app.router.add_get("/api/runs", list_runs)
     app.router.add_get("/api/runs/{run_id}", get_run)
     app.router.add_get("/api/sessions/{namespace}/{agent}/{session_id}", session_runs)
+    app[FILES] = FileStore(store=store)
+    app.router.add_get("/api/runs/{run_id}/files", run_files)
+    app.router.add_get("/api/files/{file_id}", get_file)
 
 
 def _json(model: BaseModel | dict[str, object]) -> web.Response:
@@ -126,3 +143,37 @@ async def session_runs(request: web.Request) -> web.Response:
     except StoreUnavailable as exc:
         raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
     return _json({"runs": found})
+
+
+async def run_files(request: web.Request) -> web.Response:
+    run_id = request.match_info["run_id"]
+    try:
+        run = await request.app[STORE].get_run(run_id)
+        if run is None or not await _may_read(request, run.namespace):
+            raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
+        files = await request.app[FILES].of_run(run_id)
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    return _json({"files": files})
+
+
+async def get_file(request: web.Request) -> web.Response:
+    file_id = request.match_info["file_id"]
+    try:
+        found = await request.app[FILES].read_any(file_id)
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    if found is None or not await _may_read(request, found[0].namespace):
+        raise web.HTTPNotFound(text=f"no file {file_id!r} that you may read")
+    stored, content = found
+    return file_response(name=stored.name, media_type=stored.media_type, content=content)
+
+
+def file_response(*, name: str, media_type: str, content: bytes) -> web.Response:
+    """A raster image inline with its sniffed type; anything else as an attachment of its name."""
+    filename = urllib.parse.quote(name.rpartition("/")[2], safe="")
+    inline = media_type in RASTER
+    disposition = "inline" if inline else "attachment"
+    headers = {**FILE_HEADERS, "Content-Disposition": f"{disposition}; filename*=UTF-8''{filename}"}
+    return web.Response(body=content, headers=headers,
+                        content_type=media_type if inline else "application/octet-stream")  # fmt: skip

@@ -46,7 +46,7 @@ from rockbot.console.store_models import (
     decode_cursor,
     encode_cursor,
 )
-from rockbot.console.store_schema import run_events, runs, working_memory
+from rockbot.console.store_schema import conversation_files, run_events, runs, working_memory
 from rockbot.contracts.recording import (
     ApprovalRecorded,
     HistoryReply,
@@ -346,8 +346,10 @@ class Store:
     # -- retention --------------------------------------------------------------------------------
 
     async def delete_expired(self, *, now: datetime.datetime, batch_size: int = 1000) -> int:
-        """Delete runs past their retention, and working-memory chunks past theirs, `batch_size` runs (or chunks) per
-        short transaction; how many runs were deleted."""
+        """Delete runs past their retention, and working-memory chunks and conversation files past theirs,
+        `batch_size` runs (or chunks) per short transaction; how many runs were deleted."""
+        async with self._connection() as connection, connection.begin():
+            await connection.execute(delete(conversation_files).where(conversation_files.c.expires_at < now))
         while True:
             async with self._connection() as connection, connection.begin():
                 expired = (

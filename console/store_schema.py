@@ -18,6 +18,8 @@ Three tables:
   deleting a run or a conversation leaves them, forgetting deletes them.
 - `memory_usage`: how many memories and bytes each scope holds, and (scope `|`, which no caller can be)
   each agent over all its scopes; kept in step by every write, so a bound is checked without counting.
+- `conversation_files`: what people attached to a conversation and what its scripts wrote under /output, by
+  conversation (agent, caller, session), with a random id, a sniffed type and the retention of its run.
 Times are stored as UTC without a zone (SQLite keeps none) and read back as aware UTC times.
 """
 
@@ -189,3 +191,28 @@ memory_usage = Table(
 #: migration): the common models' (MiniLM/BGE-small 384, 512, BGE-base/nomic 768, BGE-large/mxbai 1024, OpenAI's
 #: text-embedding-3-small and ada-002 1536). Another size is searched exactly.
 INDEXED_DIMENSIONS = (384, 512, 768, 1024, 1536)
+
+#: A conversation's files: what people attached and what scripts wrote under /output. Whose they are is the
+#: conversation (`namespace`, `agent`, `caller`, `session_id`: the broker-validated agent and caller), never a field
+#: a sender wrote; `id` is random (128 bits), so a file is never found by guessing. Each has the retention of the run
+#: it came with (`expires_at`), and goes with it.
+conversation_files = Table(
+    "conversation_files",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("namespace", String(63), nullable=False),
+    Column("agent", String(63), nullable=False),
+    Column("caller", String(256), nullable=False),
+    Column("session_id", String(256), nullable=False),
+    Column("run_id", String(64), nullable=False, server_default=""),
+    Column("origin", String(16), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("media_type", String(128), nullable=False),
+    Column("size", BigInteger(), nullable=False),
+    Column("content", LargeBinary(), nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+    Index("conversation_files_by_conversation", "namespace", "agent", "caller", "session_id", "created_at"),
+    Index("conversation_files_by_run", "run_id"),
+    Index("conversation_files_by_expiry", "expires_at"),
+)

@@ -18,12 +18,12 @@ typed from its name's extension and is never an image that a browser would show 
 from __future__ import annotations
 
 import contextlib
-import mimetypes
 import os
 import stat
 from typing import NamedTuple
 
 from rockbot.contracts.scripts import ScriptArtifact
+from rockbot.media import sniff
 
 #: Entries (files and folders) looked at in one output folder at most.
 MAX_ENTRIES = 100_000
@@ -33,7 +33,6 @@ MAX_DEPTH = 8
 MAX_DROPS_NAMED = 10
 PREVIEW_LINES = 5
 PREVIEW_LINE_CHARS = 200
-RASTER = {"image/png", "image/jpeg", "image/gif", "image/webp"}
 _TEXT = {"application/json", "application/xml", "application/x-ndjson"}
 
 
@@ -109,22 +108,6 @@ def describe(name: str, content: bytes) -> ScriptArtifact:
     media_type = sniff(name, content)
     preview = _preview(content) if media_type.startswith("text/") or media_type in _TEXT else ""
     return ScriptArtifact(name=name, media_type=media_type, size=len(content), preview=preview, content=content)
-
-
-def sniff(name: str, content: bytes) -> str:
-    """A raster image's type from its magic number; otherwise the extension's type, never a raster image's."""
-    if content.startswith(b"\x89PNG\r\n\x1a\n"):
-        return "image/png"
-    if content.startswith(b"\xff\xd8\xff"):
-        return "image/jpeg"
-    if content[:6] in (b"GIF87a", b"GIF89a"):
-        return "image/gif"
-    if content[:4] == b"RIFF" and content[8:12] == b"WEBP":
-        return "image/webp"
-    guessed, _ = mimetypes.guess_type(name, strict=False)
-    if guessed is None or guessed in RASTER:
-        return "application/octet-stream"
-    return guessed
 
 
 def _preview(content: bytes) -> str:

@@ -1,0 +1,126 @@
+"""A conversation's files in the run store (PostgreSQL and SQLite) and as the console serves them (issue 35)."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+from pydantic import ValidationError
+
+from rockbot.console.api import add_run_routes
+from rockbot.console.auth_sessions import Sessions
+from rockbot.console.authentication import Identity
+from rockbot.console.file_store import FileOwner, FileStore
+from rockbot.console.store import Batch, Store
+from rockbot.console.web.gate import Gate
+from tests.console.events import typical_run
+from tests.console.test_runs_api import OnlyNamespaces
+
+T0 = datetime.datetime(2026, 11, 1, 12, 0, tzinfo=datetime.UTC)
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+ANN = FileOwner(namespace="team-a", agent="triage", caller="console:ann", session_id="s1")
+BOB = ANN.model_copy(update={"caller": "console:bob"})
+
+
+@pytest.fixture
+def files(store: Store) -> FileStore:
+    return FileStore(store=store)
+
+
+@pytest.fixture
+async def api(store: Store) -> AsyncIterator[str]:
+    app = web.Application(middlewares=[Gate(tokens=None, sessions=Sessions(),
+                                            local_identity=Identity(username="ann")).middleware()])  # fmt: skip
+    add_run_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, host="127.0.0.1", port=0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _get(url: str) -> tuple[int, dict[str, str], bytes]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        return response.status, dict(response.headers), await response.read()
+
+
+async def test_a_conversations_files_are_read_only_by_that_conversation(files: FileStore) -> None:
+    csv = await files.save(owner=ANN, name="sales.csv", content=b"month,revenue\n", origin="upload")
+    chart = await files.save(owner=ANN, name="charts/a.png", content=PNG, origin="script", run_id="r1")
+    assert (csv.media_type, chart.media_type, chart.size) == ("text/csv", "image/png", len(PNG))
+    assert len(csv.id) == 33 and csv.id != chart.id
+    assert [f.name for f in await files.conversation(owner=ANN)] == ["sales.csv", "charts/a.png"]
+    assert await files.conversation(owner=BOB) == []
+    assert [f.id for f in await files.of_run("r1")] == [chart.id]
+    found = await files.read(chart.id, owner=ANN)
+    assert found is not None and found[1] == PNG
+    # Another caller, agent or session with the id in hand: nothing, exactly as for an id nobody holds.
+    for other in (BOB, ANN.model_copy(update={"agent": "other"}), ANN.model_copy(update={"session_id": "s2"})):
+        assert await files.read(chart.id, owner=other) is None
+    assert await files.read("f" + "0" * 32, owner=ANN) is None
+
+
+async def test_a_file_is_typed_from_its_bytes_and_a_path_never_becomes_its_name(files: FileStore) -> None:
+    fake = await files.save(owner=ANN, name="x.png", content=b"<html><script>alert(1)</script>", origin="script")
+    assert fake.media_type == "application/octet-stream"
+    svg = await files.save(owner=ANN, name="c.svg", content=b"<svg><script>alert(1)</script></svg>", origin="script")
+    assert svg.media_type == "image/svg+xml"
+    for bad in ("../etc/passwd", "/etc/passwd", "a/../../b", "bell\x07.txt"):
+        with pytest.raises(ValidationError):
+            await files.save(owner=ANN, name=bad, content=b"x", origin="upload")
+
+
+async def test_files_go_with_their_retention(store: Store, files: FileStore) -> None:
+    old = await files.save(owner=ANN, name="a.txt", content=b"a", origin="upload", retention_days=1, now=T0)
+    kept = await files.save(owner=ANN, name="b.txt", content=b"b", origin="upload", retention_days=30, now=T0)
+    await store.delete_expired(now=T0 + datetime.timedelta(days=2))
+    assert [f.id for f in await files.conversation(owner=ANN)] == [kept.id]
+    assert await files.read(old.id, owner=ANN) is None
+
+
+async def test_the_console_shows_only_raster_images_inline_and_everything_else_downloads(
+    store: Store, files: FileStore, api: str
+) -> None:
+    events = typical_run(at=T0)
+    run_id = events[0].run_id
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=events)])
+    chart = await files.save(owner=ANN, name="charts/a.png", content=PNG, origin="script", run_id=run_id)
+    fake = await files.save(owner=ANN, name="fake.png", content=b"<html><script>alert(1)</script>", origin="script",
+                            run_id=run_id)  # fmt: skip
+    svg = await files.save(owner=ANN, name='c"; x=.svg', content=b"<svg onload=alert(1)/>", origin="script",
+                           run_id=run_id)  # fmt: skip
+
+    status, headers, body = await _get(f"{api}/api/files/{chart.id}")
+    assert (status, headers["Content-Type"], body) == (200, "image/png", PNG)
+    assert headers["Content-Disposition"] == "inline; filename*=UTF-8''a.png"
+    assert headers["X-Content-Type-Options"] == "nosniff" and "sandbox" in headers["Content-Security-Policy"]
+    for stored, filename in ((fake, "fake.png"), (svg, "c%22%3B%20x%3D.svg")):
+        status, headers, _ = await _get(f"{api}/api/files/{stored.id}")
+        assert status == 200 and headers["Content-Type"] == "application/octet-stream"
+        assert headers["Content-Disposition"] == f"attachment; filename*=UTF-8''{filename}"
+        assert headers["X-Content-Type-Options"] == "nosniff"
+
+    status, _, body = await _get(f"{api}/api/runs/{run_id}/files")
+    assert status == 200 and b"charts/a.png" in body and b"fake.png" in body
+
+
+async def test_a_file_of_a_namespace_the_person_may_not_read_is_as_missing_as_one_that_does_not_exist(
+    files: FileStore, api: str
+) -> None:
+    hidden = await files.save(owner=ANN.model_copy(update={"namespace": "team-b"}), name="plans.csv",
+                              content=b"secret plans", origin="upload")  # fmt: skip
+    refused = await _get(f"{api}/api/files/{hidden.id}")
+    missing = await _get(f"{api}/api/files/f{'0' * 32}")
+    assert refused[0] == missing[0] == 404
+    assert refused[2].replace(hidden.id.encode(), b"ID") == missing[2].replace(b"f" + b"0" * 32, b"ID")
+    assert b"secret" not in refused[2]
