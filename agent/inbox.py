@@ -13,7 +13,8 @@ sender's own reply queues (a request asking for replies elsewhere is dead-letter
 `agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
 operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), a `user_message`
 from a platform service, and one that speaks for a person (`on_behalf_of`, recorded as the caller
-`console:<user>`) or carries the session's recorded conversation only from the console; a request
+`console:<user>`), carries the session's recorded conversation or replays a recorded run (`Replay`: its tool
+results would otherwise be anyone's forgery) only from the console; a request
 over `MAX_REQUEST_BYTES` is refused before it is parsed. Those refusals are answered, then dead-lettered.
 A request that asks for `progress` gets the turn's events (text deltas, tool calls starting and ending)
 on its reply queue before the reply. An agent's calls are answered `CALLS_PER_AGENT` at a time; its others
@@ -155,6 +156,8 @@ def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
         return f"only the console speaks for a person (on_behalf_of), not {sender}"
     if request.conversation is not None and sender != CONSOLE:
         return f"only the console sends a conversation with a turn (from the run store), not {sender}"
+    if request.replay is not None and sender != CONSOLE:
+        return f"only the console replays a recorded run (its tool results are the store's), not {sender}"
     return None
 
 
@@ -192,7 +195,7 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
             request.session_id, request.content, caller=caller, call_chain=request.call_chain, on_event=on_event,
             source=request.kind, request_id=request.request_id,
             parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
-            recorded=request.conversation,
+            recorded=request.conversation, replay=request.replay,
         )  # fmt: skip
     except BudgetExhausted as exc:
         return failed(ErrorCode.REJECTED, str(exc))

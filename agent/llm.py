@@ -190,15 +190,18 @@ class LlmClient:
         tools: list[dict[str, Any]] | None = None,
         stream: bool = True,
         on_text: TextSink | None = None,
+        model: str | None = None,
     ) -> Completion:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": stream}
+        """One completion; `model` replaces the client's model for this request (a replay's `--model`)."""
+        model = model or self.model
+        body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
         if tools:
             body["tools"] = tools
         if self._temperature is not None:
             body["temperature"] = self._temperature
         if stream:
             body["stream_options"] = {"include_usage": True}
-        with tracer.start_as_current_span(f"chat {self.model}", kind=SpanKind.CLIENT) as span:
+        with tracer.start_as_current_span(f"chat {model}", kind=SpanKind.CLIENT) as span:
             if span.is_recording():
                 span.set_attributes(self._request_attributes(body))
             completion = await self._complete(body, stream=stream, on_text=on_text, span=span)
@@ -223,7 +226,7 @@ class LlmClient:
                 completion = await self._attempt(body, stream=stream, on_text=relay)
             except LlmError as error:
                 status = f"{error.status or 'error'}"
-                self._observe(Attempt(model=self.model, status=status, seconds=time.perf_counter() - started))
+                self._observe(Attempt(model=body["model"], status=status, seconds=time.perf_counter() - started))
                 last = attempt == self._max_attempts or (isinstance(error, LlmTimeout) and attempt >= TIMEOUT_ATTEMPTS)
                 if passed_on or not error.retryable or last:
                     span.set_attribute("error.type", status)
@@ -244,7 +247,7 @@ class LlmClient:
                 await asyncio.sleep(delay)
                 continue
             span.set_attribute("rockbot.llm.attempts", attempt)
-            self._observe(Attempt(model=self.model, status="200", usage=completion.usage,
+            self._observe(Attempt(model=body["model"], status="200", usage=completion.usage,
                                   seconds=time.perf_counter() - started, finish_reason=completion.finish_reason))
             return completion
         raise AssertionError("unreachable")

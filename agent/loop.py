@@ -36,7 +36,9 @@ from rockbot.agent.events import EventSink, TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmClient, ToolCall, Usage
 from rockbot.agent.memory import WorkingMemory, is_index
 from rockbot.agent.registry import ToolContext, ToolOutcome, ToolRegistry
+from rockbot.agent.replaying import RecordedTools
 from rockbot.agent.toolsets.memory import reader
+from rockbot.contracts.inbox import Replay
 
 Message = dict[str, Any]
 CUT_OFF = "\n\n[the answer was cut off: the model reached its output token limit (finish_reason: length)]"
@@ -94,8 +96,10 @@ class ToolLoop:
         session_id: str,
         call_chain: tuple[str, ...] = (),
         on_event: EventSink | None = None,
+        replay: Replay | None = None,
     ) -> LoopResult:
-        """Run until a final answer; `history` (without the system prompt) is extended in place."""
+        """Run until a final answer; `history` (without the system prompt) is extended in place. `replay`: this turn
+        replays a recorded run (its model, its system prompt, its recorded tool results instead of running tools)."""
 
         wrote = {"before": False, "this round": False}  # text streamed in an earlier round / in this one
 
@@ -109,7 +113,10 @@ class ToolLoop:
             self._offer_reader()
         called: list[str] = []
         usage = Usage()
-        prefix = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        system_prompt = self.system_prompt if replay is None or replay.system_prompt is None else replay.system_prompt
+        prefix = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        model = replay.model if replay is not None else None
+        recorded = RecordedTools(replay.recorded) if replay is not None and replay.recorded is not None else None
         for iteration in range(1, self.settings.max_iterations + 1):
             wrote["before"] = wrote["before"] or wrote["this round"]
             wrote["this round"] = False
@@ -129,6 +136,7 @@ class ToolLoop:
                 tools=self.registry.openai_tools() or None,
                 stream=self.settings.stream,
                 on_text=on_text,
+                model=model,
             )
             usage += completion.usage
             if completion.cut_off and not completion.tool_calls:
@@ -138,7 +146,8 @@ class ToolLoop:
             if not completion.tool_calls:
                 return LoopResult(answer=completion.content, tools_called=called, iterations=iteration, usage=usage)
             outcomes = await self._run_tools(
-                completion.tool_calls, session_id=session_id, call_chain=call_chain, on_event=on_event
+                completion.tool_calls, session_id=session_id, call_chain=call_chain, on_event=on_event,
+                recorded=recorded,
             )
             for call, outcome in zip(completion.tool_calls, outcomes, strict=True):
                 called.append(call.name)
@@ -174,11 +183,17 @@ class ToolLoop:
         return True
 
     async def _run_tools(
-        self, calls: list[ToolCall], *, session_id: str, call_chain: tuple[str, ...], on_event: EventSink | None
+        self, calls: list[ToolCall], *, session_id: str, call_chain: tuple[str, ...], on_event: EventSink | None,
+        recorded: RecordedTools | None = None,
     ) -> list[ToolOutcome]:
         async def run_one(call: ToolCall) -> ToolOutcome:
             await emit(on_event, ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             context = ToolContext(session_id=session_id, tool_call_id=call.id, call_chain=call_chain)
+            if recorded is not None:  # nothing runs: no approval asked either
+                outcome = _replayed(self.registry, recorded, call, context=context)
+                await emit(on_event, ToolFinished(call_id=call.id, name=call.name, error=outcome.error,
+                                                   duration_seconds=0.0))
+                return outcome
             refused = None if self.approvals is None else await self.approvals.check(
                 call, context=context, on_event=on_event)
             if refused is not None:
@@ -202,3 +217,13 @@ class ToolLoop:
                 return await run_one(call)
 
         return list(await asyncio.gather(*(gated(call) for call in calls)))
+
+
+def _replayed(registry: ToolRegistry, recorded: RecordedTools, call: ToolCall, *, context: ToolContext) -> ToolOutcome:
+    """A recorded replay's answer to `call`: the matching recorded call's result, else that it was not run."""
+    found = recorded.take(call.name, call.arguments)
+    if found is None:
+        return registry.answer(call.name, call.arguments, context=context, error=recorded.not_recorded(call.name))
+    error = recorded.error_of(found)
+    return registry.answer(call.name, call.arguments, context=context, content="" if error else found.result,
+                           error=error)

@@ -273,9 +273,15 @@ class ToolRegistry:
 
     def refuse(self, name: str, arguments: str, *, context: ToolContext, error: ErrorInfo) -> ToolOutcome:
         """Answer a call that may not run (a person denied it) as a failed call, seen by every observer."""
+        return self.answer(name, arguments, context=context, error=error)
+
+    def answer(self, name: str, arguments: str, *, context: ToolContext, content: str = "",
+               error: ErrorInfo | None = None) -> ToolOutcome:
+        """Answer a call without running it (refused, or a recorded replay's recorded result), seen by every
+        observer."""
         tool = self._tools.get(name)
-        outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, error=error, arguments=arguments,
-                              source=tool.label if tool is not None else "")
+        outcome = ToolOutcome(tool_call_id=context.tool_call_id, name=name, content=content, error=error,
+                              arguments=arguments, source=tool.label if tool is not None else "")
         for observer in self._observers:
             observer(outcome)
         return outcome

@@ -55,6 +55,7 @@ from rockbot.agent.toolsets.rest import rest_tool
 from rockbot.agent.toolsets.scripts import script_tool
 from rockbot.contracts.agent_config import A2ABackend, AgentBackend, AgentConfig, McpBackend, RestBackend, ScriptBackend
 from rockbot.contracts.conversations import HTTP_CALLER, ConversationKey
+from rockbot.contracts.inbox import Replay
 from rockbot.contracts.recording import HistoryReply
 from rockbot.contracts.tool_names import ToolRank
 from rockbot.telemetry import tracer
@@ -252,13 +253,16 @@ class AgentRuntime:
         request_id: str | None = None,
         parent_run_id: str | None = None,
         recorded: HistoryReply | None = None,
+        replay: Replay | None = None,
     ) -> ChatResult:
         """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
         The conversation and its working memory are `caller`'s alone (see `ConversationKey`): another
         caller using the same session id talks in a conversation of its own. `source` (the inbox
         request's kind) and `request_id` label the turn's span and metrics. `recorded`: the session's
-        recorded conversation as the console sent it with the turn (it is then not asked for).
+        recorded conversation as the console sent it with the turn (it is then not asked for). `replay`: the turn
+        replays a recorded run (the console's word: see `Replay`), recorded as a run of source `replay` whose parent
+        is the run replayed.
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
@@ -268,7 +272,7 @@ class AgentRuntime:
                 return await self._turn(
                     history=history, session_id=key, call_chain=call_chain, on_event=on_event,
                     source=source, request_id=request_id, caller=caller, session=session_id,
-                    new_from=len(history) - 1, parent_run_id=parent_run_id,
+                    new_from=len(history) - 1, parent_run_id=parent_run_id, replay=replay,
                 )  # fmt: skip
             finally:
                 self.conversations.save(key, _complete_turns(history))
@@ -335,17 +339,21 @@ class AgentRuntime:
         session: str = "",
         new_from: int = 0,
         parent_run_id: str | None = None,
+        replay: Replay | None = None,
     ) -> ChatResult:
         """Run the loop in the turn's span and its recorded run (`history[new_from:]` are the turn's messages), and
         count the turn by its outcome."""
         with tracer.start_as_current_span(f"invoke_agent {self.config.name}"):
+            if replay is not None:
+                source, parent_run_id = "replay", replay.of_run
             async with self.recorder.run(source=source, session_id=session, caller=caller,
-                                         model=self.config.model.name, request_id=request_id or "",
-                                         parent_run_id=parent_run_id) as run:
+                                         model=(replay and replay.model) or self.config.model.name,
+                                         request_id=request_id or "", parent_run_id=parent_run_id) as run:
                 await self._recall_into(history, caller=caller)
                 try:
                     result = await self._traced_turn(history=history, session_id=session_id, source=source,
-                                                     on_event=on_event, call_chain=call_chain, request_id=request_id)
+                                                     on_event=on_event, call_chain=call_chain, request_id=request_id,
+                                                     replay=replay)
                 except BudgetExhausted as exc:
                     run.ended(outcome="Refused", error=str(exc))
                     raise
@@ -380,6 +388,7 @@ class AgentRuntime:
         on_event: EventSink | None,
         call_chain: tuple[str, ...],
         request_id: str | None,
+        replay: Replay | None = None,
     ) -> ChatResult:
         outcome, result = "failed", None
         span = trace.get_current_span()
@@ -393,7 +402,7 @@ class AgentRuntime:
                 span.set_attribute("rockbot.request.id", request_id)
         try:
             result = await self.loop.run(
-                history=history, session_id=session_id, call_chain=call_chain, on_event=on_event
+                history=history, session_id=session_id, call_chain=call_chain, on_event=on_event, replay=replay
             )
             outcome = _outcome(result)
             return result

@@ -7,6 +7,7 @@
 | `GET /api/sessions/{namespace}/{agent}/{session}[?caller]` | `{"runs": [RunSummary...]}`, oldest first |
 | `GET /api/runs/{run_id}/files`                      | `{"files": [StoredFile...]}`: what the run brought |
 | `GET /api/files/{file_id}`                          | the file: a raster image inline, all else as a download |
+| `POST /api/runs/{run_id}/replay` `{mode, model, system_prompt}` | `Comparison`: the run and its replay |
 
 Who asks is the console's gate's business (`IDENTITY`, set by its middleware: a ServiceAccount or
 user token, the authenticating proxy, or `rockbot local`'s one user); what they may read is the
@@ -17,6 +18,9 @@ A file is shown inline only when its bytes are a PNG, JPEG, GIF or WebP (sniffed
 that type); everything else (SVG, HTML, CSV...) is a download (`Content-Disposition: attachment`), and every file
 answer carries `X-Content-Type-Options: nosniff` and a CSP that runs nothing, so no file is ever a page of the
 console's origin. Its name goes in the header percent-encoded (RFC 5987), never as a path.
+
+Replaying a run (`console.replay`) runs its Agent as the user: it needs `create agents/chat` there too, like
+chatting.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from collections.abc import Mapping
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from rockbot.console.authorization import VIEW, Authorizer
+from rockbot.console.authorization import CHAT, VIEW, Authorizer
+from rockbot.console.chat import ChatFailed
 from rockbot.console.file_store import FileStore
+from rockbot.console.replay import Replayer, ReplayOptions, ReplayRefused
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import MAX_PAGE, BadCursor, RunFilter
 from rockbot.console.web.gate import IDENTITY
@@ -41,12 +47,18 @@ FILES = web.AppKey("run_files", FileStore)
 #: Every file answer: nothing in it runs, nothing is guessed from its bytes.
 FILE_HEADERS = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox",
                 "Cache-Control": "private, no-store"}
+REPLAYER = web.AppKey("run_replayer", Replayer)
 
 
-def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer) -> None:
-    """Serve the read API on `app` (behind the app's gate middleware, which sets `IDENTITY`)."""
+def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer,
+                   replayer: Replayer | None = None) -> None:
+    """Serve the read API on `app` (behind the app's gate middleware, which sets `IDENTITY`); replays with a
+    `replayer` (the console's bus login)."""
     app[STORE] = store
     app[AUTHORIZER] = authorizer
+    if replayer is not None:
+        app[REPLAYER] = replayer
+        app.router.add_post("/api/runs/{run_id}/replay", replay_run)
     app.router.add_get("/api/runs", list_runs)
     app.router.add_get("/api/runs/{run_id}", get_run)
     app.router.add_get("/api/sessions/{namespace}/{agent}/{session_id}", session_runs)
@@ -177,3 +189,31 @@ def file_response(*, name: str, media_type: str, content: bytes) -> web.Response
     headers = {**FILE_HEADERS, "Content-Disposition": f"{disposition}; filename*=UTF-8''{filename}"}
     return web.Response(body=content, headers=headers,
                         content_type=media_type if inline else "application/octet-stream")  # fmt: skip
+async def replay_run(request: web.Request) -> web.Response:
+    """Replay a run the user may read, as the user (who needs the right to chat with its Agent), and compare."""
+    run_id = request.match_info["run_id"]
+    try:
+        run = await request.app[STORE].get_run(run_id)
+    except StoreUnavailable as exc:
+        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+    if run is None or not await _may_read(request, run.namespace):
+        raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
+    identity = request[IDENTITY]
+    if not await request.app[AUTHORIZER].allowed(identity=identity, namespace=run.namespace, action=CHAT):
+        raise web.HTTPForbidden(text=f"{identity.username} may not {CHAT.describe()} in namespace {run.namespace}: "
+                                "a replay runs the Agent as you (ask for a Role granting it)")  # fmt: skip
+    try:
+        options = ReplayOptions.model_validate_json(await request.text() or "{}")
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise _bad_request(f"invalid replay request: {problems} (send {{\"mode\": \"live\"|\"recorded\"}})") from exc
+    try:
+        comparison = await request.app[REPLAYER].replay(run, user=identity.username, options=options)
+    except ReplayRefused as exc:
+        raise web.HTTPConflict(text=str(exc)) from exc
+    except ChatFailed as exc:
+        raise web.HTTPBadGateway(text=str(exc)) from exc
+    except TimeoutError as exc:
+        raise web.HTTPGatewayTimeout(text=f"the replay of {run_id} ran, but its run did not reach the store in "
+                                     "time: look for it with rockbot runs list --source replay") from exc
+    return _json(comparison)

@@ -32,7 +32,7 @@ from rockbot.bus.errors import BadMessage, BusError
 from rockbot.bus.topology import Queue, agent_inbox, service_replies
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.contracts.conversations import console_caller
-from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest
+from rockbot.contracts.inbox import MAX_REQUEST_BYTES, InboxReply, InboxRequest, Replay
 from rockbot.contracts.progress import MAX_PROGRESS_BYTES, Event, TurnProgress
 from rockbot.contracts.recording import HistoryReply
 
@@ -104,9 +104,11 @@ class ChatRelay:
         return asyncio.ensure_future(self._conversation(namespace, agent, user, session_id))
 
     async def turn(self, *, namespace: str, agent: str, user: str, session_id: str, content: str,
-                   conversation: Awaitable[HistoryReply | None] | None = None) -> AsyncIterator[Step]:
+                   conversation: Awaitable[HistoryReply | None] | None = None,
+                   replay: Replay | None = None) -> AsyncIterator[Step]:
         """Send `content` as `user`'s turn in `session_id` and yield the agent's events, then its `InboxReply`;
-        `conversation`: that conversation as `read_conversation` reads it (read here when not given).
+        `conversation`: that conversation as `read_conversation` reads it (read here when not given); `replay`:
+        the turn replays a recorded run (`console.replay`).
 
         `ChatFailed` when the inbox refuses the message or nothing more comes within the timeout."""
         if self._bus is None:
@@ -120,7 +122,7 @@ class ChatRelay:
         try:
             request = InboxRequest(kind="user_message", request_id=request_id, session_id=session_id,
                                    content=content, reply_to=self._replies.name, on_behalf_of=user, progress=True,
-                                   conversation=await conversation)
+                                   conversation=await conversation, replay=replay)
             if len(request.model_dump_json()) > MAX_REQUEST_BYTES:  # the agent would refuse it: it asks instead
                 request = request.model_copy(update={"conversation": None})
             try:

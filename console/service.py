@@ -25,6 +25,7 @@ from rockbot.console.chat import ChatRelay
 from rockbot.console.memories import MemoryAnswerer
 from rockbot.console.memory_store import MemoryCeilings, MemoryStore
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter, WriterLimits
+from rockbot.console.replay import Replayer
 from rockbot.console.settings import ConsoleSettings
 from rockbot.console.store import Store, StoreUnavailable, redacted
 from rockbot.console.web.app import build_app
@@ -103,7 +104,8 @@ class Console:
             self.chat = ChatRelay(timeout_seconds=settings.chat_timeout_seconds, store=self.store)
         app = build_app(gate=gate, authorizer=authorizer, kube=self.kube, desk=self.desk, store=self.store,
                         trace_url_template=settings.trace_url_template, chat=self.chat, memories=self.memories)
-        add_run_routes(app, store=self.store, authorizer=authorizer)
+        add_run_routes(app, store=self.store, authorizer=authorizer,
+                       replayer=None if self.chat is None else Replayer(relay=self.chat, store=self.store))
         self._http = web.AppRunner(app, access_log=None)
         await self._http.setup()
         await web.TCPSite(self._http, host=settings.http_host, port=settings.http_port).start()

@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "local": ("rockbot.local.cli", "run the Agents of some YAML files on this machine, with no cluster"),
     "console": ("rockbot.console.cli", "record agents' runs in a database and serve the console and its read API"),
     "runs": ("rockbot.console.runs_cli", "list, show and follow recorded runs (a cluster's console or rockbot local)"),
+    "replay": ("rockbot.console.replay_cli", "run a recorded run again against its Agent as it is now (tools live or "
+               "answered from the recording) and compare the two runs"),
     "memories": ("rockbot.console.memories_cli", "list, search and forget long-term memories (a cluster's console or "
                  "rockbot local)"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),

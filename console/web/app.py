@@ -19,6 +19,7 @@ from rockbot.console.authorization import APPROVE, CHAT, MEMORIES, VIEW, Authori
 from rockbot.console.chat import ChatRelay
 from rockbot.console.memory_api import add_memory_routes
 from rockbot.console.memory_store import MemoryStore
+from rockbot.console.replay import Replayer
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import RunFilter
 from rockbot.console.web.agents import agent_page, agents_for, visible_namespaces
@@ -73,9 +74,12 @@ def build_app(
         app.router.add_get("/approvals", approvals.list)
         app.router.add_post("/approvals/{approval_id}", approvals.decide)
     if store is not None:
-        runs = RunPages(pages=views, store=store, kube=kube)
+        runs = RunPages(pages=views, store=store, kube=kube,
+                        replayer=None if chat is None else Replayer(relay=chat, store=store))
         app.router.add_get("/runs", runs.list)
         app.router.add_get("/runs/{run_id}", runs.run)
+        if chat is not None:
+            app.router.add_post("/runs/{run_id}/replay", runs.replay)
     if memories is not None:
         memory_pages = MemoryPages(pages=views, memories=memories)
         app.router.add_get("/memories", memory_pages.mine)

@@ -1,7 +1,9 @@
 """The Runs pages: a namespace's runs with filters, a page at a time, and one run with its whole timeline.
 
 Both read the run store the JSON API reads, with the same rule: a namespace's runs need `get agents` there,
-and a run the user may not read answers 404, like one that does not exist.
+and a run the user may not read answers 404, like one that does not exist. With the chat relay, a run's page has a
+Replay button: the run again in recorded mode (`console.replay`; it needs `create agents/chat`, like chatting), and
+the page that answers compares the two runs side by side.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from rockbot.console.api import run_filter
-from rockbot.console.authorization import VIEW
+from rockbot.console.authorization import CHAT, VIEW
+from rockbot.console.chat import ChatFailed
+from rockbot.console.replay import Replayer, ReplayOptions, ReplayRefused
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import BadCursor, RunDetail
 from rockbot.console.web.agents import visible_namespaces
@@ -24,10 +28,11 @@ PAGE = 50
 
 
 class RunPages:
-    def __init__(self, *, pages: Pages, store: Store, kube: KubeClient) -> None:
+    def __init__(self, *, pages: Pages, store: Store, kube: KubeClient, replayer: Replayer | None = None) -> None:
         self._pages = pages
         self._store = store
         self._kube = kube
+        self._replayer = replayer
 
     async def list(self, request: web.Request) -> web.Response:
         pages = self._pages
@@ -54,6 +59,24 @@ class RunPages:
                             sources=SOURCES, outcomes=OUTCOMES, next_query=next_query if next_cursor else None)
 
     async def run(self, request: web.Request) -> web.Response:
+        run = await self._readable(request)
+        return self._pages.render(request, "run.html", run=run, replay_on=self._replayer is not None)
+
+    async def replay(self, request: web.Request) -> web.Response:
+        """Replay the run in recorded mode as the user, and show both runs side by side."""
+        assert self._replayer is not None
+        run = await self._readable(request)
+        await self._pages.require(request, namespace=run.namespace, action=CHAT)
+        try:
+            comparison = await self._replayer.replay(run, user=request[IDENTITY].username,
+                                                     options=ReplayOptions(mode="recorded"))
+        except (ReplayRefused, ChatFailed, TimeoutError) as exc:
+            return self._pages.render(request, "replay.html", status=409 if isinstance(exc, ReplayRefused) else 502,
+                                      run=run, comparison=None, error=str(exc) or "the replay was not recorded in "
+                                      "time: look for it among the runs of source replay")  # fmt: skip
+        return self._pages.render(request, "replay.html", run=run, comparison=comparison, error=None)
+
+    async def _readable(self, request: web.Request) -> RunDetail:
         run_id = request.match_info["run_id"]
         try:
             run: RunDetail | None = await self._store.get_run(run_id)
@@ -63,4 +86,4 @@ class RunPages:
         if run is None or not await authorizer.allowed(identity=request[IDENTITY], namespace=run.namespace,
                                                        action=VIEW):
             raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
-        return self._pages.render(request, "run.html", run=run)
+        return run

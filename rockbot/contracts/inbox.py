@@ -22,8 +22,39 @@ SCHEMA_VERSION = 1
 MAX_CALL_DEPTH = 4
 #: The largest inbox request an agent reads (its prompt, escaped, and the rest); longer ones are refused unparsed.
 MAX_REQUEST_BYTES = 1024 * 1024
+#: The most recorded tool calls one replay carries.
+MAX_REPLAYED_CALLS = 256
+#: How a recorded replay's answer to a call without a recorded match starts (the timeline and the diff show it).
+NOT_REPLAYED = "not run in this recorded replay"
 
 InboxKind = Literal["user_message", "scheduled_task", "trigger", "agent_call"]
+
+
+class RecordedCall(BaseModel):
+    """A tool call as a run recorded it: what a `recorded` replay answers a call of the same name and arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=256)]
+    arguments: str = ""
+    result: str = ""
+    #: The call's error code when it failed (its `result` is then the error's message).
+    error_code: str = ""
+
+
+class Replay(BaseModel):
+    """Run this turn again as a replay of a recorded run (`rockbot replay`): recorded with source `replay` and the
+    original as its parent. `recorded` set: no tool runs, a call matching one of them (name and arguments, each
+    recorded call answering once) gets its recorded result, any other is answered as not run; None: tools run.
+    `model` and `system_prompt` replace the Agent's for this turn. Taken only from `service.console` (anyone else
+    could make an agent believe forged tool results)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    of_run: Annotated[str, Field(min_length=1, max_length=64)]
+    recorded: Annotated[list[RecordedCall], Field(max_length=MAX_REPLAYED_CALLS)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    system_prompt: str | None = None
 
 
 class InboxRequest(BaseModel):
@@ -56,6 +87,8 @@ class InboxRequest(BaseModel):
     #: need not ask `console.history` for it (a bus round trip before the model's first token): taken only from
     #: `service.console` (the agent refuses it from anyone else, whose word about a conversation is worth nothing).
     conversation: HistoryReply | None = None
+    #: Replay a recorded run (`Replay`): only from `service.console`, like `on_behalf_of`.
+    replay: Replay | None = None
 
     @property
     def depth(self) -> int:
@@ -67,6 +100,8 @@ class InboxRequest(BaseModel):
             raise ValueError("call_chain: an agent_call must list at least the calling agent ('namespace/name')")
         if self.on_behalf_of is not None and self.kind != "user_message":
             raise ValueError("on_behalf_of: only a user_message speaks for a person")
+        if self.replay is not None and self.kind != "user_message":
+            raise ValueError("replay: only a user_message replays a run")
         if self.conversation is not None and self.conversation.session_id != self.session_id:
             raise ValueError(f"conversation: the session {self.conversation.session_id} is not this turn's")
         return self

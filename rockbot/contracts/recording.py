@@ -29,7 +29,7 @@ MAX_TEXT_CHARS = 16_000
 MAX_EVENTS_PER_MESSAGE = 200
 MAX_BATCH_BYTES = 1024 * 1024
 
-RunSource = Literal["chat", "http", "a2a", "user_message", "scheduled_task", "trigger", "agent_call", "local"]
+RunSource = Literal["chat", "http", "a2a", "user_message", "scheduled_task", "trigger", "agent_call", "local", "replay"]
 RunOutcome = Literal["Succeeded", "Failed", "Refused", "TimedOut", "Interrupted"]
 #: What a run keeps: everything, no text of messages, arguments, results or output, or nothing at all.
 RecordMode = Literal["Full", "Metadata", "None"]
@@ -75,6 +75,7 @@ class RunStarted(_Event):
     session_id: Label = ""
     #: Who asked (a bus principal, `http` for the chat endpoint): with the agent and session, the conversation key.
     caller: Label = ""
+    #: The calling agent's run (an agent_call's), or the run a `replay` replays.
     parent_run_id: Id | None = None
     request_id: Label = ""
     trace_id: Annotated[str, Field(max_length=32)] = ""
