@@ -10,6 +10,7 @@ or no answer came in time) — never an exception — so the tool loop can hand 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any
@@ -67,10 +68,12 @@ class ScriptSandbox:
         timeout_seconds: float | None = None,
         pip_packages: list[str] | None = None,
         request_id: str | None = None,
+        session: str | None = None,
     ) -> ScriptInvokeResponse | ScriptInvokeError:
         """Run `script` in a network-less sandbox; `input_data` arrives on its stdin (JSON unless a string).
 
-        `request_id` should be the tool-call id, so a retried delivery is recognised and not run twice.
+        `request_id` should be the tool-call id, so a retried delivery is recognised and not run twice;
+        `session` names the conversation's sandbox when the Agent keeps one per conversation (`session_digest`).
         """
         request_id = request_id or f"script-{uuid.uuid4().hex}"
         try:
@@ -83,6 +86,7 @@ class ScriptSandbox:
                 pip_packages=tuple(pip_packages or ()),
                 cpu=self._cpu,
                 memory=self._memory,
+                session=session,
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))
@@ -115,6 +119,12 @@ class ScriptSandbox:
             return _error(request_id, ErrorCode.EXECUTION_FAILED, f"the scripts-manager's answer was unreadable: {exc}")
         except BusError as exc:
             return _error(request_id, ErrorCode.UNAVAILABLE, str(exc), retryable=True)
+
+
+def session_digest(conversation_id: str) -> str:
+    """The request's `session`: a digest of the conversation's key (agent, validated caller, session id), so the
+    scripts-manager can keep a conversation's sandbox apart from every other without learning who the caller is."""
+    return hashlib.sha256(conversation_id.encode()).hexdigest()[:32]
 
 
 def _error(request_id: str, code: ErrorCode, message: str, *, retryable: bool = False) -> ScriptInvokeError:

@@ -40,7 +40,7 @@ from rockbot.contracts.agent_config import AgentConfig, ModelConfig
 from rockbot.contracts.scripts import ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.local.broker import Connect, on_rabbitmq
 from rockbot.scripts_manager.app import ScriptsManager
-from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends import ScriptJob, SessionTerms
 from rockbot.scripts_manager.backends.local import LocalBackend
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.fixtures.rabbitmq import RabbitBroker
@@ -82,6 +82,37 @@ async def sandbox_latency(runs: int) -> None:
         print(f"  {label:22}  p50 {statistics.median(samples) * 1000:7.1f} ms   "
               f"p95 {percentile(samples, .95) * 1000:7.1f} ms")
     print(f"  ratio p50 {p50_box / p50_bare:.2f}x (goal <= 1.5x)")
+    await session_latency(backend, runs)
+
+
+async def session_latency(backend: LocalBackend, runs: int) -> None:
+    """A PerConversation session's later calls (`x += 1` in its kept interpreter), and its first call (a new one
+    each time), in the same local sandbox."""
+    terms = SessionTerms(owner="agent.default.bench", session="0" * 32, idle_seconds=300, max_seconds=3600)
+    opened = 0
+
+    async def first() -> None:
+        nonlocal opened
+        opened += 1
+        fresh = terms.model_copy(update={"session": f"{opened:032x}"})
+        result = await backend.run(ScriptJob(request_id="f", script="x = 0", input_data=None, timeout_seconds=10,
+                                             session=fresh))  # fmt: skip
+        assert result.session == "new", result
+
+    await backend.run(ScriptJob(request_id="s", script="x = 0", input_data=None, timeout_seconds=10, session=terms))
+
+    async def later() -> None:
+        result = await backend.run(ScriptJob(request_id="l", script="x += 1", input_data=None, timeout_seconds=10,
+                                             session=terms))  # fmt: skip
+        assert (result.exit_code, result.session) == (0, "kept"), result
+
+    later_samples = await timed(runs, later)
+    first_samples = await timed(min(runs, 20), first)  # each opens a session: fewer, within the manager's cap
+    print(f"local session ({backend.isolation.kind}), `x += 1` in a kept interpreter:")
+    for label, samples in (("session's later call", later_samples), ("session's first call", first_samples)):
+        print(f"  {label:22}  p50 {statistics.median(samples) * 1000:7.1f} ms   "
+              f"p95 {percentile(samples, .95) * 1000:7.1f} ms")
+    await backend.close()
 
 
 BENCH = Principal.agent(namespace="default", name="bench")

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from rockbot.bus import Principal
-from rockbot.contracts.agent_config import ScriptLimits
+from rockbot.contracts.agent_config import ScriptLimits, ScriptSessions
 from rockbot.kube import AGENTS, KubeClient
 from rockbot.kube.mirroring import mirror
 from rockbot.resources import Agent
@@ -85,13 +85,14 @@ class MirroredAgents:
         metadata = body.get("metadata") or {}
         try:
             principal = Principal.agent(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
-            limits = Agent.model_validate(body).spec.script_limits
+            spec = Agent.model_validate(body).spec
         except (ValidationError, ValueError) as exc:
             log.warning("Agent %s/%s does not parse (%s): its scripts are refused until it does",
                         metadata.get("namespace"), metadata.get("name"), exc)
             self._delete(metadata.get("namespace", ""), metadata.get("name", ""))
             return
-        self._limits[principal] = ScriptLimits(**limits.model_dump())
+        self._limits[principal] = ScriptLimits(**spec.script_limits.model_dump(),
+                                               sessions=ScriptSessions(**spec.script_sessions.model_dump()))
 
     def _delete(self, namespace: str, name: str) -> None:
         with contextlib.suppress(ValueError):  # a name no principal can have was never kept

@@ -9,7 +9,7 @@ from packaging.utils import canonicalize_name
 from rockbot.contracts.agent_config import ScriptLimits
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.scripts import ScriptInvokeRequest
-from rockbot.scripts_manager.backends import Asker, ScriptJob
+from rockbot.scripts_manager.backends import Asker, ScriptJob, SessionTerms
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, cpu_millicores, quantity_bytes
 
 #: A distribution name as PEP 508 defines it; versions, extras, URLs and markers are not accepted.
@@ -68,7 +68,17 @@ def check(
         memory=memory,
         output_bounds=settings.output_bounds,
         asker=asker,
+        session=_session(request=request, limits=limits, asker=asker),
     )
+
+
+def _session(*, request: ScriptInvokeRequest, limits: ScriptLimits, asker: Asker | None) -> SessionTerms | None:
+    """The call's session: only when its sender's Agent asks for one (the request alone never opens one)."""
+    terms = limits.sessions
+    if request.session is None or asker is None or terms.mode != "PerConversation":
+        return None
+    return SessionTerms(owner=asker.user, session=request.session, idle_seconds=terms.idle_seconds,
+                        max_seconds=terms.max_seconds)
 
 
 #: Below these a Python interpreter cannot do anything useful; a request under them is a mistake.

@@ -95,6 +95,11 @@ class ScriptsManagerSettings(BaseSettings):
     # How many of one agent's requests the manager holds (waiting or running); past that it answers the agent's
     # new ones at once with Unavailable, so a backlog never fills the prefetch ahead of other agents.
     scripts_queued_per_agent: Annotated[int, Field(ge=1, le=4096)] = 16
+    # Sandboxes kept between calls for Agents with scriptSessions PerConversation (each holds its memory while
+    # idle): at most this many per manager, and per agent (an agent past its own ends its least recently used
+    # idle one; past the manager's, a new conversation's call is refused, retryable, until one ends).
+    scripts_sessions: Annotated[int, Field(ge=0, le=4096)] = 16
+    scripts_sessions_per_agent: Annotated[int, Field(ge=1, le=4096)] = 4
 
     # Where an agent's script limits come from (limits.py): `agents`, its Agent's spec.scriptLimits, mirrored
     # from the Agents of `namespaces` (all when empty); `defaults`, the defaults below for every agent.

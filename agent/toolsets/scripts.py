@@ -19,7 +19,7 @@ from pydantic import Field
 
 from rockbot.agent.defining import tool
 from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
-from rockbot.agent.sandbox import DEFAULT_REPLY_GRACE_SECONDS
+from rockbot.agent.sandbox import DEFAULT_REPLY_GRACE_SECONDS, session_digest
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
 from rockbot.contracts.errors import ErrorCode
@@ -56,6 +56,7 @@ class Sandbox(Protocol):
         input_data: str | None,
         timeout_seconds: float,
         pip_packages: list[str],
+        session: str | None,
     ) -> ScriptInvokeResponse | ScriptInvokeError: ...
 
 
@@ -67,7 +68,10 @@ async def run_script(
     input_data: Any,
     timeout_seconds: float,
     pip_packages: tuple[str, ...],
+    conversation: str | None = None,
 ) -> str:
+    """Run one script; `conversation` (the call's conversation key) picks the conversation's own sandbox when
+    the Agent's `scriptSessions.mode` is PerConversation."""
     if kit.sandbox is None:
         raise ToolFailure(
             "this agent cannot run scripts: it has no sandbox, since no scripts-manager is in reach (it has no bus, or "
@@ -80,10 +84,24 @@ async def run_script(
         input_data=None if input_data is None else json.dumps(input_data),
         timeout_seconds=timeout_seconds,
         pip_packages=list(pip_packages),
+        session=session_digest(conversation) if conversation and _per_conversation(kit) else None,
     )
     if isinstance(reply, ScriptInvokeError):
         raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)
     return format_response(reply)
+
+
+def _per_conversation(kit: ToolKit) -> bool:
+    return kit.config.script_limits.sessions.mode == "PerConversation"
+
+
+#: What the model is told about its session, when it has one.
+SESSION_NOTES = {
+    "new": "a new session: variables and files you make stay for this conversation's next scripts",
+    "kept": "same session: variables, imports and files of earlier scripts are still there",
+    "restarted": "the session was restarted; earlier variables are gone (and its files): recreate what you need",
+    "ended": "this script ended the session; its variables are gone: the next script starts afresh",
+}
 
 
 def format_response(reply: ScriptInvokeResponse) -> str:
@@ -97,6 +115,8 @@ def format_response(reply: ScriptInvokeResponse) -> str:
         )
         if flag
     ]
+    if reply.session:
+        notes.append(SESSION_NOTES[reply.session])
     header = f"{ended} after {reply.duration_seconds:.2f} s" + (f" ({'; '.join(notes)})" if notes else "")
     return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}" + describe_artifacts(reply)
 
@@ -137,6 +157,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
             input_data=input_data,
             timeout_seconds=timeout_seconds,
             pip_packages=tuple(pip_packages),
+            conversation=context.session_id,
         )
 
     registry.register(execute_python_script)

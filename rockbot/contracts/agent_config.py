@@ -146,10 +146,21 @@ class ModelConfig(Contract):
     request_timeout_seconds: Annotated[float, Field(gt=0)] = 60.0
 
 
+class ScriptSessions(Contract):
+    """The Agent's `spec.scriptSessions`: PerConversation keeps one sandbox per conversation between calls."""
+
+    mode: Literal["PerCall", "PerConversation"] = "PerCall"
+    idle_seconds: int = 300
+    max_seconds: int = 3600
+
+
 class ScriptLimits(Contract):
+    """What the scripts-manager holds an Agent's scripts to (it looks them up by the validated sender)."""
+
     timeout_seconds: int = 30
     cpu: str = "500m"
     memory: str = "256Mi"
+    sessions: ScriptSessions = ScriptSessions()
 
 
 class Limits(Contract):

@@ -76,6 +76,11 @@ class ScriptInvokeRequest(BaseModel):
     #: lower them, never raise them (None: the Agent's).
     cpu: Quantity | None = None
     memory: Quantity | None = None
+    #: The conversation this call belongs to, as an opaque digest of (agent, validated caller, session) the agent
+    #: makes: when the sender's Agent has `spec.scriptSessions.mode: PerConversation`, calls with the same
+    #: sender and session share one sandbox (the manager keys it by the broker-validated sender too, so
+    #: another agent naming it reaches a session of its own); otherwise it is ignored.
+    session: Annotated[str, Field(pattern=r"^[0-9a-f]{16,64}$")] | None = None
 
 
 class ScriptInvokeResponse(BaseModel):
@@ -100,6 +105,11 @@ class ScriptInvokeResponse(BaseModel):
     #: What the script left under `/output` within the bounds, and a sentence per file (or group) left out.
     artifacts: tuple[ScriptArtifact, ...] = ()
     artifacts_dropped: tuple[str, ...] = ()
+    #: A session's call: `new` (its first call, or one after the session ended idle or old), `kept` (the session's
+    #: interpreter and files from earlier calls), `restarted` (the session before this one crashed, ran out of
+    #: memory or time: its variables and files are gone) or `ended` (this call ended the session: the next call
+    #: starts afresh). Empty for a per-call script.
+    session: Literal["", "new", "kept", "restarted", "ended"] = ""
 
 
 class ScriptInvokeError(BaseModel):

@@ -177,6 +177,29 @@ class ScriptLimitsSpec(Schema):
     )
 
 
+class ScriptSessionsSpec(Schema):
+    """Whether a conversation's scripts share one sandbox, whose interpreter keeps its globals between calls."""
+
+    rules = (
+        Rule(
+            cel="self.idleSeconds <= self.maxSeconds",
+            message="idleSeconds must not be over maxSeconds: a session ends at maxSeconds whatever its use",
+            holds=lambda m: m.idle_seconds <= m.max_seconds,
+        ),
+    )
+
+    mode: Literal["PerCall", "PerConversation"] = Field(
+        default="PerCall", description="PerCall: every script starts afresh; PerConversation: one sandbox per "
+        "conversation (agent, caller, session) keeps variables and files between its calls.",
+    )
+    idle_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        default=300, description="A session unused this long is deleted (its variables and files with it)."
+    )
+    max_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        default=3600, description="A session is deleted this long after it started, however much it is used."
+    )
+
+
 class AgentLimitsSpec(Schema):
     """Spending limits of one Agent, over all its replicas."""
 
@@ -426,6 +449,7 @@ class AgentSpec(Schema):
         default_factory=ScriptLimitsSpec,
         description="Limits of each script the agent runs in the sandbox; no request can raise them.",
     )
+    script_sessions: ScriptSessionsSpec = Field(default_factory=ScriptSessionsSpec)
     limits: AgentLimitsSpec | None = None
     approval: AgentApprovalSpec | None = Field(default=None, description="Tools whose calls wait for a person.")
     runs: AgentRunsSpec | None = None

@@ -37,6 +37,21 @@ class InputFile(BaseModel):
     content: bytes
 
 
+class SessionTerms(BaseModel):
+    """A call of an Agent with `scriptSessions: PerConversation`: whose session it uses and how long one lives."""
+
+    model_config = ConfigDict(frozen=True)
+
+    owner: str  # the sender's broker user, as the broker validated it: sessions are never shared between agents
+    session: str  # the request's digest of the conversation (agent, validated caller, session id)
+    idle_seconds: int
+    max_seconds: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.owner}/{self.session}"
+
+
 class ScriptJob(BaseModel):
     """A request that passed the manager's checks, ready for a sandbox."""
 
@@ -56,6 +71,8 @@ class ScriptJob(BaseModel):
     output_bounds: OutputBounds = OutputBounds()
     # Who asked; None for the manager's own jobs (the isolation canary).
     asker: Asker | None = None
+    # The conversation's session, for an Agent that keeps one (None: a sandbox of its own, ended after it).
+    session: SessionTerms | None = None
 
 
 class SandboxUnavailable(Exception):

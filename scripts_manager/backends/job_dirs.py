@@ -71,6 +71,19 @@ class JobDir:
             raise
         return job
 
+    def replace_files(self, files: Sequence[tuple[str, bytes]]) -> None:
+        """A session's next call: its files replace the last call's under `input/` (the same folder, which the
+        sandbox has bound), and `output/` is emptied so the call's artifacts are what it wrote."""
+        for folder in (self.path / FILES, self.path / OUTPUT):
+            _open_up(folder)
+            for entry in os.scandir(folder):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+        _write_files(self.path / FILES, files)
+
     def remove(self) -> None:
         _open_up(self.path / OUTPUT)
         shutil.rmtree(self.path, ignore_errors=True)
@@ -79,7 +92,7 @@ class JobDir:
 
 def _write_files(folder: Path, files: Sequence[tuple[str, bytes]]) -> None:
     """Each file at its relative name (checked by the contract: no `..`, no absolute names), readable by all."""
-    folder.mkdir(0o755)
+    folder.mkdir(0o755, exist_ok=True)
     for name, content in files:
         target = folder / name
         for parent in reversed(target.relative_to(folder).parents[:-1]):

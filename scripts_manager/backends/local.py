@@ -40,13 +40,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken, outputs
 from rockbot.scripts_manager.backends import isolation as isolations
 from rockbot.scripts_manager.backends.cgroups import MemoryCgroups
 from rockbot.scripts_manager.backends.figures import FIGURES_BACKEND, FIGURES_HOOK
-from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation
+from rockbot.scripts_manager.backends.isolation import Interpreter, Isolation, Sandboxed
 from rockbot.scripts_manager.backends.job_dirs import FILES, HOOK, INPUT, OUTPUT, SCRIPT, JobDir, reap
 from rockbot.scripts_manager.packages import PackageCache, default_root
 from rockbot.scripts_manager.settings import ScriptsManagerSettings, quantity_bytes
@@ -102,6 +103,9 @@ class LocalBackend:
         self._packages = packages
         self._cgroups = cgroups
         self._tmp_bytes = quantity_bytes(settings.scripts_tmp_size)
+        from rockbot.scripts_manager.backends.local_sessions import LocalSessions  # it builds on this module
+
+        self.sessions = LocalSessions(backend=self, settings=settings)
         self._prlimit = shutil.which("prlimit")
         if self._prlimit is None:
             raise SandboxFailure("prlimit (util-linux) is needed to limit local scripts and is not installed")
@@ -133,7 +137,7 @@ class LocalBackend:
         return None
 
     async def close(self) -> None:
-        return None
+        await self.sessions.close()
 
     async def taken_before(self, *, user: str, request_id: str) -> Taken | None:
         """None: a local sandbox dies with the process that ran it (bubblewrap's --die-with-parent), and its copy
@@ -141,29 +145,41 @@ class LocalBackend:
         return None
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
-        """Prepare the job (start-up), run it in its sandbox (run), remove what it left (cleanup): a span each."""
+        """Prepare the job (start-up), run it in its sandbox (run), remove what it left (cleanup): a span each.
+        A session's call goes to its conversation's sandbox instead (`LocalSessions`)."""
+        if job.session is not None:
+            return await self.sessions.run(job)
         with tracer.start_as_current_span("start-up"):
-            packages_dir = None
-            if job.packages:
-                if self._packages is None:
-                    raise SandboxFailure("packages were allowed by policy but no package cache is configured")
-                packages_dir = await self._packages.ensure(job.packages)
-            memory = quantity_bytes(job.memory or self._settings.scripts_memory)
-            job_dir = await asyncio.to_thread(
-                JobDir.write, script=job.script, input_data=job.input_data, hook=_MEMORY_HOOK,
-                files=[(file.name, file.content) for file in job.files], script_uid=self.isolation.script_uid,
-            )  # fmt: skip
-            cgroup = await self._cgroup(job_dir, memory=memory)
+            prepared = await self.prepare(job, script=job.script)
         try:
             with tracer.start_as_current_span("run"):
                 return await self._execute(
-                    job=job, job_dir=job_dir.path, packages_dir=packages_dir, memory=memory, cgroup=cgroup
-                )
+                    job=job, job_dir=prepared.job_dir.path, packages_dir=prepared.packages_dir,
+                    memory=prepared.memory, cgroup=prepared.cgroup,
+                )  # fmt: skip
         finally:
             with tracer.start_as_current_span("cleanup"):
-                if cgroup is not None and self._cgroups is not None:
-                    await self._cgroups.remove(cgroup)
-                await asyncio.to_thread(job_dir.remove)
+                await self.release(prepared)
+
+    async def prepare(self, job: ScriptJob, *, script: str) -> Prepared:
+        """The sandbox's files, packages and memory cgroup, for `script` (the job's, or a session's kernel)."""
+        packages_dir = None
+        if job.packages:
+            if self._packages is None:
+                raise SandboxFailure("packages were allowed by policy but no package cache is configured")
+            packages_dir = await self._packages.ensure(job.packages)
+        memory = quantity_bytes(job.memory or self._settings.scripts_memory)
+        job_dir = await asyncio.to_thread(
+            JobDir.write, script=script, input_data=job.input_data, hook=_MEMORY_HOOK,
+            files=[(file.name, file.content) for file in job.files], script_uid=self.isolation.script_uid,
+        )  # fmt: skip
+        cgroup = await self._cgroup(job_dir, memory=memory)
+        return Prepared(job_dir=job_dir, packages_dir=packages_dir, memory=memory, cgroup=cgroup)
+
+    async def release(self, prepared: Prepared) -> None:
+        if prepared.cgroup is not None and self._cgroups is not None:
+            await self._cgroups.remove(prepared.cgroup)
+        await asyncio.to_thread(prepared.job_dir.remove)
 
     async def _cgroup(self, job_dir: JobDir, *, memory: int) -> Path | None:
         """The job's memory cgroup, where the manager can make one; the job's folder goes if that fails."""
@@ -187,6 +203,43 @@ class LocalBackend:
             return result.stderr.strip()[-300:] or f"exit code {result.exit_code}"
         return None
 
+    def command(
+        self, *, job_dir: Path, job_fds: dict[str, int], packages_dir: Path | None, memory: int, cpu_seconds: int,
+        status_fd: int, cgroup: Path | None, input_fd: int, output_fd: int,
+    ) -> tuple[Sandboxed, list[str], dict[str, str]]:
+        """How to start the job folder's script in its sandbox under the rlimits: the sandbox, argv and environment
+        (the manager's own environment never reaches a script)."""
+        sandboxed = self.isolation.sandbox(
+            interpreter=self._interpreter, job_dir=job_dir, job_fds=job_fds, packages_dir=packages_dir,
+            tmp_bytes=self._tmp_bytes, status_fd=status_fd, input_fd=input_fd, output_fd=output_fd,
+        )  # fmt: skip
+        limits = [
+            str(self._prlimit),
+            f"--as={memory}",
+            f"--cpu={cpu_seconds}",
+            f"--nproc={_PROCESSES}",
+            f"--fsize={self._tmp_bytes}",
+            f"--nofile={_MAX_OPEN_FILES}",
+            "--core=0",
+            "--",
+        ]
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(sandboxed.work_dir),
+            "TMPDIR": str(sandboxed.work_dir),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "ROCKBOT_INPUT_DIR": str(sandboxed.input_dir),
+            "ROCKBOT_OUTPUT_DIR": str(sandboxed.output_dir),
+            "MPLBACKEND": FIGURES_BACKEND,
+        }
+        path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
+        env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)
+        join = [] if cgroup is None else MemoryCgroups.join(cgroup)
+        script = str(sandboxed.job_dir / SCRIPT)
+        return sandboxed, [*join, *sandboxed.argv, *limits, self._interpreter.executable, "-s", script], env
+
     async def _execute(
         self, *, job: ScriptJob, job_dir: Path, packages_dir: Path | None, memory: int, cgroup: Path | None
     ) -> ScriptInvokeResponse:
@@ -197,42 +250,18 @@ class LocalBackend:
             descriptors.callback(os.close, status_read)
             descriptors.callback(os.close, status_write)
             input_fd, output_fd = (_opened(descriptors, job_dir / name, directory=True) for name in (FILES, OUTPUT))
-            sandboxed = self.isolation.sandbox(
-                interpreter=self._interpreter, job_dir=job_dir, job_fds=job_fds, packages_dir=packages_dir,
-                tmp_bytes=self._tmp_bytes, status_fd=status_write, input_fd=input_fd, output_fd=output_fd,
+            sandboxed, argv, env = self.command(
+                job_dir=job_dir, job_fds=job_fds, packages_dir=packages_dir, memory=memory,
+                cpu_seconds=math.ceil(job.timeout_seconds) + 1, status_fd=status_write, cgroup=cgroup,
+                input_fd=input_fd, output_fd=output_fd,
             )  # fmt: skip
-            limits = [
-                str(self._prlimit),
-                f"--as={memory}",
-                f"--cpu={math.ceil(job.timeout_seconds) + 1}",
-                f"--nproc={_PROCESSES}",
-                f"--fsize={self._tmp_bytes}",
-                f"--nofile={_MAX_OPEN_FILES}",
-                "--core=0",
-                "--",
-            ]
-            env = {
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "HOME": str(sandboxed.work_dir),
-                "TMPDIR": str(sandboxed.work_dir),
-                "LANG": "C.UTF-8",
-                "PYTHONUNBUFFERED": "1",
-                "PYTHONDONTWRITEBYTECODE": "1",
-                "ROCKBOT_INPUT_DIR": str(sandboxed.input_dir),
-                "ROCKBOT_OUTPUT_DIR": str(sandboxed.output_dir),
-                "MPLBACKEND": FIGURES_BACKEND,
-            }
-            path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
-            env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)
             cap = self._settings.scripts_max_output_bytes
             stdout, stderr = _Capture(cap), _Capture(cap)
             started = time.monotonic()
             # Our own pipes (not asyncio's): waiting for the exit must not wait for every holder of the
             # pipes to go, and we close them ourselves if something outlives the script.
-            join = [] if cgroup is None else MemoryCgroups.join(cgroup)
             process = await _spawn(
-                [*join, *sandboxed.argv, *limits, self._interpreter.executable, "-s", str(sandboxed.job_dir / SCRIPT)],
-                cwd=sandboxed.cwd, env=env, stdin_path=job_dir / INPUT, stdout=stdout, stderr=stderr,
+                argv, cwd=sandboxed.cwd, env=env, stdin_path=job_dir / INPUT, stdout=stdout, stderr=stderr,
                 pass_fds=sandboxed.pass_fds,
             )  # fmt: skip
             timed_out = False
@@ -268,6 +297,15 @@ class LocalBackend:
             artifacts=collected.artifacts,
             artifacts_dropped=collected.dropped,
         )
+
+
+class Prepared(NamedTuple):
+    """A sandbox's files on the host, until `LocalBackend.release`."""
+
+    job_dir: JobDir
+    packages_dir: Path | None
+    memory: int
+    cgroup: Path | None
 
 
 class _Capture:

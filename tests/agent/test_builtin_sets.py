@@ -181,6 +181,29 @@ async def test_execute_python_script_goes_through_the_sandbox_client(scripted_ll
     assert timeout == 20 + 150 + 10
 
 
+async def test_a_per_conversation_agent_names_each_conversations_session_and_the_model_hears_of_restarts(
+        scripted_llm):
+    sandbox = RecordingSandbox(script_result(session="new"), script_result(session="restarted"), script_result(),
+                               script_result())
+    sessions = {"mode": "PerConversation", "idle_seconds": 300, "max_seconds": 3600}
+    config = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"], script_limits={"sessions": sessions})
+    async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
+        ann, bob = (agent.conversation(caller=caller, session_id="s1").id for caller in ("ann", "bob"))
+        first = await agent.registry.invoke("execute_python_script", {"script": "x = 1"},
+                                            context=ToolContext(session_id=ann))
+        again = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
+                                            context=ToolContext(session_id=ann))
+        await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
+                                    context=ToolContext(session_id=bob))
+    per_call = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"])
+    async with AgentRuntime.from_config(per_call, env={}, sandbox=sandbox) as agent:
+        await agent.registry.invoke("execute_python_script", {"script": "x"}, context=ToolContext(session_id=ann))
+    named = [request["session"] for request in sandbox.requests]
+    assert named[0] == named[1] and len(named[0]) == 32 and named[2] not in (named[0], None) and named[3] is None
+    assert "a new session" in first.content
+    assert "the session was restarted; earlier variables are gone" in again.content
+
+
 async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_llm):
     from rockbot.contracts.agent_config import FunctionDefinition, ResolvedTool, ScriptBackend, ToolDefinition
 

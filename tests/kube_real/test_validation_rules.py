@@ -92,6 +92,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Agent", {"spec.maxIterations": 0}),
     ("Agent", {"spec.builtinTools": ["scripts", "telepathy"]}),
     ("Agent", {"spec.scriptLimits": {"cpu": "1.2.3"}}),
+    ("Agent", {"spec.scriptSessions": {"mode": "PerConversation", "idleSeconds": 600, "maxSeconds": 300}}),
     ("Tool", {}),
     ("Tool", {"spec.rest.url": "ftp://files.example/rates"}),
     ("Tool", {"spec.rest": DELETE}),
