@@ -144,6 +144,14 @@ def asker_of(pod: K8sObject) -> Asker | None:
         return None
 
 
+def ended(pod: K8sObject) -> bool:
+    """The pod ended (Succeeded, or Failed: an error, its deadline), or its container did (a moment before)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    return any((s.get("state") or {}).get("terminated") for s in status.get("containerStatuses") or [])
+
+
 def job_pod(*, job: ScriptJob, settings: ScriptsManagerSettings, now: datetime, manager: str) -> K8sObject:
     """A pod made for one job (the cold path), by the instance `manager`."""
     seconds = job_deadline_seconds(job=job, settings=settings)

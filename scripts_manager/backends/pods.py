@@ -97,6 +97,9 @@ _WATCH_SECONDS = 60
 _WATCH_RETRY_SECONDS = 1.0
 #: How often a job tries to attach to a pod that may have just started running.
 _ATTACH_RETRY_SECONDS = 0.1
+#: Tries to delete a used pod while the API fails (1 s, then 2 s apart) before leaving it to the sweep.
+_DELETE_TRIES = 3
+_DELETE_RETRY_SECONDS = 1.0
 
 
 class _NeverStarted(Exception):
@@ -181,6 +184,7 @@ class PodBackend:
         pod = job_pod(job=job, settings=self._settings, now=now_utc(), manager=self.reaper.instance)
         name = pod["metadata"]["name"]
         created = None
+        self.reaper.in_use.add(name)
         try:
             with tracer.start_as_current_span("start-up", attributes={"rockbot.script.path": "cold",
                                                                       "k8s.pod.name": name}):
@@ -197,6 +201,8 @@ class PodBackend:
         finally:
             if created is not None:
                 self._delete_soon(name)
+            else:
+                self.reaper.in_use.discard(name)
 
     async def _started(self, pod: K8sObject) -> K8sObject:
         """The pod once its container runs (or it ended); one that cannot start is a Warning Event on it."""
@@ -235,6 +241,7 @@ class PodBackend:
         so (its 1 s relist), so the attach is tried at once and again every _ATTACH_RETRY_SECONDS until
         `started` ends; a refused attach has written nothing, so the job is never given twice.
         """
+        self.reaper.in_use.add(name)
         try:
             with tracer.start_as_current_span("run", attributes={"rockbot.script.path": path, "k8s.pod.name": name}):
                 while not started.done():
@@ -430,13 +437,23 @@ class PodBackend:
         task.add_done_callback(self._deleting.discard)
 
     async def _delete(self, name: str) -> None:
+        """Delete a used pod at once (no grace), trying again a few times when the API fails; after that, or on a
+        refusal, the sweep deletes it (an ended pod at its next round, see reaping.py)."""
         with tracer.start_as_current_span("cleanup", attributes={"k8s.pod.name": name}):
             try:
-                await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0)
-            except NotFound:
-                pass
-            except (ApiError, OSError) as exc:  # the sweeper will get it
-                log.warning("could not delete script pod %s: %s", name, exc)
+                for attempt in range(_DELETE_TRIES):
+                    try:
+                        await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0)
+                        return
+                    except NotFound:
+                        return
+                    except (ApiError, aiohttp.ClientError, OSError) as exc:
+                        if attempt + 1 == _DELETE_TRIES or (isinstance(exc, ApiError) and not _transient(exc)):
+                            log.warning("could not delete script pod %s (%s); the sweep will", name, exc)
+                            return
+                    await asyncio.sleep(_DELETE_RETRY_SECONDS * 2**attempt)
+            finally:
+                self.reaper.in_use.discard(name)
 
     async def sweep(self, *, now: datetime | None = None) -> int:
         """Clean up after dead instances and delete pods past their deadline now (reaping.py); returns how many."""

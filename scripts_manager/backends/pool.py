@@ -46,6 +46,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     POOL_SELECTOR,
     STATE_LABEL,
     claim_patch,
+    ended,
     now_utc,
     pool_pod,
 )
@@ -116,7 +117,7 @@ class WarmPool:
         # A pod still starting is taken too (its runner is attached to as soon as it runs, see pods.py): it is
         # nearer to running than a new pod would be. Running pods first, then this manager's own.
         candidates = [pod for pod in self._idle(pool)
-                      if _scheduled(pod) and not _ended(pod) and pod["metadata"]["name"] not in tried | self._claiming]
+                      if _scheduled(pod) and not ended(pod) and pod["metadata"]["name"] not in tried | self._claiming]
         random.shuffle(candidates)  # two managers rarely reach for the same pod first
         candidates.sort(key=self._preference)
         for pod in candidates[:CLAIM_ATTEMPTS]:
@@ -174,7 +175,7 @@ class WarmPool:
                 task.add_done_callback(self._holders.discard)
         for name, held in list(self._held.items()):
             pod = self.cache.pods.get(name)
-            if pod is None or _ended(pod) or pod["metadata"].get("deletionTimestamp"):
+            if pod is None or ended(pod) or pod["metadata"].get("deletionTimestamp"):
                 held.released.set()
 
     async def _hold(self, name: str, held: Held) -> None:
@@ -202,7 +203,7 @@ class WarmPool:
         while True:
             seen = self.cache.version
             pod = self.cache.pods.get(name)
-            if pod is None or _ready(pod) or _ended(pod) or pod["metadata"].get("deletionTimestamp"):
+            if pod is None or _ready(pod) or ended(pod) or pod["metadata"].get("deletionTimestamp"):
                 return pod
             await self.cache.changed(since=seen, within=_RETRY_SECONDS)
 
@@ -238,7 +239,7 @@ class WarmPool:
         """How long each pod this manager made took to run: a `warm pod start` span and an observation."""
         for name, (pool, born) in list(self._starting.items()):
             pod = self.cache.pods.get(name)
-            if pod is not None and not _ready(pod) and not _ended(pod):
+            if pod is not None and not _ready(pod) and not ended(pod):
                 continue
             del self._starting[name]
             if pod is not None and _ready(pod):
@@ -252,7 +253,7 @@ class WarmPool:
         now = now_utc()
         keep = []
         for pod in mine:
-            if _ended(pod) or _too_old(pod, settings=self._settings, now=now):
+            if ended(pod) or _too_old(pod, settings=self._settings, now=now):
                 await self._delete(pod)
             else:
                 keep.append(pod)
@@ -328,13 +329,6 @@ def _ready(pod: K8sObject) -> bool:
 def _scheduled(pod: K8sObject) -> bool:
     """On a node: it will start there (an unscheduled one may wait for room indefinitely)."""
     return bool((pod.get("spec") or {}).get("nodeName"))
-
-
-def _ended(pod: K8sObject) -> bool:
-    status = pod.get("status") or {}
-    if status.get("phase") in ("Succeeded", "Failed"):
-        return True
-    return any((s.get("state") or {}).get("terminated") for s in status.get("containerStatuses") or [])
 
 
 def _too_old(pod: K8sObject, *, settings: ScriptsManagerSettings, now: datetime) -> bool:

@@ -12,7 +12,9 @@ Every pod it makes or claims carries that id (`MANAGER_LABEL`), and a job's pod 
 - A process that finds its pod's Lease held by another id at start knows that instance is dead (a container
   restarts only once its process has ended) and reaps it at once, without waiting for the Lease to expire.
 - The sweep (at start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) reaps the pods of an instance that has
-  no Lease at all any more, and deletes any pod past its deadline plus ROCKBOT_SCRIPTS_SWEEP_GRACE_SECONDS (one
+  no Lease at all any more, deletes every ended pod nobody reads any more (an idle one, or one of this instance's
+  that no job of its uses: `in_use`; a live instance deletes its job pods on every path itself, and retries, so
+  this is for a delete that failed), and any pod past its deadline plus ROCKBOT_SCRIPTS_SWEEP_GRACE_SECONDS (one
   its live instance failed to delete, or one made before instances held Leases).
 
 A pod is deleted on the resourceVersion seen (re-read on a conflict), so a warm pod a live instance claimed
@@ -42,10 +44,13 @@ from rockbot.kube.leases import HeldLease, LeaseObserver, holder_of
 from rockbot.scripts_manager.backends import Orphan
 from rockbot.scripts_manager.backends.pod_manifests import (
     DEADLINE_ANNOTATION,
+    IDLE,
     MANAGER_LABEL,
     REQUEST_ANNOTATION,
     SANDBOX_SELECTOR,
+    STATE_LABEL,
     asker_of,
+    ended,
     now_utc,
     request_key,
 )
@@ -90,6 +95,8 @@ class Reaper:
         #: Jobs of dead instances, for the service to answer.
         self.orphans: asyncio.Queue[Orphan] = asyncio.Queue()
         self._reaped: OrderedDict[str, Orphan] = OrderedDict()
+        #: This instance's pods a job of its runs on or reads (the pod backend keeps it): the sweep leaves them be.
+        self.in_use: set[str] = set()
         self._observer = LeaseObserver()
 
     def reaped(self, *, user: str, request_id: str) -> Orphan | None:
@@ -196,7 +203,7 @@ class Reaper:
             manager = (pod["metadata"].get("labels") or {}).get(MANAGER_LABEL)
             if manager and manager not in known:
                 deleted += await self._reap(pod, dead=manager)
-            elif _past_deadline(pod, now=now, grace=self._settings.scripts_sweep_grace_seconds):
+            elif self._unread(pod) or _past_deadline(pod, now=now, grace=self._settings.scripts_sweep_grace_seconds):
                 with contextlib.suppress(NotFound, Conflict):  # gone, or changed (claimed) since listed
                     await self._kube.delete(PODS, namespace=self._namespace, name=pod["metadata"]["name"],
                                             grace_period_seconds=0,
@@ -205,6 +212,12 @@ class Reaper:
                     self._metrics.swept.inc()
                     log.info("swept leftover script pod %s", pod["metadata"]["name"])
         return deleted
+
+    def _unread(self, pod: K8sObject) -> bool:
+        """An ended pod nobody reads any more: idle (no job on it), or this instance's and no job of its uses it."""
+        labels = pod["metadata"].get("labels") or {}
+        mine = labels.get(MANAGER_LABEL) == self.instance and pod["metadata"]["name"] not in self.in_use
+        return ended(pod) and (labels.get(STATE_LABEL) == IDLE or mine)
 
     async def release(self) -> None:
         """At a clean stop, once this instance's pods are gone: nobody needs to clean up after it."""

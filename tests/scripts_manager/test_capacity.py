@@ -1,6 +1,7 @@
 """A full node: the isolation canary that could not run is tried again within seconds, and scripts are refused
 saying when (canary.py); a pod the scheduler has no room for makes the manager give back its idle warm pods
-(pods.py, pool.py).
+(pods.py, pool.py); an ended pod nobody reads any more is deleted by the next sweep, whatever its deadline
+(reaping.py).
 
 On the real API server, which has no scheduler and no node here: every pod stays Pending, so every canary fails
 ("could not run") once its start bound passes, as it does on a node too full to schedule it. Where a test needs
@@ -13,16 +14,27 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError
 from rockbot.kube import PODS, KubeClient
-from rockbot.scripts_manager.backends.pod_manifests import POOL_LABEL, POOL_SELECTOR, REQUEST_ANNOTATION
+from rockbot.scripts_manager.backends.pod_manifests import (
+    POOL_LABEL,
+    POOL_SELECTOR,
+    REQUEST_ANNOTATION,
+    job_pod,
+    pool_pod,
+)
+from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.canary import RETRY_FIRST_SECONDS, host_listeners, retry_wait
+from rockbot.scripts_manager.metrics import ScriptMetrics
+from rockbot.scripts_manager.settings import PoolClass
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_canary import manager_with
+from tests.scripts_manager.test_pods import job
 from tests.waiting import eventually
 
 
@@ -114,3 +126,38 @@ async def test_a_canary_the_node_has_no_room_for_makes_the_manager_give_back_its
     assert len(warm) == 2, warm  # the pool made none in their place
     assert canary_pod["metadata"].get("deletionTimestamp") is None  # the canary's pod waits for the room
 
+
+async def ended_pod(kube: KubeClient, namespace: str, body: dict[str, Any], *, phase: str = "Failed",
+                    reason: str = "DeadlineExceeded") -> str:
+    """`body` made, then ended as its node reports it (a deadline, an error)."""
+    name = (await kube.create(PODS, namespace=namespace, body=body))["metadata"]["name"]
+    await kube.patch(PODS, namespace=namespace, name=name, subresource="status",
+                     body={"status": {"phase": phase, "reason": reason}})
+    return name
+
+
+async def test_the_sweep_deletes_ended_pods_nobody_reads_long_before_their_deadline(
+    make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
+) -> None:
+    settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, scripts_cpu="64",
+                             scripts_max_cpu="64", scripts_sweep_grace_seconds=3600)
+    backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
+                         metrics=ScriptMetrics(backend="pods"))
+    me = backend.reaper.instance
+    now = datetime.now(UTC)
+    kube, ns = real_kube_client, kube_namespace
+    try:
+        deadline = await ended_pod(kube, ns, job_pod(job=job("1"), settings=settings, now=now, manager=me))
+        failed = await ended_pod(kube, ns, job_pod(job=job("2"), settings=settings, now=now, manager=me),
+                                 reason="Error")
+        read = await ended_pod(kube, ns, job_pod(job=job("3"), settings=settings, now=now, manager=me))
+        backend.reaper.in_use.add(read)  # a job of this instance's reads its end state and log: kept
+        running = (await kube.create(PODS, namespace=ns, body=job_pod(job=job("4"), settings=settings, now=now,
+                                                                      manager=me)))["metadata"]["name"]
+        idle = await ended_pod(kube, ns, pool_pod(pool=PoolClass(cpu="64", memory="256Mi", size=1), owner=me,
+                                                  settings=settings, now=now), phase="Succeeded", reason="")
+        assert await backend.sweep() == 3
+        names = {pod["metadata"]["name"] for pod in (await kube.list(PODS, namespace=ns)).items}
+        assert names == {read, running}, (deadline, failed, idle)
+    finally:
+        await backend.close()
