@@ -252,15 +252,16 @@ class WarmPool:
         mine = self._idle(pool, owner=self.owner)
         now = now_utc()
         keep = []
+        holding_back = self.holding_back()
         for pod in mine:
-            if ended(pod) or _too_old(pod, settings=self._settings, now=now):
+            if holding_back or ended(pod) or _too_old(pod, settings=self._settings, now=now):
                 await self._delete(pod)
             else:
                 keep.append(pod)
         self._hold_sessions(keep)
         ready = [pod for pod in self._idle(pool) if _ready(pod)]
         self._metrics.pool_idle.labels(pool.label).set(len(ready))
-        missing = 0 if self.holding_back() else pool.size - len(keep)
+        missing = 0 if holding_back else pool.size - len(keep)
         made = await asyncio.gather(*(self._create(pool, now) for _ in range(missing)), return_exceptions=True)
         if failed := next((error for error in made if isinstance(error, BaseException)), None):
             raise failed
@@ -271,12 +272,14 @@ class WarmPool:
         return given is not None and asyncio.get_running_loop().time() - given < GIVE_BACK_SECONDS
 
     async def give_back(self) -> int:
-        """Delete this manager's idle pods, and make none for GIVE_BACK_SECONDS: the node has no room for a pod
-        that matters more (the isolation canary, a job's own pod); returns how many were deleted.
+        """Delete this manager's idle pods, and keep none for GIVE_BACK_SECONDS (one whose create was on its way is
+        deleted once seen): the node has no room for a pod that matters more (the isolation canary, a job's own
+        pod); returns how many were deleted now.
 
         Only idle ones, each on the resourceVersion seen, so a pod claimed meanwhile is kept for its job.
         """
         self._given_back_at = asyncio.get_running_loop().time()
+        self.cache.notify()
         given = 0
         for pool in self.classes:
             for pod in self._idle(pool, owner=self.owner):

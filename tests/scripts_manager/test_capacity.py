@@ -1,11 +1,12 @@
 """A full node: the isolation canary that could not run is tried again within seconds, and scripts are refused
-saying when (canary.py); a pod the scheduler has no room for makes the manager give back its idle warm pods
+saying when (canary.py); a pod with work the scheduler has no room for makes the manager give back its idle warm pods
 (pods.py, pool.py); an ended pod nobody reads any more is deleted by the next sweep, whatever its deadline
 (reaping.py).
 
-On the real API server, which has no scheduler and no node here: every pod stays Pending, so every canary fails
-("could not run") once its start bound passes, as it does on a node too full to schedule it. Where a test needs
-the scheduler's verdict, it writes it as the scheduler does (the pod's PodScheduled condition, in its status).
+On the real API server, where no pod here is ever scheduled: each asks for 64 CPUs, more than any node has (the
+rig's node, when it is up, only adds the scheduler's verdict). So every canary fails ("could not run") once its
+start bound passes, as it does on a node too full for it. Where a test needs the scheduler's verdict, it writes
+it as the scheduler does (the pod's PodScheduled condition, in its status).
 """
 
 from __future__ import annotations
@@ -32,10 +33,13 @@ from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.canary import RETRY_FIRST_SECONDS, host_listeners, retry_wait
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import PoolClass
-from tests.scripts_manager.conftest import MakeSettings
+from tests.scripts_manager.conftest import MakeSettings, pod_backend
 from tests.scripts_manager.test_canary import manager_with
 from tests.scripts_manager.test_pods import job
 from tests.waiting import eventually
+
+#: More CPU than any node here has: the pods stay Pending (unschedulable), whatever node is up.
+NO_NODE_FITS = {"scripts_cpu": "64", "scripts_max_cpu": "64"}
 
 
 def canary(pod: dict[str, Any]) -> bool:
@@ -72,7 +76,7 @@ async def test_a_canary_that_could_not_run_is_tried_again_within_seconds_and_scr
     make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
 ) -> None:
     async with host_listeners() as targets, pods_made(real_kube_client, kube_namespace) as made:
-        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace,
+        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, **NO_NODE_FITS,
                                  scripts_isolation_targets=targets, scripts_pod_start_seconds=1)
         assert settings.scripts_isolation_interval_seconds == 600  # the default: a retry must not wait for it
         async with manager_with(settings) as (manager, sandbox):
@@ -100,31 +104,40 @@ NO_ROOM = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
            "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available."}
 
 
-async def test_a_canary_the_node_has_no_room_for_makes_the_manager_give_back_its_idle_warm_pods(
+async def test_a_script_pod_the_node_has_no_room_for_makes_the_manager_give_back_its_idle_warm_pods(
     make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
 ) -> None:
-    async with host_listeners() as targets, pods_made(real_kube_client, kube_namespace) as made:
-        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, scripts_pool="500m/256Mi=2",
-                                 scripts_isolation_targets=targets, scripts_pod_start_seconds=60)
-        async with manager_with(settings):
+    settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, scripts_pool="64/256Mi=2",
+                             **NO_NODE_FITS, scripts_pod_start_seconds=60)
+    kube, ns = real_kube_client, kube_namespace
+    async with pods_made(kube, ns) as made, pod_backend(settings) as backend:
 
-            async def canary_and_pool_made() -> dict[str, Any]:
-                assert len([pod for pod in made.values() if POOL_LABEL in pod["metadata"]["labels"]]) == 2
-                return next(pod for pod in made.values() if canary(pod))
+        async def pool_made() -> None:  # unscheduled, so no job can claim them: its pod is made (cold)
+            assert len((await kube.list(PODS, namespace=ns, label_selector=POOL_SELECTOR)).items) == 2
 
-            pod = await eventually(canary_and_pool_made, within=30)
-            await real_kube_client.patch(PODS, namespace=kube_namespace, name=pod["metadata"]["name"],
-                                         subresource="status", body={"status": {"conditions": [NO_ROOM]}})
+        await eventually(pool_made, within=30)
+        running = asyncio.create_task(backend.run(job("print('waits for room')")))
+        try:
+
+            async def cold_pod() -> dict[str, Any]:
+                cold = [pod for pod in made.values() if POOL_LABEL not in pod["metadata"]["labels"]]
+                assert cold, "no cold pod yet"
+                return cold[0]
+
+            pod = await eventually(cold_pod)
+            await kube.patch(PODS, namespace=ns, name=pod["metadata"]["name"], subresource="status",
+                             body={"status": {"conditions": [NO_ROOM]}})
 
             async def given_back() -> None:
-                assert (await real_kube_client.list(PODS, namespace=kube_namespace,
-                                                     label_selector=POOL_SELECTOR)).items == []
+                assert (await kube.list(PODS, namespace=ns, label_selector=POOL_SELECTOR)).items == []
 
             await eventually(given_back)
             warm = [name for name, pod in made.items() if POOL_LABEL in pod["metadata"]["labels"]]
-            canary_pod = await real_kube_client.get(PODS, namespace=kube_namespace, name=pod["metadata"]["name"])
+            assert not running.done()  # the job's pod waits for the room they leave
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
     assert len(warm) == 2, warm  # the pool made none in their place
-    assert canary_pod["metadata"].get("deletionTimestamp") is None  # the canary's pod waits for the room
 
 
 async def ended_pod(kube: KubeClient, namespace: str, body: dict[str, Any], *, phase: str = "Failed",
@@ -139,8 +152,8 @@ async def ended_pod(kube: KubeClient, namespace: str, body: dict[str, Any], *, p
 async def test_the_sweep_deletes_ended_pods_nobody_reads_long_before_their_deadline(
     make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
 ) -> None:
-    settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, scripts_cpu="64",
-                             scripts_max_cpu="64", scripts_sweep_grace_seconds=3600)
+    settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, **NO_NODE_FITS,
+                             scripts_sweep_grace_seconds=3600)
     backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
                          metrics=ScriptMetrics(backend="pods"))
     me = backend.reaper.instance
