@@ -2,8 +2,8 @@
 
 Both read the run store the JSON API reads, with the same rule: a namespace's runs need `get agents` there,
 and a run the user may not read answers 404, like one that does not exist. With the chat relay, a run's page has a
-Replay button: the run again in recorded mode (`console.replay`; it needs `create agents/chat`, like chatting), and
-the page that answers compares the two runs side by side.
+Replay button for those who may chat with its Agent (`create agents/chat`): the run again in recorded mode
+(`console.replay`), and the page that answers compares the two runs side by side.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ class RunPages:
 
     async def run(self, request: web.Request) -> web.Response:
         run = await self._readable(request)
-        return self._pages.render(request, "run.html", run=run, replay_on=self._replayer is not None)
+        replay_on = self._replayer is not None and await self._pages.authorizer.allowed(
+            identity=request[IDENTITY], namespace=run.namespace, action=CHAT)
+        return self._pages.render(request, "run.html", run=run, replay_on=replay_on)
 
     async def replay(self, request: web.Request) -> web.Response:
         """Replay the run in recorded mode as the user, and show both runs side by side."""
