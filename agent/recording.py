@@ -99,9 +99,12 @@ class Redactor:
 class Run:
     """One turn being recorded; the recorder's observers add to it, `succeeded`/`failed` say how it ended."""
 
-    def __init__(self, *, recorder: RunRecorder, run_id: str) -> None:
+    def __init__(self, *, recorder: RunRecorder, run_id: str, caller: str = "", session_id: str = "") -> None:
         self.recorder = recorder
         self.run_id = run_id
+        #: The conversation the run belongs to (with the agent): where files it brings are kept.
+        self.caller = caller
+        self.session_id = session_id
         self.outcome: RunOutcome = "Interrupted"
         self.error = ""
         self.prompt_tokens = 0
@@ -176,7 +179,8 @@ class RunRecorder:
         parent_run_id: str | None = None,
     ) -> AsyncIterator[Run]:  # fmt: skip
         """Record one turn: its start now, its end (and outcome) when the block leaves; the block's code is its run."""
-        run = Run(recorder=self, run_id=new_run_id(namespace=self._namespace, agent=self._agent))
+        run = Run(recorder=self, run_id=new_run_id(namespace=self._namespace, agent=self._agent),
+                  caller=caller[:256], session_id=session_id[:256])
         if self.record == "None":
             yield run
             return

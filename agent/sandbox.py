@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, keep_artifacts
 from rockbot.agent.recording import current_run
 from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
 from rockbot.bus.topology import SCRIPT_INVOKE
@@ -45,8 +46,10 @@ class ScriptSandbox:
         reply_grace_seconds: float = DEFAULT_REPLY_GRACE_SECONDS,
         cpu: str | None = None,
         memory: str | None = None,
+        keeper: FileKeeper | None = None,
     ) -> None:
         self._bus = bus
+        self._keeper = keeper
         self._agent = agent
         self._cpu = cpu
         self._memory = memory
@@ -54,11 +57,13 @@ class ScriptSandbox:
         self._grace = reply_grace_seconds
 
     @classmethod
-    def for_agent(cls, *, bus: Bus, config: AgentConfig) -> ScriptSandbox:
-        """The client of an agent process: its scripts run with its `spec.scriptLimits`."""
+    def for_agent(cls, *, bus: Bus, config: AgentConfig, keeper: FileKeeper | None = None) -> ScriptSandbox:
+        """The client of an agent process: its scripts run with its `spec.scriptLimits`; their artifacts are kept by
+        `keeper` (default: the console, over the bus)."""
         limits = config.script_limits
         return cls(bus=bus, namespace=config.namespace, agent=config.name,
-                   default_timeout_seconds=limits.timeout_seconds, cpu=limits.cpu, memory=limits.memory)
+                   default_timeout_seconds=limits.timeout_seconds, cpu=limits.cpu, memory=limits.memory,
+                   keeper=keeper or BusFileKeeper(bus=bus))  # fmt: skip
 
     async def execute_python_script(
         self,
@@ -101,7 +106,10 @@ class ScriptSandbox:
                 responder=SCRIPTS_MANAGER,
             )
             answer = reply.decode(SCRIPT_INVOKE_REPLY)
-            if isinstance(answer, ScriptInvokeResponse) and (run := current_run()) is not None:
+            run = current_run()
+            if isinstance(answer, ScriptInvokeResponse):
+                answer = await keep_artifacts(answer, run=run, keeper=self._keeper)
+            if isinstance(answer, ScriptInvokeResponse) and run is not None:
                 run.recorder.observe_script(
                     call_id=request_id, exit_code=answer.exit_code, stdout=answer.stdout, stderr=answer.stderr,
                     duration_seconds=answer.duration_seconds, backend=answer.backend, pod=answer.pod,

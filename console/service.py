@@ -22,6 +22,8 @@ from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import ProxyHeaders, TokenReviewer
 from rockbot.console.authorization import AccessReviewer
 from rockbot.console.chat import ChatRelay
+from rockbot.console.file_store import FileStore
+from rockbot.console.files import FileAnswerer
 from rockbot.console.memories import MemoryAnswerer
 from rockbot.console.memory_store import MemoryCeilings, MemoryStore
 from rockbot.console.recording import HistoryAnswerer, RecorderMetrics, RunWriter, WriterLimits
@@ -53,6 +55,7 @@ class Console:
         self._history: HistoryAnswerer | None = None
         self.memories: MemoryStore | None = None
         self._memory_answers: MemoryAnswerer | None = None
+        self._file_answers: FileAnswerer | None = None
         self.desk: ApprovalDesk | None = None
         self.chat: ChatRelay | None = None
         self._http: web.AppRunner | None = None
@@ -82,6 +85,8 @@ class Console:
             await self._history.start()
             self._memory_answers = MemoryAnswerer(memories=self.memories, bus=self.bus)
             await self._memory_answers.start()
+            self._file_answers = FileAnswerer(files=FileStore(store=self.store), bus=self.bus)
+            await self._file_answers.start()
             if self.desk is not None:
                 await self.desk.start(bus=self.bus)
             if self.chat is not None:
@@ -117,6 +122,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._history.stop(), what="the history answers")
         if self._memory_answers is not None:
             await stop_within(STOP_STEP_SECONDS, self._memory_answers.stop(), what="the memory answers")
+        if self._file_answers is not None:
+            await stop_within(STOP_STEP_SECONDS, self._file_answers.stop(), what="the file answers")
         if self.desk is not None:
             await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
         if self.chat is not None:

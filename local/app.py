@@ -15,11 +15,12 @@ from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
+from rockbot.console.file_store import FileStore
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store
 from rockbot.local.assembly import AssembledAgent
 from rockbot.local.broker import Connect
-from rockbot.local.runs import StoreHistory, StoreMemoryDesk, store_publisher
+from rockbot.local.runs import NO_FILES, StoreFileKeeper, StoreHistory, StoreMemoryDesk, store_publisher
 from rockbot.local.scheduler import LocalScheduler, Report
 from rockbot.local.triggers import LocalTriggers, TriggerReport
 from rockbot.resources import ScheduledTask
@@ -82,7 +83,8 @@ async def running(
         runtimes = {}
         for name, assembled in agents.items():
             bus = await connected(Principal.agent(namespace=assembled.config.namespace, name=name))
-            sandbox = ScriptSandbox.for_agent(bus=bus, config=assembled.config)
+            keeper = store and StoreFileKeeper(FileStore(store=store), namespace=assembled.config.namespace, agent=name)
+            sandbox = ScriptSandbox.for_agent(bus=bus, config=assembled.config, keeper=keeper or NO_FILES)
             runtime = AgentRuntime.from_config(
                 assembled.config,
                 bus=bus,

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from rockbot.agent.long_term_memory import MemoryUnavailable
 from rockbot.agent.recording import Publish
+from rockbot.console.file_store import FileStore
+from rockbot.console.files import save_files
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Batch, Store, StoreUnavailable
+from rockbot.contracts.files import FilesSaved, SaveFiles
 from rockbot.contracts.memories import Forget, MemoryReply, Recall, Remember
 from rockbot.contracts.recording import HistoryReply, RunEvents
 
@@ -51,3 +54,24 @@ class StoreMemoryDesk:
             return await self._memories.answer(namespace=self._namespace, agent=self._agent, request=request)
         except StoreUnavailable as exc:
             raise MemoryUnavailable(str(exc)) from None
+
+
+class StoreFileKeeper:
+    """An agent's script artifacts, kept in the local store as the console keeps them."""
+
+    def __init__(self, files: FileStore, *, namespace: str, agent: str) -> None:
+        self._files = files
+        self._namespace = namespace
+        self._agent = agent
+
+    async def save(self, request: SaveFiles) -> FilesSaved:
+        return await save_files(self._files, namespace=self._namespace, agent=self._agent, request=request)
+
+
+class _NoFiles:
+    async def save(self, request: SaveFiles) -> FilesSaved:
+        return FilesSaved(error="rockbot local keeps files only in its run store, and runs without one here")
+
+
+#: The keeper of a `rockbot local` that records no runs.
+NO_FILES = _NoFiles()

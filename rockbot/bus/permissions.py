@@ -13,7 +13,7 @@ For an agent X in namespace N (see `topology` for the names):
   dead-letter relay, TTL or alternate exchange), and reads only its inbox and its reply slots
   (`agent.N.X.replies.<n>`), which the operator declares with fixed arguments;
 - it publishes to `script.invoke`, `operator.scheduling`, `operator.usage`, `console.runs`, `console.history`,
-  `console.approvals`, `console.memory`,
+  `console.approvals`, `console.memory`, `console.files`,
   the inboxes of the agents it `calls`
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
@@ -25,11 +25,11 @@ gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the 
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
 would protect nothing. Only the console (`service.console`) reads `console.runs`, `console.history`,
-`console.approvals` and `console.memory`, and it answers history and memory requests and approvals on agents'
-reply queues (it checks each is the asking agent's own). It also puts people's chat turns on any agent's inbox
-(a `user_message` that names the person, which agents take only from the console) and reads the progress and
-answers on reply queues of its own (`service.console.replies.<instance>`), which every agent may write to (the console
-takes a message there only from the agent it asked).
+`console.approvals`, `console.memory` and `console.files`, and it answers history, memory and file requests and
+approvals on agents' reply queues (it checks each is the asking agent's own). It also puts people's chat turns on
+any agent's inbox (a `user_message` that names the person, which agents take only from the console) and reads the
+progress and answers on reply queues of its own (`service.console.replies.<instance>`), which every agent may write
+to (the console takes a message there only from the agent it asked).
 Every expression is anchored, so none matches more than the names it spells out.
 """
 
@@ -125,7 +125,7 @@ def _provisioned(principal: Principal) -> list[str]:
         return [_name(topology.GATEWAY_RUNS.name)]
     if principal == CONSOLE:
         return [_name(q.name) for q in (topology.CONSOLE_RUNS, topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS,
-                                        topology.CONSOLE_MEMORY)]
+                                        topology.CONSOLE_MEMORY, topology.CONSOLE_FILES)]
     return []
 
 
@@ -135,7 +135,7 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
         fixed = [_name(queue.name) for queue in (topology.SCRIPT_INVOKE, topology.OPERATOR_SCHEDULING,
                                                  topology.OPERATOR_USAGE, topology.CONSOLE_RUNS,
                                                  topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS,
-                                                 topology.CONSOLE_MEMORY)]
+                                                 topology.CONSOLE_MEMORY, topology.CONSOLE_FILES)]
         return [*fixed, *inboxes, *(reply_queues(caller) for caller in called_by)]
     if principal == OPERATOR:  # scheduled runs to any inbox, answers to any agent's scheduling requests
         # (it files dead letters into their records through an exchange of their own: `_exchanges`)

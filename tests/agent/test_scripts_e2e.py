@@ -65,9 +65,10 @@ async def test_the_model_learns_what_the_script_left_under_output(scripted_llm, 
     async with AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"}) as agent:
         await agent.chat("s", "Clean it.", caller="service.test")
     told = scripted_llm.requests[1].messages[-1]["content"]
-    assert told.endswith(
+    assert (
         "--- files written to /output (shown to the user) ---\n"
         "- clean.csv (text/csv, 25 bytes)\n    month,revenue\n    2026-01,10\n"
-        "- left out: passwd: a symbolic link (only files written under /output come back)"
-    ), told
+        "- left out: passwd: a symbolic link (only files written under /output come back)\n"
+        "- left out: the files were shown to the model but not kept for people: this agent has no run store"
+    ) in told, told
     assert "bW9udGg" not in told  # never the content itself (base64 of "month")

@@ -1,0 +1,66 @@
+"""Where a script's artifacts are kept: the console over the bus (`console.files`), or `rockbot local`'s store.
+
+The agent holds no database credentials: it sends the files of a run it records in `Full` to the console with the
+run's conversation (caller, session), and the console keeps them under it (`console/files.py`). What could not be
+kept is said in the tool result beside the files' descriptions, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Protocol
+
+from rockbot.agent.recording import Run
+from rockbot.bus import CONSOLE, BusError
+from rockbot.bus.topology import CONSOLE_FILES
+from rockbot.contracts.files import FileContent, FilesSaved, SaveFiles
+from rockbot.contracts.scripts import ScriptInvokeResponse
+
+#: How long the console has to keep a call's files (at most one bus message of them).
+KEEP_TIMEOUT_SECONDS = 15.0
+
+
+class FileKeeper(Protocol):
+    async def save(self, request: SaveFiles) -> FilesSaved: ...
+
+
+class BusFileKeeper:
+    """The console, asked on `console.files` and answering on this process's own reply queue."""
+
+    def __init__(self, *, bus: Any, timeout_seconds: float = KEEP_TIMEOUT_SECONDS) -> None:
+        self._bus = bus
+        self._timeout = timeout_seconds
+
+    async def save(self, request: SaveFiles) -> FilesSaved:
+        try:
+            reply = await self._bus.request(
+                queue=CONSOLE_FILES, body=request, reply_queue=await self._bus.own_replies(),
+                correlation_id=f"files-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
+            )  # fmt: skip
+            return reply.decode(FilesSaved)
+        except BusError as exc:
+            return FilesSaved(error=f"the console (which keeps files) did not answer: {exc}")
+
+
+async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keeper: FileKeeper | None
+                         ) -> ScriptInvokeResponse:  # fmt: skip
+    """`answer` once its artifacts are kept with the run; what was not kept joins `artifacts_dropped`."""
+    if not answer.artifacts:
+        return answer
+    why = None
+    if keeper is None:
+        why = "this agent has no run store to keep files in"
+    elif run is None or run.recorder.record != "Full":
+        why = "this Agent does not record its runs in Full (spec.recording), so files are not kept"
+    else:
+        request = SaveFiles(
+            run_id=run.run_id, caller=run.caller or "-", session_id=run.session_id or "-",
+            retention_days=run.recorder.retention_days,
+            files=[FileContent(name=artifact.name, content=artifact.content) for artifact in answer.artifacts],
+        )  # fmt: skip
+        saved = await keeper.save(request)
+        if not saved.error:
+            return answer
+        why = saved.error
+    note = f"the files were shown to the model but not kept for people: {why}"
+    return answer.model_copy(update={"artifacts_dropped": (*answer.artifacts_dropped, note)})
