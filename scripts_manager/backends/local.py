@@ -132,6 +132,8 @@ class LocalBackend:
         return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages, cgroups=cgroups)
 
     orphans = None  # a local sandbox dies with its manager (bubblewrap's --die-with-parent)
+    #: A subprocess starts in milliseconds; a first install of a `pip_packages` set takes the rest.
+    start_seconds = 60.0
 
     async def start(self) -> None:
         return None
