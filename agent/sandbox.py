@@ -135,8 +135,8 @@ class ScriptSandbox:
         except NotAccepted:
             return _error(
                 request_id, ErrorCode.UNAVAILABLE,
-                f"no scripts-manager took the script within {self._accept_within:g} s: every one is busy, or none "
-                "runs; it did not run — try again shortly",
+                f"no scripts-manager took the script within {self._accept_within:g} s: none runs, every one is "
+                "busy, or it is still starting (proving its sandbox's isolation); it did not run — try again shortly",
                 retryable=True,
             )  # fmt: skip
         except RequestTimeout:
