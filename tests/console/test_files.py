@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from rockbot.console.api import add_run_routes
+from rockbot.console.api import add_file_routes, add_run_routes
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
 from rockbot.console.file_store import FileOwner, FileStore
@@ -38,6 +38,7 @@ async def api(store: Store) -> AsyncIterator[str]:
     app = web.Application(middlewares=[Gate(tokens=None, sessions=Sessions(),
                                             local_identity=Identity(username="ann")).middleware()])  # fmt: skip
     add_run_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
+    add_file_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host="127.0.0.1", port=0)
