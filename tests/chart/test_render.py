@@ -294,6 +294,7 @@ def test_sandbox_options_reach_the_scripts_manager_and_open_no_traffic(render: R
     manifests = render(COMBINATIONS["sandbox-options"])
     env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
     assert env["ROCKBOT_SCRIPTS_RUNTIME_CLASS"] == "gvisor"
+    assert env["ROCKBOT_SCRIPTS_PRIORITY_CLASS"] == "rockbot-scripts"
     assert env["ROCKBOT_SCRIPTS_ALLOWED_PACKAGES"] == "numpy,pandas"
     assert env["ROCKBOT_SCRIPTS_POOL"] == "500m/256Mi=2"  # a class of size 0 keeps nothing
     scripts_policies = [m for m in manifests if m["kind"] == "NetworkPolicy"
