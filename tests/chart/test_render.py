@@ -211,6 +211,8 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
     env = env_of(find(render(), "Deployment", "rockbot-operator"))
     assert env == {
         "ROCKBOT_NAMESPACES": NAMESPACE,
+        "ROCKBOT_LEADER_LEASE": "rockbot-operator",
+        "ROCKBOT_LEADER_LEASE_NAMESPACE": NAMESPACE,
         "ROCKBOT_AGENT_IMAGE": env["ROCKBOT_AGENT_IMAGE"],
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-operator-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": {
