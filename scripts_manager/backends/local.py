@@ -235,6 +235,10 @@ class LocalBackend:
             "ROCKBOT_INPUT_DIR": str(sandboxed.input_dir),
             "ROCKBOT_OUTPUT_DIR": str(sandboxed.output_dir),
             "MPLBACKEND": FIGURES_BACKEND,
+            # One BLAS thread: a script has 8 processes and threads in all, and each of OpenBLAS's reserves
+            # tens of MiB of address space, which alone took numpy and pandas past a 256Mi sandbox.
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
         }
         path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
         env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)
