@@ -363,11 +363,14 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "uninstall: removes the release; runs after every other check")
+    config.addinivalue_line("markers", "crashes: crashes the release's parts; runs after every check but uninstall")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The checks that uninstall the release go last, whichever file they are in."""
-    items.sort(key=lambda item: item.get_closest_marker("uninstall") is not None)
+    """The checks that uninstall the release go last, whichever file they are in; before them the crash checks (they
+    leave restarted containers, which the checks of a release with no restart would see)."""
+    items.sort(key=lambda item: (item.get_closest_marker("uninstall") is not None,
+                                 item.get_closest_marker("crashes") is not None))
 
 
 @pytest.hookimpl(wrapper=True)
