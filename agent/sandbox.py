@@ -3,7 +3,16 @@
 The agent never runs scripts and has no Kubernetes rights; it publishes a `ScriptInvokeRequest`
 on `script.invoke` and waits on its process's own reply queue (`Bus.own_replies`, one the broker
 lets only this process consume), so replicas of one agent, and same-named agents in other
-namespaces, never take each other's answers. Whatever happens, the
+namespaces, never take each other's answers.
+
+The wait has two steps (`Bus.request` with `accept_within_seconds`). A scripts-manager says when it takes the
+script, right before it claims or makes its sandbox, and how soon it answers; with no such word within
+`accept_within_seconds` (no manager runs, or every one is busy) the call fails, retryable, and no manager
+starts the script later (service.py). After the word the call waits the script's timeout plus the start-up bound the
+manager gave, never more than `start_ceiling_seconds` on top of the timeout: only the scripts-manager's word
+counts (the broker checks `user_id`). A manager that dies after taking the script is answered for by whoever
+cleans up after it (its Lease, seconds later), so no call waits on a manager that is gone. An older manager,
+which never says, is heard when its answer comes within the first step. Whatever happens, the
 caller gets a `ScriptInvokeResponse` (the script ran) or a `ScriptInvokeError` (it could not run,
 or no answer came in time) — never an exception — so the tool loop can hand it to the model.
 """
@@ -19,7 +28,8 @@ from pydantic import ValidationError
 
 from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, keep_artifacts
 from rockbot.agent.recording import current_run
-from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, RequestTimeout
+from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, NotAccepted, RequestTimeout
+from rockbot.bus.interface import ACCEPT_TRAVEL_SECONDS
 from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.contracts.agent_config import AgentConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -31,8 +41,12 @@ from rockbot.contracts.scripts import (
 )
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
-#: Time on top of the script's own timeout for queueing, pod start-up and the reply.
-DEFAULT_REPLY_GRACE_SECONDS = 150.0
+#: How long a script waits in the queue, and for a free sandbox, before a scripts-manager must have taken it.
+DEFAULT_ACCEPT_WITHIN_SECONDS = 15.0
+#: The most a manager's word may add to the script's own timeout for start-up and answer (its pod start bound).
+DEFAULT_START_CEILING_SECONDS = 150.0
+#: The longest a call waits on top of the script's own timeout.
+LONGEST_EXTRA_SECONDS = DEFAULT_ACCEPT_WITHIN_SECONDS + ACCEPT_TRAVEL_SECONDS + DEFAULT_START_CEILING_SECONDS
 
 
 class ScriptSandbox:
@@ -43,7 +57,8 @@ class ScriptSandbox:
         namespace: str,
         agent: str,
         default_timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-        reply_grace_seconds: float = DEFAULT_REPLY_GRACE_SECONDS,
+        accept_within_seconds: float = DEFAULT_ACCEPT_WITHIN_SECONDS,
+        start_ceiling_seconds: float = DEFAULT_START_CEILING_SECONDS,
         cpu: str | None = None,
         memory: str | None = None,
         keeper: FileKeeper | None = None,
@@ -54,7 +69,8 @@ class ScriptSandbox:
         self._cpu = cpu
         self._memory = memory
         self._default_timeout = default_timeout_seconds
-        self._grace = reply_grace_seconds
+        self._accept_within = accept_within_seconds
+        self._start_ceiling = start_ceiling_seconds
 
     @classmethod
     def for_agent(cls, *, bus: Bus, config: AgentConfig, keeper: FileKeeper | None = None) -> ScriptSandbox:
@@ -95,7 +111,7 @@ class ScriptSandbox:
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))
-        wait = request.timeout_seconds + self._grace
+        wait = request.timeout_seconds + self._start_ceiling
         try:
             reply = await self._bus.request(
                 queue=SCRIPT_INVOKE,
@@ -104,6 +120,7 @@ class ScriptSandbox:
                 correlation_id=request_id,
                 timeout_seconds=wait,
                 responder=SCRIPTS_MANAGER,
+                accept_within_seconds=self._accept_within,
             )
             answer = reply.decode(SCRIPT_INVOKE_REPLY)
             run = current_run()
@@ -115,10 +132,19 @@ class ScriptSandbox:
                     duration_seconds=answer.duration_seconds, backend=answer.backend, pod=answer.pod,
                 )
             return answer
+        except NotAccepted:
+            return _error(
+                request_id, ErrorCode.UNAVAILABLE,
+                f"no scripts-manager took the script within {self._accept_within:g} s: none runs, every one is "
+                "busy, or it is still starting (proving its sandbox's isolation); it did not run — try again shortly",
+                retryable=True,
+            )  # fmt: skip
         except RequestTimeout:
             return _error(
                 request_id, ErrorCode.TIMEOUT,
-                f"no answer from the scripts-manager within {wait:g} s; it may be busy or down — try again later",
+                "the scripts-manager took the script but gave no answer within the time it gave (at most "
+                f"{wait:g} s); it may have stopped, and the script may have run in part: check what it did before "
+                "you run it again",
                 retryable=True,
             )  # fmt: skip
         except BusUnavailable as exc:

@@ -251,7 +251,7 @@ async def throughput(connect: Connect, *, concurrency: int, scripts: int) -> Non
     await manager.start()
     try:
         async with await connect(BENCH) as bus:
-            sandbox = ScriptSandbox(bus=bus, namespace=BENCH.namespace, agent=BENCH.name, reply_grace_seconds=60)
+            sandbox = ScriptSandbox(bus=bus, namespace=BENCH.namespace, agent=BENCH.name, start_ceiling_seconds=60)
             await sandbox.execute_python_script(script="pass")
             started = time.perf_counter()
             results = await asyncio.gather(*(

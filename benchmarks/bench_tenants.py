@@ -103,7 +103,7 @@ def counted(manager: ScriptsManager, name: str, **labels: str) -> float:
 async def b_latency(vhost: Vhost) -> str:
     """How long B's `print(1)` (timeout 30 s) took to be answered."""
     async with await AmqpBus.connect(url=await vhost.url(B)) as bus:
-        sandbox = ScriptSandbox(bus=bus, namespace=B.namespace, agent=B.name, reply_grace_seconds=3)
+        sandbox = ScriptSandbox(bus=bus, namespace=B.namespace, agent=B.name, start_ceiling_seconds=3)
         started = time.perf_counter()
         answer = await sandbox.execute_python_script(script="print(1)", timeout_seconds=30)
         took = time.perf_counter() - started
@@ -162,7 +162,7 @@ async def p2(vhost: Vhost) -> None:
 async def p3(vhost: Vhost) -> None:
     async with manager(vhost), await AmqpBus.connect(url=await vhost.url(A)) as bus:
         greedy = ScriptSandbox(bus=bus, namespace=A.namespace, agent=A.name, cpu="1", memory="1Gi",
-                               reply_grace_seconds=30)  # fmt: skip
+                               start_ceiling_seconds=30)  # fmt: skip
         memory = await greedy.execute_python_script(script="x = bytearray(200 * 2**20)\nprint('allocated')",
                                                     timeout_seconds=60)  # fmt: skip
         slow = await greedy.execute_python_script(script="import time\ntime.sleep(20)", timeout_seconds=60)

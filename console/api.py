@@ -62,8 +62,13 @@ def add_run_routes(app: web.Application, *, store: Store, authorizer: Authorizer
     app.router.add_get("/api/runs", list_runs)
     app.router.add_get("/api/runs/{run_id}", get_run)
     app.router.add_get("/api/sessions/{namespace}/{agent}/{session_id}", session_runs)
-    app[FILES] = FileStore(store=store)
     app.router.add_get("/api/runs/{run_id}/files", run_files)
+
+
+def add_file_routes(app: web.Application, *, store: Store, authorizer: Authorizer) -> None:
+    """Serve a conversation's files (`GET /api/files/{id}`), for the API and the console's pages alike."""
+    app[FILES] = FileStore(store=store)
+    app[AUTHORIZER] = authorizer
     app.router.add_get("/api/files/{file_id}", get_file)
 
 
@@ -163,7 +168,7 @@ async def run_files(request: web.Request) -> web.Response:
         run = await request.app[STORE].get_run(run_id)
         if run is None or not await _may_read(request, run.namespace):
             raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
-        files = await request.app[FILES].of_run(run_id)
+        files = await FileStore(store=request.app[STORE]).of_run(run_id)
     except StoreUnavailable as exc:
         raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
     return _json({"files": files})

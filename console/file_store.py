@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import datetime
 import secrets
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
 from rockbot.console.store import Store
+from rockbot.console.store_models import Origin, StoredFile
 from rockbot.console.store_schema import conversation_files
-from rockbot.contracts.scripts import FileName
 from rockbot.media import sniff
-
-Origin = Literal["upload", "script"]
 
 
 class FileOwner(BaseModel):
@@ -39,25 +37,6 @@ class FileOwner(BaseModel):
     agent: str
     caller: str
     session_id: str
-
-
-class StoredFile(BaseModel):
-    """A file as it is listed (no content)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    namespace: str
-    agent: str
-    caller: str
-    session_id: str
-    run_id: str
-    origin: Origin
-    name: FileName
-    media_type: str
-    size: int
-    created_at: datetime.datetime
-    expires_at: datetime.datetime
 
 
 _LISTED = [column for column in conversation_files.c if column.name != "content"]

@@ -30,6 +30,8 @@ Mode = Literal["live", "recorded"]
 RECORDED_WITHIN_SECONDS = 30.0
 #: The most bytes of recorded tool calls one replay carries (the inbox takes 1 MiB in all).
 MAX_RECORDED_BYTES = 900 * 1024
+#: Where `rockbot local`'s console gives a program at the machine its CSRF token (`rockbot replay` without --token).
+CSRF_PATH = "/api/local/csrf"
 
 
 class ReplayRefused(ValueError):

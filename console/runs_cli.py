@@ -1,8 +1,14 @@
-"""`rockbot runs list|show|tail`: recorded runs, from a cluster's console (its read API) or `rockbot local`'s SQLite.
+"""`rockbot runs list|show|tail|files`: recorded runs, from a cluster's console (its read API) or `rockbot local`'s
+SQLite.
 
     rockbot runs list --url https://console.example.com --token "$TOKEN" -n team-a --agent triage
     rockbot runs show 3f2a9c...                        # rockbot local's runs (~/.local/state/rockbot/runs.db)
     rockbot runs tail -n team-a                        # new runs as they start and end
+    rockbot runs files 3f2a9c... --out charts/         # the files the run brought, saved into charts/
+
+`files --out DIR` writes each file under the last part of its name only (`charts/a.png` becomes `DIR/a.png`; a
+name taken already gets `-2`, `-3`...), never over an existing file and never through a link: a name a script
+chose is never a path.
 
 With `--url` (or `$ROCKBOT_CONSOLE_URL`) the runs come from the console over HTTP, as the token's
 user may read them (`--token` or `$ROCKBOT_CONSOLE_TOKEN`: a ServiceAccount or user token); without,
@@ -16,14 +22,17 @@ import asyncio
 import datetime
 import os
 import sys
+from pathlib import Path
 from typing import Protocol
 
 import aiohttp
+from pydantic import TypeAdapter
 
 from rockbot.console.settings import DEFAULT_DATABASE
-from rockbot.console.store_models import RunDetail, RunFilter, RunPage, RunSummary
+from rockbot.console.store_models import RunDetail, RunFilter, RunPage, RunSummary, StoredFile
 
 TAIL_SECONDS = 2.0
+_FILES: TypeAdapter[dict[str, list[StoredFile]]] = TypeAdapter(dict[str, list[StoredFile]])
 
 
 class RunSource(Protocol):
@@ -68,6 +77,16 @@ class HttpRuns:
         text = await self._get(f"/api/runs/{run_id}", {})
         return None if text is None else RunDetail.model_validate_json(text)
 
+    async def run_files(self, run_id: str) -> list[StoredFile] | None:
+        text = await self._get(f"/api/runs/{run_id}/files", {})
+        return None if text is None else _FILES.validate_json(text)["files"]
+
+    async def file_content(self, file_id: str) -> bytes:
+        async with self._http.get(f"{self._url}/api/files/{file_id}") as response:
+            if response.status >= 400:
+                raise RuntimeError(f"the console answered {response.status} for file {file_id}")
+            return await response.read()
+
     async def close(self) -> None:
         await self._http.close()
 
@@ -92,6 +111,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--limit", type=int, default=20)
     show = verbs.add_parser("show", help="one run with its timeline")
     show.add_argument("run_id")
+    files = verbs.add_parser("files", help="the files a run brought (a person's attachments, its scripts' files)")
+    files.add_argument("run_id")
+    files.add_argument("--out", help="save them into this folder (made if missing)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,6 +137,8 @@ async def _open(args: argparse.Namespace) -> RunSource:
 async def _main(args: argparse.Namespace) -> int:
     source = await _open(args)
     try:
+        if args.verb == "files":
+            return await _files(source, run_id=args.run_id, out=args.out, as_json=args.json)
         if args.verb == "show":
             run = await source.get_run(args.run_id)
             if run is None:
@@ -134,6 +158,53 @@ async def _main(args: argparse.Namespace) -> int:
         return 0
     finally:
         await source.close()
+
+
+async def _files(source: RunSource, *, run_id: str, out: str | None, as_json: bool) -> int:
+    if isinstance(source, HttpRuns):
+        files, fetch = await source.run_files(run_id), source.file_content
+    else:
+        from rockbot.console.file_store import FileStore
+
+        kept = FileStore(store=source)  # type: ignore[arg-type]
+        files = None if await source.get_run(run_id) is None else await kept.of_run(run_id)
+
+        async def fetch(file_id: str) -> bytes:
+            found = await kept.read_any(file_id)
+            if found is None:
+                raise RuntimeError(f"file {file_id} is gone")
+            return found[1]
+
+    if files is None:
+        print(f"rockbot runs: no run {run_id!r}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(_FILES.dump_json({"files": files}, indent=2).decode())
+    else:
+        for file in files:
+            print(f"{file.id}  {file.size:>10,}  {file.media_type:28} {file.name}")
+    if out is not None:
+        folder = Path(out)
+        await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)
+        for file in files:
+            path = await asyncio.to_thread(_save, folder, file.name.rpartition("/")[2], await fetch(file.id))
+            print(f"saved {path}", file=sys.stderr)
+    return 0
+
+
+def _save(folder: Path, name: str, content: bytes) -> Path:
+    """`content` as a new file in `folder` named `name` (or `name-2`, `-3`...), never through a link."""
+    stem, dot, suffix = name.rpartition(".") if "." in name.lstrip(".") else (name, "", "")
+    for attempt in range(1, 1000):
+        candidate = name if attempt == 1 else f"{stem}-{attempt}{dot}{suffix}"
+        try:
+            fd = os.open(folder / candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as target:
+            target.write(content)
+        return folder / candidate
+    raise RuntimeError(f"{folder} already holds 999 files named like {name}")
 
 
 async def _tail(source: RunSource, *, filters: RunFilter, limit: int, as_json: bool) -> None:

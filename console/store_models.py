@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import base64
 import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rockbot.contracts.recording import RecordMode, RunOutcome, RunSource
+from rockbot.contracts.scripts import FileName
 
 #: The most runs one page lists, and the most timeline entries one run shows.
 MAX_PAGE = 500
@@ -106,3 +107,26 @@ def decode_cursor(cursor: str) -> tuple[datetime.datetime, str]:
         return datetime.datetime.fromisoformat(at), run_id
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadCursor(f"cursor={cursor!r} is not one this API handed out: pass next_cursor as it came") from exc
+
+
+#: Where a conversation's file came from: a person attached it, or a script wrote it under /output.
+Origin = Literal["upload", "script"]
+
+
+class StoredFile(BaseModel):
+    """A file as it is listed (no content)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    namespace: str
+    agent: str
+    caller: str
+    session_id: str
+    run_id: str
+    origin: Origin
+    name: FileName
+    media_type: str
+    size: int
+    created_at: datetime.datetime
+    expires_at: datetime.datetime

@@ -94,7 +94,7 @@ async def scripts_manager(*, namespace: str, targets: Targets, enforce: bool = T
         manager = ScriptsManager(settings=settings, bus=manager_bus)
         await manager.start()
         try:
-            yield manager, ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=180)
+            yield manager, ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=180)
         finally:
             await manager.stop()
 

@@ -6,7 +6,9 @@ It is the cluster's console, not a copy: the same pages, the same chat relay (tu
 cluster). What differs is where its facts come from: the Agents, ScheduledTasks and Triggers are the manifests
 `rockbot local` runs (each Agent Ready, with the tools its runtime offers), and every user may do everything.
 Requests must name a loopback host (`Host: 127.0.0.1:PORT` or `localhost:PORT`), so a web page that rebinds its
-own domain to 127.0.0.1 cannot drive it; state-changing requests still need the page's CSRF token.
+own domain to 127.0.0.1 cannot drive it; state-changing requests still need the page's CSRF token (a program at
+this machine, `rockbot replay`, reads it from `/api/local/csrf`). It serves the runs' JSON API too, so `rockbot
+runs` and `rockbot replay` work with `--url` on it as on a cluster's console.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from aiohttp import web
 
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import CONSOLE
+from rockbot.console.api import add_run_routes
 from rockbot.console.approvals import ApprovalDesk, OnPending
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
 from rockbot.console.authorization import Action
 from rockbot.console.chat import ChatRelay
 from rockbot.console.memory_store import MemoryStore
+from rockbot.console.replay import CSRF_PATH, Replayer
 from rockbot.console.store import Store
 from rockbot.console.web.app import Handler, build_app
 from rockbot.console.web.gate import Gate
@@ -104,6 +108,17 @@ def _placed(body: dict[str, Any], agents: dict[str, AgentRuntime]) -> dict[str, 
     return placed
 
 
+def _csrf_token(sessions: Sessions) -> Handler:
+    """The CSRF token of the one local user, for a program at this machine (`rockbot replay`): a page of another
+    origin cannot read it (no CORS), and another host name is refused (`_loopback_host`), as for the pages that
+    carry it."""
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"token": sessions.csrf_token(principal="local")})
+
+    return answer
+
+
 @web.middleware
 async def _loopback_host(request: web.Request, handler: Handler) -> web.StreamResponse:
     host = (request.host or "").rsplit(":", 1)[0]
@@ -136,6 +151,9 @@ async def serving(*, connect: Connect, store: Store | None, manifests: Manifests
                         desk=desk, store=store, chat=relay, secure_cookie=False,  # type: ignore[arg-type]
                         memories=store and MemoryStore(store=store))
         app.middlewares.insert(0, _loopback_host)
+        if store is not None:  # the runs' API, for rockbot runs and rockbot replay --url
+            add_run_routes(app, store=store, authorizer=Everyone(), replayer=Replayer(relay=relay, store=store))
+        app.router.add_get(CSRF_PATH, _csrf_token(gate.sessions))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

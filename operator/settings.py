@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, IPvAnyNetwork, SecretStr, field_validator
+from pydantic import BeforeValidator, Field, IPvAnyNetwork, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot import __version__
@@ -93,8 +93,28 @@ class OperatorSettings(BaseSettings):
         "(the cloud metadata endpoint) and other non-public addresses are refused unless listed; a cluster "
         "administrator's call, never a Tool's or Agent's author's.",
     )
+    leader_lease: str = Field(
+        default="",
+        description="The Lease (coordination.k8s.io) operator replicas elect their leader with: only its holder "
+        "works, the others stand by (leadership.py); empty: no election, so run one replica only.",
+    )
+    leader_lease_namespace: str = Field(
+        default="", validate_default=True, description="The leader Lease's namespace (the operator's own)."
+    )
+    leader_lease_seconds: int = Field(
+        default=10, ge=3, le=300,
+        description="Seconds a standby waits, on its own clock, for a leader that stopped renewing the Lease before "
+        "taking over (a leader stopped cleanly hands it over at once).",
+    )
     log_format: Literal["json", "text"] = Field(default="json", description="Log format.")
     resync_seconds: float = Field(default=300.0, description="Period of the safety resync of every Agent.")
+
+    @field_validator("leader_lease_namespace")
+    @classmethod
+    def _lease_namespace(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("leader_lease") and not value:
+            raise ValueError("a leader_lease needs its namespace, the operator's own")
+        return value
 
     @field_validator("egress_canary_targets", mode="before")
     @classmethod

@@ -30,6 +30,13 @@ in part; the copy the broker redelivers is then not run again (`ScriptBackend.ta
 took it, its manager (or whoever reaps that one) answers it; when that sandbox was reaped here, it gets the same
 error. Only a copy no sandbox ever took runs.
 
+A request that asks to hear when it is taken (the agent's client does, `accept_within_seconds`: see
+`Bus.request`) is told so right before its sandbox is claimed or made, once it has its turn under the fair
+share and passed the policy and the isolation canary, with the most this manager takes to answer it: its
+timeout plus the backend's start-up bound. A request whose asker stopped waiting for that word (it waited in
+the queue and for a turn longer than the asker's `accept_within_seconds`) is not started: its answer says so,
+and the asker, who has moved on, may send it again without it running twice.
+
 A run is a span (`run script`: backend, agent, outcome) in the trace of the agent that asked, with
 the time the request waited in `script.invoke` as a `queue wait` span; the backend adds its
 start-up, run and cleanup spans.
@@ -42,6 +49,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Protocol
 
 from opentelemetry.trace import Status, StatusCode
@@ -71,6 +79,7 @@ from rockbot.scripts_manager.backends import (
     SandboxFailure,
     SandboxUnavailable,
     ScriptBackend,
+    ScriptJob,
     Taken,
 )
 from rockbot.scripts_manager.limits import AgentLimits
@@ -229,10 +238,12 @@ class ScriptService:
             self._held[sender.user] += 1
         asker = Asker(user=sender.user, reply_to=delivery.reply_to or "",
                       correlation_id=delivery.correlation_id or request.request_id)
+        acceptance = _Acceptance.of(delivery, asker=asker, taken=taken / 1e9)
         try:
             return await self._once.run(
                 key=key, fingerprint=fingerprint.hexdigest(),
-                work=lambda: self._run(request, sender=sender, asker=asker, waited=waited, taken=taken),
+                work=lambda: self._run(request, sender=sender, asker=asker, waited=waited, taken=taken,
+                                       acceptance=acceptance),
             )  # fmt: skip
         except Conflict:
             return self._count(_error(
@@ -263,7 +274,8 @@ class ScriptService:
             ))  # fmt: skip
 
     async def _run(
-        self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, waited: float | None, taken: int
+        self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, waited: float | None, taken: int,
+        acceptance: _Acceptance | None,
     ) -> Reply:
         """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""
         backend = self._metrics.backend
@@ -276,14 +288,16 @@ class ScriptService:
                 "rockbot.agent": sender.agent_id, "rockbot.script.timeout_seconds": request.timeout_seconds,
             })  # fmt: skip
             async with self._share.slot(sender.user):  # its turn: a sandbox free, under its agent's share
-                reply = await self._checked_run(request, sender=sender, asker=asker)
+                reply = await self._checked_run(request, sender=sender, asker=asker, acceptance=acceptance)
             outcome = _outcome(reply)
             span.set_attribute("rockbot.script.outcome", outcome)
             if isinstance(reply, ScriptInvokeError):
                 span.set_status(Status(StatusCode.ERROR, outcome))
             return reply
 
-    async def _checked_run(self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker) -> Reply:
+    async def _checked_run(
+        self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, acceptance: _Acceptance | None
+    ) -> Reply:
         limits = self._limits.of(sender)
         if limits is None:
             return self._count(_error(
@@ -297,6 +311,13 @@ class ScriptService:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
         if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refusal))
+        if acceptance is not None and not await self._accept(acceptance, job=job):
+            return self._count(_error(
+                request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
+                message=f"this script was not started: its agent waits {acceptance.within:g} s for a scripts-manager "
+                        "to take it, and it waited longer for a free sandbox (or came back from a scripts-manager "
+                        "that stopped); send it again",
+            ))  # fmt: skip
         backend = self._metrics.backend
         started = time.monotonic()
         self._metrics.in_flight.labels(backend).inc()
@@ -316,6 +337,21 @@ class ScriptService:
             self._metrics.in_flight.labels(backend).dec()
             self._metrics.duration.labels(backend).observe(time.monotonic() - started)
         return self._count(reply)
+
+    async def _accept(self, acceptance: _Acceptance, *, job: ScriptJob) -> bool:
+        """Tell the asker its script starts now and is answered within its timeout plus the backend's start-up
+        bound; False when the asker stopped waiting for that word, or its reply queue is gone (nobody would read
+        the answer)."""
+        if time.time() > acceptance.by:
+            return False
+        try:
+            await self._bus.accept(to=acceptance.address,
+                                   answer_within_seconds=job.timeout_seconds + self._backend.start_seconds)
+        except (NoRoute, Nacked) as exc:
+            log.warning("cannot tell %s that request %s is taken (%s); not starting it", acceptance.address.reply_to,
+                        job.request_id, exc)
+            return False
+        return True
 
     def _count(self, reply: Reply) -> Reply:
         self._metrics.runs.labels(self._metrics.backend, _outcome(reply)).inc()
@@ -340,6 +376,26 @@ def _queue_wait_span(waited: float, *, taken: int) -> None:
     differ, and a span drawn back from the later one would start after the send and end after the take.
     """
     tracer.start_span("queue wait", start_time=taken - int(waited * 1e9)).end(end_time=taken)
+
+
+@dataclass(frozen=True)
+class _Acceptance:
+    """Where to say a request is taken, and until when (seconds since the epoch) its asker waits for that."""
+
+    address: ReplyAddress
+    within: float
+    by: float
+
+    @classmethod
+    def of(cls, delivery: Delivery, *, asker: Asker, taken: float) -> _Acceptance | None:
+        """None when the request does not ask. Its wait began when it was sent (the sender's stamp, on a clock
+        that may differ a little from ours), and never later than when it reached this manager."""
+        within = delivery.accept_within_seconds
+        if within is None:
+            return None
+        sent = min(taken, delivery.published_at or taken)
+        return cls(address=ReplyAddress(reply_to=asker.reply_to, correlation_id=asker.correlation_id), within=within,
+                   by=sent + within)
 
 
 class _Refusal(Exception):

@@ -141,6 +141,9 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_image: str = "python:3.12-slim"
     scripts_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     scripts_runtime_class: str | None = None
+    # The PriorityClass of script pods and the isolation canary's (None: the cluster's default priority): above
+    # the cluster's batch work, they are scheduled first on a full node, or preempt it.
+    scripts_priority_class: str | None = None
     scripts_pod_start_seconds: Annotated[float, Field(gt=0)] = 120.0  # scheduling and image pull
     scripts_sweep_interval_seconds: Annotated[float, Field(gt=0)] = 60.0
     scripts_sweep_grace_seconds: Annotated[float, Field(ge=0)] = 120.0

@@ -19,15 +19,15 @@ from pydantic import Field
 
 from rockbot.agent.defining import tool
 from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
-from rockbot.agent.sandbox import DEFAULT_REPLY_GRACE_SECONDS, session_digest
+from rockbot.agent.sandbox import LONGEST_EXTRA_SECONDS, session_digest
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, ScriptInvokeError, ScriptInvokeResponse
 
-#: The client waits the script's limit plus its reply grace; the tool waits a little longer, so the
-#: client's clearer error (busy, down, no answer) is the one the model sees.
-SANDBOX_MARGIN_SECONDS = DEFAULT_REPLY_GRACE_SECONDS + 10.0
+#: The client waits at most the script's limit plus its acceptance and start-up bounds; the tool waits a little
+#: longer, so the client's clearer error (not taken, no answer) is the one the model sees.
+SANDBOX_MARGIN_SECONDS = LONGEST_EXTRA_SECONDS + 10.0
 
 GUIDE = Guide(
     name="python-scripts",

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from rockbot.console.api import add_file_routes
 from rockbot.console.approvals import ApprovalDesk, UnknownApproval
 from rockbot.console.auth_sessions import COOKIE_NAME, IDLE_SECONDS
 from rockbot.console.authentication import Unauthenticated
@@ -78,6 +79,7 @@ def build_app(
                         replayer=None if chat is None else Replayer(relay=chat, store=store))
         app.router.add_get("/runs", runs.list)
         app.router.add_get("/runs/{run_id}", runs.run)
+        add_file_routes(app, store=store, authorizer=authorizer)
         if chat is not None:
             app.router.add_post("/runs/{run_id}/replay", runs.replay)
     if memories is not None:
@@ -104,8 +106,8 @@ async def _security_headers(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         exc.headers.update(_SECURITY_HEADERS)
         raise
-    if not response.prepared:
-        response.headers.update(_SECURITY_HEADERS)
+    if not response.prepared:  # a response with a policy of its own (a file: runs nothing at all) keeps it
+        response.headers.update({k: v for k, v in _SECURITY_HEADERS.items() if k not in response.headers})
         if not request.path.startswith("/static/"):
             response.headers.setdefault("Cache-Control", "no-store")
     return response

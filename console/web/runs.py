@@ -1,9 +1,10 @@
 """The Runs pages: a namespace's runs with filters, a page at a time, and one run with its whole timeline.
 
 Both read the run store the JSON API reads, with the same rule: a namespace's runs need `get agents` there,
-and a run the user may not read answers 404, like one that does not exist. With the chat relay, a run's page has a
-Replay button for those who may chat with its Agent (`create agents/chat`): the run again in recorded mode
-(`console.replay`), and the page that answers compares the two runs side by side.
+and a run the user may not read answers 404, like one that does not exist. A run's page shows the files it brought:
+raster images inline (served by `GET /api/files/{id}` with their sniffed type), everything else as a download.
+With the chat relay, a run's page has a Replay button for those who may chat with its Agent (`create agents/chat`):
+the run again in recorded mode (`console.replay`), and the page that answers compares the two runs side by side.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp import web
 from rockbot.console.api import run_filter
 from rockbot.console.authorization import CHAT, VIEW
 from rockbot.console.chat import ChatFailed
+from rockbot.console.file_store import FileStore
 from rockbot.console.replay import Replayer, ReplayOptions, ReplayRefused
 from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import BadCursor, RunDetail
@@ -21,6 +23,7 @@ from rockbot.console.web.gate import IDENTITY
 from rockbot.console.web.pages import Pages
 from rockbot.contracts.recording import RunOutcome, RunSource
 from rockbot.kube import AGENTS, KubeClient
+from rockbot.media import RASTER
 
 SOURCES: tuple[str, ...] = RunSource.__args__
 OUTCOMES: tuple[str, ...] = RunOutcome.__args__
@@ -62,7 +65,11 @@ class RunPages:
         run = await self._readable(request)
         replay_on = self._replayer is not None and await self._pages.authorizer.allowed(
             identity=request[IDENTITY], namespace=run.namespace, action=CHAT)
-        return self._pages.render(request, "run.html", run=run, replay_on=replay_on)
+        try:
+            files = await FileStore(store=self._store).of_run(run.run_id)
+        except StoreUnavailable as exc:
+            raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        return self._pages.render(request, "run.html", run=run, replay_on=replay_on, files=files, raster=RASTER)
 
     async def replay(self, request: web.Request) -> web.Response:
         """Replay the run in recorded mode as the user, and show both runs side by side."""

@@ -14,6 +14,7 @@ from rockbot.bus.errors import (
     InUse,
     Nacked,
     NoRoute,
+    NotAccepted,
     Refused,
     RequestTimeout,
     TooLarge,
@@ -21,7 +22,7 @@ from rockbot.bus.errors import (
 from rockbot.bus.identity import CONSOLE, GATEWAY, LOCAL, OPERATOR, SCRIPTS_MANAGER, Principal
 from rockbot.bus.interface import Bus, Handler, Subscription
 from rockbot.bus.memory import MemoryBroker, MemoryBus
-from rockbot.bus.messages import Delivery, ReplyAddress
+from rockbot.bus.messages import Delivery, ReplyAddress, RequestAccepted
 from rockbot.bus.permissions import Permissions, permissions_for
 from rockbot.bus.topology import Queue
 
@@ -44,11 +45,13 @@ __all__ = [
     "MemoryBus",
     "Nacked",
     "NoRoute",
+    "NotAccepted",
     "Permissions",
     "Principal",
     "Queue",
     "Refused",
     "ReplyAddress",
+    "RequestAccepted",
     "RequestTimeout",
     "Subscription",
     "TooLarge",

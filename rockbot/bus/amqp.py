@@ -31,6 +31,7 @@ from yarl import URL
 from rockbot.bus.errors import AccessRefused, BusError, BusUnavailable, InUse, Nacked, NoRoute, TooLarge
 from rockbot.bus.interface import Bus, DeadLetterShare, Handler, Subscription, run_handler
 from rockbot.bus.messages import (
+    ACCEPT_WITHIN_HEADER,
     CONTENT_TYPE,
     PUBLISHED_AT_HEADER,
     ROUTING_HEADERS,
@@ -217,6 +218,8 @@ def _to_amqp(message: Outgoing, *, user_id: str) -> aio_pika.Message:
         headers={
             SCHEMA_VERSION_HEADER: message.schema_version, PUBLISHED_AT_HEADER: round(message.published_at * 1000),
             **message.trace_context,
+            **({} if message.accept_within_seconds is None
+               else {ACCEPT_WITHIN_HEADER: round(message.accept_within_seconds * 1000)}),
         },
         expiration=message.expires_after_seconds,
         user_id=user_id,
@@ -250,6 +253,7 @@ class _AmqpSubscription(Subscription):
             headers = message.headers or {}
             version = headers.get(SCHEMA_VERSION_HEADER)
             published_at = headers.get(PUBLISHED_AT_HEADER)
+            accept_within = headers.get(ACCEPT_WITHIN_HEADER)
             delivery = Delivery(
                 queue=self._queue.name,
                 body=message.body,
@@ -259,6 +263,7 @@ class _AmqpSubscription(Subscription):
                 message_id=message.message_id,
                 correlation_id=message.correlation_id,
                 reply_to=message.reply_to,
+                accept_within_seconds=accept_within / 1000 if isinstance(accept_within, int) else None,
                 redelivered=bool(message.redelivered),
                 user_id=message.user_id,
                 trace_context={k: _text(v) for k, v in headers.items() if k in TRACE_HEADERS},

@@ -24,6 +24,10 @@ class RequestTimeout(BusError):
     """No reply arrived before the request's deadline."""
 
 
+class NotAccepted(RequestTimeout):
+    """No consumer said it took the request within the wait the request gave for that (see `Bus.request`)."""
+
+
 class AccessRefused(BusError):
     """The broker refused this connection's user something its permissions do not allow."""
 

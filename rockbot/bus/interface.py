@@ -39,12 +39,13 @@ from rockbot.bus.errors import (
     BusError,
     InUse,
     NoRoute,
+    NotAccepted,
     Refused,
     RequestTimeout,
     TooLarge,
 )
 from rockbot.bus.identity import Principal
-from rockbot.bus.messages import Delivery, Outgoing, ReplyAddress, encode
+from rockbot.bus.messages import Delivery, Outgoing, ReplyAddress, RequestAccepted, encode
 from rockbot.bus.topology import MAX_MESSAGE_BYTES, MAX_REPLY_SLOTS, Queue, agent_replies
 from rockbot.telemetry import inject
 
@@ -56,6 +57,8 @@ Outcome = Literal["ack", "requeue", "drop"]
 _REPLY_PREFETCH = 64
 #: Refused messages of one sender a process dead-letters per minute (see `DeadLetterShare`).
 DEAD_LETTERS_PER_SENDER_MINUTE = 100
+#: How long a consumer's word that it took a request may take to reach the asker (see `Bus.request`).
+ACCEPT_TRAVEL_SECONDS = 2.0
 #: How long a handler that hit a transient bus error holds its slot before its message is requeued.
 TRANSIENT_PAUSE_SECONDS = 0.5
 
@@ -174,6 +177,7 @@ class Bus(ABC):
         correlation_id: str | None = None,
         reply_to: str | None = None,
         expires_after_seconds: float | None = None,
+        accept_within_seconds: float | None = None,
     ) -> None:
         """Put a persistent message on `queue` (which its owner declared); returns once confirmed.
 
@@ -182,7 +186,8 @@ class Bus(ABC):
         has taken by then is discarded (dead-lettered on a work queue).
         """
         await self._post(queue.name, body, message_id=message_id, correlation_id=correlation_id, reply_to=reply_to,
-                         expires_after_seconds=expires_after_seconds)  # fmt: skip
+                         expires_after_seconds=expires_after_seconds,
+                         accept_within_seconds=accept_within_seconds)  # fmt: skip
 
     async def reply(self, *, to: Delivery | ReplyAddress, body: BaseModel) -> None:
         """Answer `to` on its `reply_to` queue with its correlation id; `NoRoute` if that queue is gone."""
@@ -237,32 +242,71 @@ class Bus(ABC):
         correlation_id: str,
         timeout_seconds: float,
         responder: Principal,
+        accept_within_seconds: float | None = None,
     ) -> Delivery:
         """Publish `body` and wait for `responder`'s reply carrying `correlation_id`; `RequestTimeout` after
         `timeout_seconds`.
 
         A reply from anybody else is dropped with a warning. The request expires undelivered with the
         wait: no consumer starts work nobody will read.
+
+        With `accept_within_seconds` the wait has two steps. The request is `NotAccepted` unless the responder
+        says it took it within that (plus `ACCEPT_TRAVEL_SECONDS`): a `RequestAccepted` on the reply queue. From
+        each such word on, the wait is the `answer_within_seconds` it names, never more than `timeout_seconds`:
+        only the responder's word counts (the broker checks who sends), and not even its word extends a wait past
+        the bound the asker set. A responder that never says (an older one) is still heard if its answer comes
+        within the first step. The request expires with the longest wait all the same, not after the first
+        step: a copy the broker hands on again after a restart joins the run under way, and only that copy's
+        handler can answer it.
         """
         router = await self._router(reply_queue)
-        future = router.expect(correlation_id, responder=responder)
+        replies = router.expect(correlation_id, responder=responder)
+        two_step = accept_within_seconds is not None
+        first = accept_within_seconds + ACCEPT_TRAVEL_SECONDS if accept_within_seconds is not None else timeout_seconds
+        accepted = False
         try:
-            async with asyncio.timeout(timeout_seconds):
+            async with asyncio.timeout(first) as deadline:
                 await self.publish(
                     queue=queue,
                     body=body,
                     message_id=correlation_id,
                     correlation_id=correlation_id,
                     reply_to=reply_queue.name,
-                    expires_after_seconds=timeout_seconds,  # after that nobody waits for the answer
+                    expires_after_seconds=first + timeout_seconds if two_step else timeout_seconds,
+                    accept_within_seconds=accept_within_seconds,
                 )
-                return await future
+                while True:
+                    delivery = await replies.get()
+                    if delivery.message_type != RequestAccepted.__name__:
+                        return delivery
+                    if not two_step:
+                        continue  # a word nobody asked for changes nothing
+                    try:
+                        word = delivery.decode(RequestAccepted)
+                    except BadMessage as exc:
+                        log.warning("ignoring an unreadable acceptance of %s: %s", correlation_id, exc)
+                        continue
+                    accepted = True
+                    deadline.reschedule(
+                        asyncio.get_running_loop().time() + min(word.answer_within_seconds, timeout_seconds)
+                    )
         except TimeoutError:
+            if two_step and not accepted:
+                raise NotAccepted(
+                    f"nobody took {correlation_id!r} (answering on {reply_queue.name!r}) within "
+                    f"{accept_within_seconds:g} s"
+                ) from None
             raise RequestTimeout(
                 f"no reply to {correlation_id!r} on {reply_queue.name!r} within {timeout_seconds:g} s"
+                + (" of its acceptance" if accepted else "")
             ) from None
         finally:
             router.forget(correlation_id)
+
+    async def accept(self, *, to: Delivery | ReplyAddress, answer_within_seconds: float) -> None:
+        """Tell the asker of `to` (a request with `accept_within_seconds`) that it is taken and answered within
+        `answer_within_seconds`; `NoRoute` if its reply queue is gone."""
+        await self.reply(to=to, body=RequestAccepted(answer_within_seconds=answer_within_seconds))
 
     async def own_replies(self) -> Queue:
         """This agent process's reply queue: the first of its Agent's reply slots that no other process holds.
@@ -322,30 +366,30 @@ class Bus(ABC):
 
 
 class _ReplyRouter:
-    """One consumer per reply queue, handing each reply to the request waiting for it."""
+    """One consumer per reply queue, handing each reply (and word of acceptance) to the request waiting for it."""
 
     subscription: Subscription
 
     def __init__(self) -> None:
-        self._waiting: dict[str, tuple[Principal, asyncio.Future[Delivery]]] = {}
+        self._waiting: dict[str, tuple[Principal, asyncio.Queue[Delivery]]] = {}
 
-    def expect(self, correlation_id: str, *, responder: Principal) -> asyncio.Future[Delivery]:
+    def expect(self, correlation_id: str, *, responder: Principal) -> asyncio.Queue[Delivery]:
         if correlation_id in self._waiting:
             raise BusError(f"a request with correlation id {correlation_id!r} is already waiting for its reply")
-        future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
-        self._waiting[correlation_id] = (responder, future)
-        return future
+        replies: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._waiting[correlation_id] = (responder, replies)
+        return replies
 
     def forget(self, correlation_id: str) -> None:
         self._waiting.pop(correlation_id, None)
 
     async def on_reply(self, delivery: Delivery) -> None:
-        responder, future = self._waiting.get(delivery.correlation_id or "", (None, None))
-        if future is None or future.done():
+        responder, replies = self._waiting.get(delivery.correlation_id or "", (None, None))
+        if replies is None:
             log.info("dropping a reply on %s that nobody waits for (%s)", delivery.queue, delivery.correlation_id)
             return
         if delivery.sender != responder:
             log.warning("dropping a reply to %s on %s from %s: the request went to %s",
                         delivery.correlation_id, delivery.queue, delivery.user_id, responder)
             return
-        future.set_result(delivery)
+        replies.put_nowait(delivery)

@@ -303,6 +303,7 @@ class _MemorySubscription(Subscription):
             message_id=message.message_id,
             correlation_id=message.correlation_id,
             reply_to=message.reply_to,
+            accept_within_seconds=message.accept_within_seconds,
             redelivered=stored.returns > 0,
             user_id=stored.user_id,
             trace_context=message.trace_context,

@@ -4,7 +4,9 @@ Bodies are JSON (`content_type` `application/json`); the message `type` is the m
 and the `x-schema-version` header its `schema_version`, so a consumer can refuse what it cannot read.
 Headers also carry the sender's trace context (W3C `traceparent`, `tracestate`) and when it was
 sent (`x-published-at-ms`, integer milliseconds since the epoch), so the receiver's work joins the
-sender's trace and shows how long the message waited in its queue.
+sender's trace and shows how long the message waited in its queue. A request that wants to hear when a consumer
+takes it says how long it waits for that (`x-accept-within-ms`, see `Bus.request`); the consumer's word is a
+`RequestAccepted` on the reply queue.
 A received message says who sent it (`user_id`, set by the sending connection and checked by the
 broker, see `identity`); a consumer bounds what it parses with `max_bytes` before reading a byte
 of JSON, so an oversized body never becomes Python objects.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -27,6 +29,8 @@ CONTENT_TYPE = "application/json"
 SCHEMA_VERSION_HEADER = "x-schema-version"
 # Integer milliseconds: AMQP tables (pamqp) encode a Python float as a 32-bit float, off by up to a minute.
 PUBLISHED_AT_HEADER = "x-published-at-ms"
+#: A request's wait for a consumer to take it, in integer milliseconds (see `Bus.request`).
+ACCEPT_WITHIN_HEADER = "x-accept-within-ms"
 #: Headers that route a message besides its routing key (copies), or say it was dead-lettered before.
 ROUTING_HEADERS = ("CC", "BCC", "x-death")
 
@@ -46,6 +50,8 @@ class Outgoing(BaseModel):
     reply_to: str | None = None
     #: Discarded undelivered after this long (a request nobody waits for any more is not worth running).
     expires_after_seconds: float | None = None
+    #: The requester waits this long for a consumer to say it took the request (`RequestAccepted`); None: no word.
+    accept_within_seconds: float | None = None
     #: The sender's trace context (W3C headers); empty when it traces nothing.
     trace_context: dict[str, str] = Field(default_factory=dict)
     published_at: float = Field(default_factory=time.time)
@@ -58,6 +64,7 @@ def encode(
     correlation_id: str | None = None,
     reply_to: str | None = None,
     expires_after_seconds: float | None = None,
+    accept_within_seconds: float | None = None,
     trace_context: Mapping[str, str] | None = None,
 ) -> Outgoing:
     return Outgoing(
@@ -68,8 +75,19 @@ def encode(
         correlation_id=correlation_id,
         reply_to=reply_to,
         expires_after_seconds=expires_after_seconds,
+        accept_within_seconds=accept_within_seconds,
         trace_context=dict(trace_context or {}),
     )
+
+
+class RequestAccepted(BaseModel):
+    """A consumer took a request that asked to hear it (`accept_within_seconds`) and answers it within
+    `answer_within_seconds` from now; sent on the request's reply queue with its correlation id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    answer_within_seconds: Annotated[float, Field(gt=0)]
 
 
 class ReplyAddress(BaseModel):
@@ -95,6 +113,8 @@ class Delivery(BaseModel):
     message_id: str | None = None
     correlation_id: str | None = None
     reply_to: str | None = None
+    #: The requester waits this long after sending for word that a consumer took it (see `Bus.accept`); None: none.
+    accept_within_seconds: float | None = None
     redelivered: bool = False
     #: The broker user that published it (validated by the broker); None when the sender set none.
     user_id: str | None = None

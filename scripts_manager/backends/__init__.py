@@ -106,6 +106,9 @@ class ScriptBackend(Protocol):
     #: Jobs of dead manager instances whose sandboxes this backend reaped, for the service to answer (None: its
     #: sandboxes die with their manager, so it has none).
     orphans: asyncio.Queue[Orphan] | None
+    #: The most a job it takes may wait for its script to start (sandbox start-up, packages) and its answer
+    #: after its timeout: with the timeout, what the manager tells the asker it answers within.
+    start_seconds: float
 
     async def start(self) -> None:
         """Begin background work (the pod backend's Lease, reaper and pool)."""

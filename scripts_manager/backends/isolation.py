@@ -117,6 +117,10 @@ class Isolation(BaseModel):
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
             "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
             "--ro-bind-try", "/etc/localtime", "/etc/localtime",
+            # Debian's shared libraries chosen by update-alternatives (numpy's libblas.so.3) are links through here.
+            "--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
+            "--ro-bind-try", "/etc/matplotlibrc", "/etc/matplotlibrc",  # Debian's python3-matplotlib links it
+            "--ro-bind-try", "/etc/fonts", "/etc/fonts",  # fontconfig's (matplotlib's fonts)
             "--proc", "/proc", "--dev", "/dev",
             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm",
         ]  # fmt: skip

@@ -132,6 +132,8 @@ class LocalBackend:
         return cls(isolation=isolation, interpreter=interpreter, settings=settings, packages=packages, cgroups=cgroups)
 
     orphans = None  # a local sandbox dies with its manager (bubblewrap's --die-with-parent)
+    #: A subprocess starts in milliseconds; a first install of a `pip_packages` set takes the rest.
+    start_seconds = 60.0
 
     async def start(self) -> None:
         return None
@@ -233,6 +235,10 @@ class LocalBackend:
             "ROCKBOT_INPUT_DIR": str(sandboxed.input_dir),
             "ROCKBOT_OUTPUT_DIR": str(sandboxed.output_dir),
             "MPLBACKEND": FIGURES_BACKEND,
+            # One BLAS thread: a script has 8 processes and threads in all, and each of OpenBLAS's reserves
+            # tens of MiB of address space, which alone took numpy and pandas past a 256Mi sandbox.
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
         }
         path = ((sandboxed.job_dir / HOOK).parent, sandboxed.packages_dir)
         env["PYTHONPATH"] = ":".join(str(folder) for folder in path if folder is not None)

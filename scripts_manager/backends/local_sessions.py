@@ -330,6 +330,7 @@ class LocalSessions:
             exit_code = session.out.exit_code()
         else:
             answered.cancel()
+            answered.add_done_callback(lambda gathered: gathered.cancelled() or gathered.exception())
             _kill(session)
             await session.exited
             with contextlib.suppress(TimeoutError):

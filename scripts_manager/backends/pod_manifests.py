@@ -107,6 +107,8 @@ def build_pod(
     }  # fmt: skip
     if settings.scripts_runtime_class:
         spec["runtimeClassName"] = settings.scripts_runtime_class
+    if settings.scripts_priority_class:
+        spec["priorityClassName"] = settings.scripts_priority_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -119,6 +119,8 @@ class PodBackend:
         self._deleting: set[asyncio.Task[None]] = set()  # used pods' deletes, which no answer waits for
         self.reaper = Reaper(kube=kube, settings=settings, metrics=metrics)
         self.orphans = self.reaper.orphans
+        # A pod's start (scheduling, image pull), then the slack of its attach, its end and its answer.
+        self.start_seconds = settings.scripts_pod_start_seconds + 3 * DEADLINE_SLACK_SECONDS
         pooled = any(pool.size > 0 for pool in settings.scripts_pool)
         self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=self.reaper.instance,
                              ready=self.reaper.held) if pooled else None

@@ -178,7 +178,7 @@ async def test_execute_python_script_goes_through_the_sandbox_client(scripted_ll
     first = sandbox.requests[0]
     assert first["script"] == "print(42)" and first["input_data"] == '{"n": 1}' and first["timeout_seconds"] == 20
     assert first["request_id"].startswith("call_1.") and sandbox.requests[2]["pip_packages"] == ["numpy"]
-    assert timeout == 20 + 150 + 10
+    assert timeout == 20 + 15 + 2 + 150 + 10  # the limit, the wait for a manager to take it, its start-up
 
 
 async def test_a_per_conversation_agent_names_each_conversations_session_and_the_model_hears_of_restarts(
@@ -220,7 +220,8 @@ async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_
     async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
         outcome = await agent.registry.invoke("shout", {"text": "hello"}, context=ToolContext(session_id="s"))
         tool = agent.registry.get("shout")
-    assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout" and tool.timeout == 10 + 150 + 10
+    assert "--- stdout ---\nHELLO" in outcome.content and tool.source == "tool:shout"
+    assert tool.timeout == 10 + 15 + 2 + 150 + 10
     assert sandbox.requests[0]["input_data"] == '{"text": "hello"}'
     assert sandbox.requests[0]["script"].startswith("import json,sys")
 

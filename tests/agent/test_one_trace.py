@@ -81,7 +81,7 @@ async def test_a_chat_request_through_a_sub_agent_and_a_script_is_one_trace(scri
         "invoke_agent lead", "POST /v1/chat/completions", "user's client",
     ]
     assert sorted(s.name for s in spans.all() if spans.parent_of(s) is run) == [
-        "cleanup", "queue wait", "run", "start-up"]
+        "cleanup", "publish RequestAccepted", "queue wait", "run", "start-up"]
     assert run.attributes["rockbot.script.outcome"] == "succeeded" and run.attributes["rockbot.agent"] == "team-a/calc"
 
     requests = scripted_llm.requests

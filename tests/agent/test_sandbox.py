@@ -29,7 +29,7 @@ async def test_replicas_and_namespaces_never_get_each_others_script_replies(vhos
         manager = await manager_bus.consume(queue=SCRIPT_INVOKE, handler=echo)
         stack.push_async_callback(manager.close)
         sandboxes = {  # two replicas of default/alice, each its own process (connection), and other/alice
-            who: ScriptSandbox(bus=bus, namespace=namespace, agent="alice", reply_grace_seconds=5)
+            who: ScriptSandbox(bus=bus, namespace=namespace, agent="alice", start_ceiling_seconds=5)
             for who, namespace, bus in zip(("replica-1", "replica-2", "other"), ("default", "default", "other"),
                                            process_buses, strict=True)
         }

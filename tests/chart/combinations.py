@@ -18,7 +18,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     },
     "openrouter-mcp": {"openrouterMcp": {"enabled": True}},
     "sandbox-options": {
-        "scripts": {"runtimeClassName": "gvisor", "allowedPackages": ["numpy", "pandas"],
+        "scripts": {"runtimeClassName": "gvisor", "priorityClassName": "rockbot-scripts",
+                    "allowedPackages": ["numpy", "pandas"],
                     "pool": [{"cpu": "500m", "memory": "256Mi", "size": 2}, {"cpu": "250m", "memory": "128Mi",
                                                                              "size": 0}]},
     },

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import yaml
@@ -22,16 +22,24 @@ GATEWAY_SA = "rockbot-gateway"
 
 
 def rule_set(rules: list[dict]) -> set[Right]:
-    """RBAC rules flattened to (apiGroup, resource, verb) triples, so equal rights compare equal."""
+    """RBAC rules flattened to (apiGroup, resource, verb) triples, so equal rights compare equal (a rule limited
+    to `resourceNames` counts as its triples: `named_rules` says which are)."""
     triples = set()
     for rule in rules:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields: {rule}"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, f"unexpected rule fields: {rule}"
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     assert "*" not in (group, resource, verb), f"wildcard in {rule}"
                     triples.add((group, resource, verb))
     return triples
+
+
+def named_rules(manifests: list[Manifest], *, role: str) -> dict[Right, list[str]]:
+    """The rights of the Role or ClusterRole `role` that only reach the objects it names, with those names."""
+    (found,) = [m for m in manifests if m["kind"] in ("Role", "ClusterRole") and m["metadata"]["name"] == role]
+    return {right: rule["resourceNames"] for rule in found["rules"] if "resourceNames" in rule
+            for right in rule_set([{k: v for k, v in rule.items() if k != "resourceNames"}])}
 
 
 def expand(group: str, resources: list[str], verbs: list[str]) -> set[Right]:
@@ -101,11 +109,12 @@ def granted_on(cluster: KubeCluster, manifests: list[Manifest], *, account: str,
 
 def refused_by_the_api_server(
     cluster: KubeCluster, manifests: list[Manifest], *, account: str, namespace: str,
-    rights: Iterable[tuple[Right, str | None]], within: float = 15.0,
+    rights: Iterable[tuple[Right, str | None]], within: float = 15.0, names: Mapping[Right, str] | None = None,
 ) -> list[str]:
     """Which of `rights` ((apiGroup, resource, verb), namespace or None) the real API server's RBAC refuses to the
     ServiceAccount, acting with its own token once the chart's RBAC for it is applied in `namespace`.
 
+    `names`: the object a right was used on, for rights the chart grants by name only.
     Asked as the account itself (SelfSubjectAccessReview), so the answer is the authorizer's, not a copy of its
     rules. Bindings reach the authorizer a moment after they are written: a refusal is asked again until `within`.
     """
@@ -121,6 +130,8 @@ def refused_by_the_api_server(
                     attributes["subresource"] = subresource
                 if where:
                     attributes["namespace"] = where
+                if (group, resource, verb) in (names or {}):
+                    attributes["name"] = (names or {})[(group, resource, verb)]
                 status, review = cluster.request(
                     "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", token=token,
                     body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",

@@ -55,6 +55,8 @@ from tests.waiting import eventually
 pytestmark = pytest.mark.slow  # the operator's scheduling talks over a real RabbitMQ broker
 
 NS = "default"
+#: The chart's leader Lease (its get and update are granted on it by name only).
+LEASE = "rockbot-operator"
 Render = Callable[..., list[Manifest]]
 
 
@@ -165,7 +167,8 @@ async def exercise_the_operator(
     """Every path of the operator that talks to the API, once (the egress canary on a node of its own too)."""
     async with host_listeners() as targets, in_background(FakeKubelet(emulator=kube_api, kube=kube, namespace=NS)):
         settings = settings_for(vhost, NS).model_copy(update={
-            "namespaces": namespaces, "egress_canary": True, "egress_canary_targets": {"outside": targets["host"]}})
+            "namespaces": namespaces, "egress_canary": True, "egress_canary_targets": {"outside": targets["host"]},
+            "leader_lease": LEASE, "leader_lease_namespace": NS})
         await _exercise(kube=kube, vhost=vhost, settings=settings)
 
 
@@ -245,12 +248,16 @@ async def test_every_request_the_operator_makes_is_granted_by_the_chart(
     async with client_for(kube_api) as kube:
         await exercise_the_operator(kube=kube, kube_api=kube_api, vhost=vhost, namespaces=[] if watch_all else [NS])
     used = operator_requests(kube_api)
+    leases = {request.url.path.rsplit("/", 1)[1] for request in kube_api.requests
+              if request.headers.get("Authorization", "").startswith("Bearer ") and "/leases/" in request.url.path}
+    assert leases == {LEASE}, "the operator read or wrote a Lease other than its own"
     # The real API server judges: the chart's RBAC applied, the operator's ServiceAccount asks with its token
     # for each right it used (in the test's namespace, standing for the emulated release namespace).
     values = {"operator": {"watchAllNamespaces": watch_all}}
     refused = refused_by_the_api_server(
         kube_cluster, render(values, namespace=kube_namespace), account=OPERATOR_SA, namespace=kube_namespace,
         rights={(u.right, kube_namespace if u.namespace == NS else u.namespace) for u in used},
+        names={u.right: LEASE for u in used if u.right[1] == "leases" and u.right[2] != "create"},
     )
     assert refused == [], "the operator needs rights the chart does not grant"
     grants = grants_of(render(values, namespace=NS), account=OPERATOR_SA, account_namespace=NS)

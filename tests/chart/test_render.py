@@ -211,6 +211,8 @@ def test_operator_env_follows_the_settings_contract(render: Render) -> None:
     env = env_of(find(render(), "Deployment", "rockbot-operator"))
     assert env == {
         "ROCKBOT_NAMESPACES": NAMESPACE,
+        "ROCKBOT_LEADER_LEASE": "rockbot-operator",
+        "ROCKBOT_LEADER_LEASE_NAMESPACE": NAMESPACE,
         "ROCKBOT_AGENT_IMAGE": env["ROCKBOT_AGENT_IMAGE"],
         "ROCKBOT_AMQP_URL": {"secretKeyRef": {"name": "rockbot-operator-bus", "key": "amqp-url"}},
         "ROCKBOT_SCRIPTS_MANAGER_AMQP_URL": {
@@ -294,6 +296,7 @@ def test_sandbox_options_reach_the_scripts_manager_and_open_no_traffic(render: R
     manifests = render(COMBINATIONS["sandbox-options"])
     env = env_of(find(manifests, "Deployment", "rockbot-scripts-manager"))
     assert env["ROCKBOT_SCRIPTS_RUNTIME_CLASS"] == "gvisor"
+    assert env["ROCKBOT_SCRIPTS_PRIORITY_CLASS"] == "rockbot-scripts"
     assert env["ROCKBOT_SCRIPTS_ALLOWED_PACKAGES"] == "numpy,pandas"
     assert env["ROCKBOT_SCRIPTS_POOL"] == "500m/256Mi=2"  # a class of size 0 keeps nothing
     scripts_policies = [m for m in manifests if m["kind"] == "NetworkPolicy"

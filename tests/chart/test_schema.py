@@ -12,7 +12,7 @@ from tests.chart.conftest import HelmError, Manifest
 BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "unknown-top-level-key": ({"agentNamespace": ["team-a"]}, "Additional property agentNamespace is not allowed"),
     "unknown-nested-key": ({"operator": {"replica": 1}}, "Additional property replica is not allowed"),
-    "two-operators": ({"operator": {"replicas": 2}}, "operator.replicas"),
+    "negative-operators": ({"operator": {"replicas": -1}}, "operator.replicas"),
     "log-format": ({"operator": {"logFormat": "xml"}}, "operator.logFormat"),
     "zero-concurrency": ({"scripts": {"concurrency": 0}}, "scripts.concurrency"),
     "concurrency-as-text": ({"scripts": {"concurrency": "four"}}, "scripts.concurrency"),

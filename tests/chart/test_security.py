@@ -8,7 +8,17 @@ import pytest
 
 from tests.chart.combinations import COMBINATIONS
 from tests.chart.conftest import NAMESPACE, Manifest
-from tests.chart.rbac import GATEWAY_SA, OPERATOR_SA, SCRIPTS_MANAGER_SA, Right, allowed, expand, grants_of
+from tests.chart.rbac import (
+    GATEWAY_SA,
+    OPERATOR_SA,
+    SCRIPTS_MANAGER_SA,
+    Grant,
+    Right,
+    allowed,
+    expand,
+    grants_of,
+    named_rules,
+)
 from tests.fixtures.kube_real import POD_SECURITY_RESTRICTED
 
 Render = Callable[..., list[Manifest]]
@@ -31,6 +41,9 @@ OPERATOR_RIGHTS = (
     | EGRESS_CANARY_RIGHTS
 )
 # Cluster-scoped and read-only: kopf's discovery of CRDs, and of namespaces when it watches a list of them.
+#: The replicas' leader election: their one Lease, in the release namespace (get and update by its name only).
+LEADER_ELECTION = "RoleBinding/rockbot-operator-leader-election"
+LEADER_ELECTION_RIGHTS = expand("coordination.k8s.io", ["leases"], ["create", "get", "update"])
 CRD_DISCOVERY = expand("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
 NAMESPACE_DISCOVERY = expand("", ["namespaces"], ["list", "watch"])
 
@@ -74,11 +87,28 @@ def test_only_the_operator_the_scripts_manager_and_the_gateway_are_bound_to_any_
             assert "agent" not in subject["name"]
 
 
+def operator_grants(manifests: list[Manifest]) -> list[Grant]:
+    """The operator's grants on objects, its leader election's aside."""
+    return [grant for grant in grants_of(manifests, account=OPERATOR_SA) if grant.binding != LEADER_ELECTION]
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_the_operators_leader_election_reaches_its_own_lease_only(render: Render, name: str) -> None:
+    manifests = render(COMBINATIONS[name])
+    (grant,) = [grant for grant in grants_of(manifests, account=OPERATOR_SA) if grant.binding == LEADER_ELECTION]
+    assert (grant.namespace, set(grant.rights)) == (NAMESPACE, LEADER_ELECTION_RIGHTS)
+    named = named_rules(manifests, role="rockbot-operator-leader-election")
+    assert named == {("coordination.k8s.io", "leases", verb): ["rockbot-operator"] for verb in ("get", "update")}
+    (deployment,) = [m for m in manifests if m["kind"] == "Deployment" and m["metadata"]["name"] == "rockbot-operator"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["ROCKBOT_LEADER_LEASE"], env["ROCKBOT_LEADER_LEASE_NAMESPACE"]) == ("rockbot-operator", NAMESPACE)
+
+
 @pytest.mark.parametrize("name", ["defaults", "agent-namespaces"])
 def test_an_operator_watching_some_namespaces_has_rights_only_there(render: Render, name: str) -> None:
     values = COMBINATIONS[name]
     watched = [NAMESPACE, *values.get("agentNamespaces", [])]
-    grants = grants_of(render(values), account=OPERATOR_SA)
+    grants = operator_grants(render(values))
     cluster_wide = [grant for grant in grants if grant.namespace is None]
     assert [set(grant.rights) for grant in cluster_wide] == [CRD_DISCOVERY | NAMESPACE_DISCOVERY]
     assert sorted(grant.namespace for grant in grants if grant.namespace) == sorted(watched)
@@ -92,12 +122,12 @@ def test_an_operator_watching_some_namespaces_has_rights_only_there(render: Rend
 
 
 def test_without_the_egress_canary_the_operator_has_no_pod_or_policy_rights(render: Render) -> None:
-    grants = grants_of(render({"agents": {"egressCanary": {"enabled": False}}}), account=OPERATOR_SA)
+    grants = operator_grants(render({"agents": {"egressCanary": {"enabled": False}}}))
     assert [set(grant.rights) for grant in grants if grant.namespace] == [OPERATOR_RIGHTS - EGRESS_CANARY_RIGHTS]
 
 
 def test_an_operator_watching_all_namespaces_has_its_rights_cluster_wide(render: Render) -> None:
-    grants = grants_of(render({"operator": {"watchAllNamespaces": True}}), account=OPERATOR_SA)
+    grants = operator_grants(render({"operator": {"watchAllNamespaces": True}}))
     assert all(grant.namespace is None for grant in grants)
     assert [set(grant.rights) for grant in grants] == [CRD_DISCOVERY, OPERATOR_RIGHTS]
     # kopf lists namespaces only to match a list of them, so watching all needs no namespace rights.
@@ -107,11 +137,12 @@ def test_an_operator_watching_all_namespaces_has_its_rights_cluster_wide(render:
 @pytest.mark.parametrize("name", COMBINATIONS)
 def test_the_operator_deletes_nothing_but_scheduled_tasks(render: Render, name: str) -> None:
     """Children are removed by the garbage collector through owner references, never by the operator; it deletes
-    only ScheduledTasks and its own egress canary pods."""
+    only ScheduledTasks and its own egress canary pods, and updates only its leader Lease."""
     for grant in grants_of(render(COMBINATIONS[name]), account=OPERATOR_SA):
         deleting = {right for right in grant.rights if right[2] in ("delete", "deletecollection")}
         assert deleting <= {("rockbot.dev", "scheduledtasks", "delete"), ("", "pods", "delete")}, grant.binding
-        assert not {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
+        updating = {right for right in grant.rights if right[2] in ("update", "escalate", "bind", "impersonate")}
+        assert updating <= {("coordination.k8s.io", "leases", "update")}, grant.binding  # its Lease, by name
 
 
 @pytest.mark.parametrize("name", ["defaults", "agent-namespaces", "everything", "gateway-off"])

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from rockbot.console.api import add_run_routes
+from rockbot.cli import main
+from rockbot.console.api import add_file_routes, add_run_routes
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
 from rockbot.console.file_store import FileOwner, FileStore
@@ -38,6 +41,7 @@ async def api(store: Store) -> AsyncIterator[str]:
     app = web.Application(middlewares=[Gate(tokens=None, sessions=Sessions(),
                                             local_identity=Identity(username="ann")).middleware()])  # fmt: skip
     add_run_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
+    add_file_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, host="127.0.0.1", port=0)
@@ -124,3 +128,47 @@ async def test_a_file_of_a_namespace_the_person_may_not_read_is_as_missing_as_on
     assert refused[0] == missing[0] == 404
     assert refused[2].replace(hidden.id.encode(), b"ID") == missing[2].replace(b"f" + b"0" * 32, b"ID")
     assert b"secret" not in refused[2]
+
+
+async def test_rockbot_runs_files_saves_a_runs_files_under_their_last_name_and_never_through_a_link(
+    store: Store, files: FileStore, api: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = typical_run(at=T0)
+    run_id = events[0].run_id
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=events)])
+    for name, content in (("charts/chart.png", PNG), ("a/x.csv", b"a\n"), ("b/x.csv", b"b\n")):
+        await files.save(owner=ANN, name=name, content=content, origin="script", run_id=run_id)
+    out = tmp_path / "out"
+    out.mkdir()
+    elsewhere = tmp_path / "elsewhere.png"
+    (out / "chart.png").symlink_to(elsewhere)  # a link someone left: never written through
+
+    code = await asyncio.to_thread(main, ["runs", "--url", api, "files", run_id, "--out", str(out)])
+    listed = capsys.readouterr().out
+    assert code == 0 and "charts/chart.png" in listed and "image/png" in listed
+    assert not elsewhere.exists()
+    assert (out / "chart-2.png").read_bytes() == PNG
+    assert {(out / "x.csv").read_bytes(), (out / "x-2.csv").read_bytes()} == {b"a\n", b"b\n"}
+
+    hidden = typical_run(at=T0)
+    await store.write(batches=[Batch(namespace="team-b", agent="other", events=hidden)])
+    code = await asyncio.to_thread(main, ["runs", "--url", api, "files", hidden[0].run_id])
+    assert code == 1 and "no run" in capsys.readouterr().err
+
+
+async def test_rockbot_runs_files_reads_a_local_sqlite_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = tmp_path / "runs.db"
+    store = await Store.open(url=f"sqlite:///{database}")
+    try:
+        events = typical_run(at=T0)
+        await store.write(batches=[Batch(namespace="team-a", agent="triage", events=events)])
+        await FileStore(store=store).save(owner=ANN, name="clean.csv", content=b"x\n", origin="script",
+                                          run_id=events[0].run_id)  # fmt: skip
+    finally:
+        await store.close()
+    code = await asyncio.to_thread(main, ["runs", "--database", str(database), "files", events[0].run_id, "--out",
+                                          str(tmp_path / "got")])  # fmt: skip
+    assert code == 0 and "clean.csv" in capsys.readouterr().out
+    assert (tmp_path / "got" / "clean.csv").read_bytes() == b"x\n"

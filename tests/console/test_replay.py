@@ -30,7 +30,7 @@ from tests.console.chat_world import ChatWorld, chat_world
 from tests.console.test_chat import _sent_by_another_service
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
 from tests.fixtures.rabbitmq import Vhost
-from tests.waiting import bounded
+from tests.waiting import bounded, eventually
 
 TOKEN = "ann-token"
 
@@ -101,6 +101,17 @@ def _config(scripted_llm: ScriptedLLM, weather: Weather):
     return agent_config(llm_url=scripted_llm.url, name="helper", tools=[tool])
 
 
+async def _recorded(world: ChatWorld, run_id: str | None) -> None:
+    """Once the run's end is in the store (the agent records in the background)."""
+    assert run_id is not None
+
+    async def ended() -> None:
+        run = await world.store.get_run(run_id)
+        assert run is not None and run.outcome is not None
+
+    await eventually(ended, within=30)
+
+
 async def _cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = await asyncio.to_thread(main, ["replay", "--token", TOKEN, *args])
     captured = capsys.readouterr()
@@ -118,6 +129,7 @@ async def test_a_run_replays_recorded_and_live_and_the_diff_shows_the_changed_to
                                                     session_id="s1", content="Weather in Paris?")]
         original = steps[-1].run_id  # type: ignore[union-attr]
         assert original and weather.calls == ["Paris"]
+        await _recorded(world, original)
         runner, api = await _console_api(world, Rights(CHAT))
         try:
             # recorded, the model doing the same: the recorded result answers the call, nothing runs
@@ -179,6 +191,7 @@ async def test_replaying_needs_the_right_to_chat_and_only_the_console_may_send_a
         steps = [s async for s in world.relay.turn(namespace="team-a", agent="helper", user="alice",
                                                     session_id="s1", content="Hi")]
         original = steps[-1].run_id  # type: ignore[union-attr]
+        await _recorded(world, original)
         runner, api = await _console_api(world, Rights())  # may read, may not chat
         try:
             code, _, err = await _cli(original, "--url", api, capsys=capsys)

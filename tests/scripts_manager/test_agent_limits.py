@@ -42,7 +42,7 @@ async def ask(vhost: Vhost, agent: Principal, script: str, *, timeout_seconds: f
     """`script` run as `agent`, asking for the most the manager allows anyone."""
     async with await AmqpBus.connect(url=await vhost.url(agent)) as bus:
         greedy = ScriptSandbox(bus=bus, namespace=agent.namespace, agent=agent.name, cpu="1", memory="1Gi",
-                               reply_grace_seconds=WAIT)  # fmt: skip
+                               start_ceiling_seconds=WAIT)  # fmt: skip
         return await greedy.execute_python_script(script=script, timeout_seconds=timeout_seconds)
 
 

@@ -98,7 +98,7 @@ async def manager_with(settings: ScriptsManagerSettings) -> AsyncIterator[tuple[
         manager = ScriptsManager(settings=settings, bus=manager_bus)
         await manager.start()
         try:
-            yield manager, ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=60)
+            yield manager, ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=60)
         finally:
             await manager.stop()
 

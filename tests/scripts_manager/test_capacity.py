@@ -6,7 +6,8 @@ saying when (canary.py); a pod with work the scheduler has no room for makes the
 On the real API server, where no pod here is ever scheduled: each asks for 64 CPUs, more than any node has (the
 rig's node, when it is up, only adds the scheduler's verdict). So every canary fails ("could not run") once its
 start bound passes, as it does on a node too full for it. Where a test needs the scheduler's verdict, it writes
-it as the scheduler does (the pod's PodScheduled condition, in its status).
+it as the scheduler does (the pod's PodScheduled condition, in its status). Script pods carry
+`scripts.priorityClassName`, which the API server resolves to its priority.
 """
 
 from __future__ import annotations
@@ -14,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rockbot.contracts.errors import ErrorCode
 from rockbot.contracts.scripts import ScriptInvokeError
-from rockbot.kube import PODS, KubeClient
+from rockbot.kube import PODS, ApiError, KubeClient
 from rockbot.scripts_manager.backends.pod_manifests import (
     POOL_LABEL,
     POOL_SELECTOR,
@@ -33,6 +37,7 @@ from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.canary import RETRY_FIRST_SECONDS, host_listeners, retry_wait
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import PoolClass
+from tests.fixtures.kube_real import KubeCluster
 from tests.scripts_manager.conftest import MakeSettings, pod_backend
 from tests.scripts_manager.test_canary import manager_with
 from tests.scripts_manager.test_pods import job
@@ -174,3 +179,25 @@ async def test_the_sweep_deletes_ended_pods_nobody_reads_long_before_their_deadl
         assert names == {read, running}, (deadline, failed, idle)
     finally:
         await backend.close()
+
+
+async def test_script_pods_carry_the_priority_class_and_get_its_priority(
+    make_settings: MakeSettings, kube_cluster: KubeCluster, real_kube_client: KubeClient, kube_namespace: str,
+) -> None:
+    name = f"rockbot-test-scripts-{secrets.token_hex(3)}"
+    status, body = kube_cluster.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body={
+        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": 100000,
+        "description": "rockbot test: script pods above batch work"})
+    assert status == 201, body
+    try:
+        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace, **NO_NODE_FITS,
+                                 scripts_priority_class=name)
+        created = await real_kube_client.create(PODS, namespace=kube_namespace, body=job_pod(
+            job=job("1"), settings=settings, now=datetime.now(UTC), manager="m1"))
+        missing = make_settings(scripts_namespace=kube_namespace, scripts_priority_class=f"{name}-missing")
+        with pytest.raises(ApiError, match="no PriorityClass with name"):
+            await real_kube_client.create(PODS, namespace=kube_namespace, body=job_pod(
+                job=job("2"), settings=missing, now=datetime.now(UTC), manager="m1"))
+    finally:
+        kube_cluster.request("DELETE", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+    assert (created["spec"]["priorityClassName"], created["spec"]["priority"]) == (name, 100000)

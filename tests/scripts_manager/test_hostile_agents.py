@@ -57,7 +57,7 @@ async def test_an_agent_cannot_take_script_requests_in_the_managers_place(
 
         with pytest.raises(AccessRefused, match=r"agent\.default\.mallory' may not read 'script\.invoke'"):
             await mallory.consume(queue=SCRIPT_INVOKE, handler=forge)
-        sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+        sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
         answers = await asyncio.gather(*(
             sandbox.execute_python_script(script=f"print({n} + 1)", input_data={"secret": n}) for n in range(5)
         ))  # fmt: skip
@@ -68,7 +68,7 @@ async def test_an_agent_cannot_take_script_requests_in_the_managers_place(
 async def test_an_agent_cannot_attach_to_another_agents_reply_queue(
     manager: ScriptsManager, alice: AmqpBus, mallory_url: str
 ) -> None:
-    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
     await sandbox.execute_python_script(script="pass")  # alice's reply queue exists; its name is in every reply_to
     victim = (await alice.own_replies()).name
     connection = await aio_pika.connect(mallory_url)
@@ -111,7 +111,7 @@ async def test_requests_without_a_reply_queue_are_dead_lettered_and_never_hold_a
     for n in range(manager.settings.scripts_concurrency):  # as many as the manager has slots
         request = ScriptInvokeRequest(request_id=f"poison-{n}", agent="alice", script="print('never')")
         await alice.publish(queue=SCRIPT_INVOKE, body=request, message_id=request.request_id)
-    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
     answer = await sandbox.execute_python_script(script="print('good')")
     assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "good\n", answer
     letters = await eventually(lambda: _dead_letters(vhost, 4))
@@ -172,7 +172,7 @@ async def test_a_script_answer_relayed_by_dead_lettering_never_reaches_another_a
     await manager.start()
     try:
         async with await AmqpBus.connect(url=await vhost.url(ALICE)) as alice_bus:
-            sandbox = ScriptSandbox(bus=alice_bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+            sandbox = ScriptSandbox(bus=alice_bus, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
             pending = asyncio.create_task(sandbox.execute_python_script(
                 script="import time\ntime.sleep(8)\nprint('my own answer')", request_id="alice-1"))
             alices_queue = await eventually(lambda: _reply_queue_consumed_by(vhost, ALICE), within=WAIT)
@@ -245,7 +245,7 @@ async def test_answers_a_reply_queue_refuses_are_dropped_and_never_rerun_their_r
         assert counted("rockbot_scripts_replies_dropped_total", reason="refused") == requests
 
     await eventually(all_dropped, within=WAIT)
-    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
     answer = await sandbox.execute_python_script(script="print('still served')")
     assert isinstance(answer, ScriptInvokeResponse) and answer.stdout == "still served\n", answer
     runs = counted("rockbot_scripts_runs_total", backend="local", outcome="succeeded")
@@ -263,7 +263,7 @@ async def test_an_agent_queueing_many_long_scripts_does_not_hold_up_another_agen
     await manager.start()
     try:
         async with await AmqpBus.connect(url=mallory_url) as mallory:
-            flooding = ScriptSandbox(bus=mallory, namespace="default", agent="mallory", reply_grace_seconds=WAIT)
+            flooding = ScriptSandbox(bus=mallory, namespace="default", agent="mallory", start_ceiling_seconds=WAIT)
             flood = [asyncio.create_task(flooding.execute_python_script(
                 script="import time\ntime.sleep(10)", timeout_seconds=15, request_id=f"long-{n}")) for n in range(6)]
 
@@ -272,7 +272,7 @@ async def test_an_agent_queueing_many_long_scripts_does_not_hold_up_another_agen
                 assert in_flight, "none of mallory's scripts runs yet"
 
             await eventually(flooding_runs, within=WAIT)
-            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=6)
+            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=6)
             answer = await sandbox.execute_python_script(script="print('mine')", timeout_seconds=2)
             running = manager.metrics.registry.get_sample_value("rockbot_scripts_in_flight", {"backend": "local"})
             for task in flood:
@@ -304,7 +304,7 @@ async def test_an_agent_queueing_far_more_than_the_prefetch_does_not_hold_up_ano
                                               script="import time\ntime.sleep(20)")  # fmt: skip
                 await mallory.publish(queue=SCRIPT_INVOKE, body=request, message_id=request.request_id,
                                       correlation_id=request.request_id, reply_to=replies.name)  # fmt: skip
-            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", reply_grace_seconds=3)
+            sandbox = ScriptSandbox(bus=alice, namespace="default", agent="alice", start_ceiling_seconds=3)
             answer = await sandbox.execute_python_script(script="print('mine')", timeout_seconds=5)
     finally:
         await manager.stop()

@@ -95,7 +95,7 @@ async def test_script_sees_none_of_the_parents_environment(
 
     seen = set(json.loads(result.stdout)) - {"PWD", "SHLVL", "_"}
     assert seen == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH",
-                    "ROCKBOT_INPUT_DIR", "ROCKBOT_OUTPUT_DIR", "MPLBACKEND"}
+                    "ROCKBOT_INPUT_DIR", "ROCKBOT_OUTPUT_DIR", "MPLBACKEND", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"}
 
 
 async def test_script_is_stopped_at_its_memory_limit(make_settings: MakeSettings) -> None:

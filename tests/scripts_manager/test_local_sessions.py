@@ -127,3 +127,23 @@ async def test_each_call_of_a_session_sees_its_own_files_and_returns_what_it_wro
     seen = await sandbox.run(second)
     assert [(a.name, a.content) for a in made.artifacts] == [("clean.csv", b"MONTH,REVENUE\n")], made
     assert (seen.session, seen.stdout, seen.artifacts) == ("kept", "['costs.csv'] [] month,revenue\n", ()), seen
+
+
+async def test_pandas_loaded_in_one_call_is_used_in_the_next(sandbox: LocalBackend) -> None:
+    """The data packages scripts/setup installs for the sandbox's Python (Debian's python3-numpy, -pandas)."""
+    load = call("""
+        import pandas as pd
+        sales = pd.read_csv("/input/sales.csv")
+        print(len(sales))
+    """).model_copy(update={"files": (InputFile(name="sales.csv", content=b"month,revenue\n1,10\n2,30\n"),)})
+    total = call("""
+        sales["share"] = sales.revenue / sales.revenue.sum()
+        sales.to_csv("/output/clean.csv", index=False)
+        print(sales.revenue.sum())
+    """)
+    loaded = await sandbox.run(load)
+    summed = await sandbox.run(total)
+    assert (loaded.exit_code, loaded.stdout) == (0, "2\n"), loaded.stderr
+    assert (summed.exit_code, summed.session, summed.stdout) == (0, "kept", "40\n"), summed.stderr
+    assert [(a.name, a.content) for a in summed.artifacts] == [
+        ("clean.csv", b"month,revenue,share\n1,10,0.25\n2,30,0.75\n")], summed

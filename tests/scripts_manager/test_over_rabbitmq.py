@@ -34,7 +34,7 @@ async def test_script_round_trip_through_rabbitmq(vhost: Vhost, make_settings: M
     await manager.start()
     try:
         async with await AmqpBus.connect(url=await vhost.url(ALICE)) as bus:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=30)
             results = await asyncio.gather(*(
                 sandbox.execute_python_script(script=f"print({n} * {n})", request_id=f"sq-{n}") for n in range(6)
             ))
@@ -53,7 +53,7 @@ async def test_a_broker_restart_mid_run_still_gets_the_script_answered(
     await manager.start()
     try:
         async with await AmqpBus.connect(url=alice_url, publish_timeout=60) as bus:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=60)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=60)
             call = asyncio.create_task(sandbox.execute_python_script(
                 script="import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('done')",
                 request_id="through-restart",
@@ -215,7 +215,7 @@ async def test_cli_serves_until_sigterm_and_refuses_bad_settings(vhost: Vhost, t
             await eventually(ready, within=30)
         cli_agent = Principal.agent(namespace="default", name="cli")
         async with await AmqpBus.connect(url=await vhost.url(cli_agent)) as bus:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="cli", reply_grace_seconds=30)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="cli", start_ceiling_seconds=30)
             result = await sandbox.execute_python_script(
                 script="print('from the cli')"
             )

@@ -305,7 +305,7 @@ async def test_the_manager_with_the_pod_backend_answers_an_agent(
         manager = ScriptsManager(settings=make_settings(scripts_backend="pods"), bus=manager_bus)
         await manager.start()
         try:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=30)
             ok = await sandbox.execute_python_script(script="print(2 ** 10)")
             refused = await sandbox.execute_python_script(script="print(1)", pip_packages=["numpy"])
         finally:
@@ -325,7 +325,7 @@ async def test_a_missing_scripts_namespace_is_a_retryable_unavailable_for_the_ag
         )
         await manager.start()
         try:
-            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=30)
+            sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=30)
             result = await sandbox.execute_python_script(script="print(1)")
         finally:
             await manager.stop()

@@ -72,7 +72,7 @@ async def manager(manager_bus: MemoryBus, make_settings: MakeSettings) -> AsyncI
 
 @pytest.fixture
 def sandbox(bus: MemoryBus) -> ScriptSandbox:
-    return ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+    return ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
 
 
 async def test_script_runs_and_the_agent_gets_both_streams(manager: ScriptsManager, sandbox: ScriptSandbox) -> None:
@@ -128,11 +128,11 @@ async def test_a_body_that_is_not_a_request_is_answered_with_invalid_arguments(
     assert "request_id: Field required" in answer.error.message
 
 
-async def test_no_manager_means_a_retryable_timeout_as_data(bus: MemoryBus) -> None:
-    sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=0.2)
+async def test_no_manager_means_a_retryable_error_as_data(bus: MemoryBus) -> None:
+    sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", accept_within_seconds=0.2)
     result = await sandbox.execute_python_script(script="print(1)", timeout_seconds=0.1)
     assert isinstance(result, ScriptInvokeError)
-    assert result.error.code == ErrorCode.TIMEOUT and result.error.retryable is True
+    assert result.error.code == ErrorCode.UNAVAILABLE and result.error.retryable is True
 
 
 async def test_a_duplicate_request_is_run_once_and_both_copies_are_answered(
@@ -257,7 +257,7 @@ async def test_a_package_outside_the_allowed_list_is_rejected_naming_it_and_the_
     manager = ScriptsManager(settings=make_settings(scripts_allowed_packages=["rockbot-demo-pkg"]), bus=manager_bus)
     await manager.start()
     try:
-        sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", reply_grace_seconds=WAIT)
+        sandbox = ScriptSandbox(bus=bus, namespace="default", agent="alice", start_ceiling_seconds=WAIT)
         result = await sandbox.execute_python_script(script="import numpy", pip_packages=["Rockbot_Demo_Pkg", "NumPy"])
     finally:
         await manager.stop()

@@ -15,7 +15,8 @@ from tests.kubeapi import KubeApiEmulator
 from tests.scripts_manager.conftest import MakeSettings, node, pod_backend
 from tests.scripts_manager.test_pool import pool_full, pooled
 
-STEPS = ["queue wait", "start-up", "run", "cleanup"]
+#: The word to the agent that its script is taken comes right before the sandbox starts.
+STEPS = ["queue wait", "publish RequestAccepted", "start-up", "run", "cleanup"]
 
 
 def job(request_id: str, **limits: str) -> ScriptJob:

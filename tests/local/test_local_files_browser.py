@@ -1,0 +1,93 @@
+"""`rockbot local`'s console in a real browser (Debian's chromium): a script's chart shows inline on the run page,
+and a file that claims to be a PNG but holds HTML only downloads (issue 35)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser
+
+from tests.console.test_browser import browser, chromium, screenshot  # noqa: F401 (fixtures)
+from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
+from tests.local.test_local import EXAMPLES, model_env
+from tests.local.test_local_console import send
+from tests.local.test_terminal import Chat
+from tests.waiting import eventually
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+CHARTS = f"""
+import base64, os
+out = os.environ["ROCKBOT_OUTPUT_DIR"]
+open(f"{{out}}/chart.png", "wb").write(base64.b64decode("{base64.b64encode(PNG).decode()}"))
+open(f"{{out}}/fake.png", "w").write("<html><script>document.title='owned'</script></html>")
+open(f"{{out}}/clean.csv", "w").write("month,revenue\\n2026-01,10\\n")
+"""
+
+
+@pytest.fixture
+async def local_console(scripted_llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[str]:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rockbot.cli", "local", "-f", str(EXAMPLES / "analyst.yaml"), "--webhook-port", "0",
+        "--console-port", "0", "--runs-database", str(tmp_path / "runs.db"),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**clean, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="rockbot-local-state-"), **model_env(scripted_llm)})
+    chat = Chat(process)
+    try:
+        await chat.wait_for("[type a message", seconds=60)
+        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
+        assert url is not None, chat.stderr
+        yield url.group(1)
+    finally:
+        if process.returncode is None:
+            process.stdin.close()
+        await asyncio.wait_for(process.wait(), 30)
+
+
+async def test_a_scripts_chart_shows_inline_on_the_run_page_and_other_files_only_download(
+    browser: Browser, local_console: str, scripted_llm: ScriptedLLM  # noqa: F811
+) -> None:
+    url = local_console
+    page = await (await browser.new_context(viewport={"width": 1100, "height": 800})).new_page()
+    await page.goto(f"{url}/agents")
+    await page.click("text=analyst")
+    await page.click("text=Chat with analyst")
+    await page.wait_for_selector("#chat-form[data-ready]", timeout=10_000)
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": CHARTS})]),
+                      Turn(text="Here is the chart."))  # fmt: skip
+    await send(page, "chart the sales")
+
+    async def answered() -> None:
+        assert "Here is the chart." in await page.locator(".message.from-assistant .text").last.inner_text()
+
+    await eventually(answered, within=60)
+    await page.goto(f"{url}/runs")
+    await page.locator("table a[href^='/runs/']").first.click()
+    image = page.locator("ul.files img")
+    await image.wait_for(timeout=10_000)
+    assert await image.get_attribute("alt") == "chart.png"
+    assert await image.evaluate("img => img.complete && img.naturalWidth") == 1  # the browser decoded the PNG
+    await screenshot(page, "run-files")
+    links = {await a.inner_text(): await a.get_attribute("href") for a in await page.locator("ul.files a").all()}
+    assert set(links) == {"chart.png", "fake.png", "clean.csv"}
+    assert await page.locator("ul.files img").count() == 1  # the HTML "PNG" is no image
+    answer = await page.request.get(url + links["fake.png"])
+    assert answer.headers["content-type"] == "application/octet-stream"
+    assert answer.headers["content-disposition"] == "attachment; filename*=UTF-8''fake.png"
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    async with page.expect_download() as download:
+        await page.click("ul.files a:text('clean.csv')")
+    saved = await (await download.value).path()
+    assert await asyncio.to_thread(Path(saved).read_text) == "month,revenue\n2026-01,10\n"
+    assert await page.title() != "owned"
+    await page.context.close()
