@@ -6,6 +6,9 @@ Tool naming `tool: "*"`), and the Agent's `spec.approval.tools` for built-in or 
 returns their decision. A denial, or a timeout with `onTimeout: Deny`, reaches the model as a tool error
 (errors as data) and the tool does not run. With no approver at all, such calls are refused (fail closed).
 
+An evaluation case's turn asks nobody: the case's answers (`case_answers`, set by the inbox for the turn)
+decide at once, by tool name, and a gated tool the case does not name is denied.
+
 A waiting call lives only in the process that waits: if the agent pod restarts meanwhile, the wait ends
 with it and the tool has not run; it never runs for that request. A decision sent afterwards names an
 approval nobody waits for and is dropped. A turn that is delivered again (the inbox redelivers a message
@@ -15,10 +18,12 @@ its consumer never acknowledged) starts over, and its risky call waits for a new
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import datetime
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from rockbot.agent.events import ApprovalDecided, ApprovalRequested, EventSink, emit
@@ -37,6 +42,22 @@ from rockbot.contracts.recording import ApprovalState
 
 log = logging.getLogger(__name__)
 _STATES: dict[str, ApprovalState] = {"approved": "Approved", "denied": "Denied", "timed_out": "TimedOut"}
+
+
+#: The running evaluation case's answers (tool name -> approved), for the turn and the tasks it starts.
+_CASE_ANSWERS: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar("case_answers", default=None)
+#: Who decided, as the run store records a case's answer.
+CASE_DECIDER = "evaluation"
+
+
+@contextlib.contextmanager
+def case_answers(answers: dict[str, bool]) -> Iterator[None]:
+    """Within: gated calls are decided by `answers` (an evaluation case's), never asked of a person."""
+    token = _CASE_ANSWERS.set(dict(answers))
+    try:
+        yield
+    finally:
+        _CASE_ANSWERS.reset(token)
 
 
 class Approver(Protocol):
@@ -67,6 +88,14 @@ class BusApprover:
         if decision.approval_id != request.approval_id:
             raise BusError(f"the console answered approval {request.approval_id} about {decision.approval_id}")
         return decision
+
+
+def _answered(request: ApprovalRequest, answers: dict[str, bool]) -> ApprovalDecision:
+    approved = answers.get(request.tool_name, False)
+    reason = "" if approved else ("the case denies it" if request.tool_name in answers else "the case does not "
+                                  f"answer {request.tool_name}, so it is denied")  # fmt: skip
+    return ApprovalDecision(approval_id=request.approval_id, approved=approved, reason=reason,
+                            decided_by=CASE_DECIDER, decided_at=request.requested_at)
 
 
 def policies(config: AgentConfig) -> tuple[dict[str, ApprovalPolicy], dict[str, ApprovalPolicy]]:
@@ -116,7 +145,8 @@ class ApprovalGate:
         policy = self.policy(call.name)
         if policy is None:
             return None
-        if self.approver is None:
+        answers = _CASE_ANSWERS.get()
+        if answers is None and self.approver is None:
             return ErrorInfo(code=ErrorCode.REJECTED, message=f"{call.name} needs a person's approval and this agent "
                                  "has no way to ask for it: run it with the console (or rockbot local's chat)")
         now = self._clock()
@@ -137,8 +167,12 @@ class ApprovalGate:
         if waiting is not None:
             waiting.inc()
         try:
-            async with asyncio.timeout(policy.timeout_seconds):
-                decision = await self.approver.ask(request)
+            if answers is not None:
+                decision = _answered(request, answers)
+            else:
+                assert self.approver is not None
+                async with asyncio.timeout(policy.timeout_seconds):
+                    decision = await self.approver.ask(request)
         except TimeoutError:
             decision = None
         except BusError as exc:  # nobody could be asked: the call does not run (fail closed)

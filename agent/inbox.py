@@ -11,7 +11,8 @@ silently dropped.
 Who asks is the message's sender (`user_id`, checked by the broker): answers go only to one of the
 sender's own reply queues (a request asking for replies elsewhere is dead-lettered unanswered); an
 `agent_call` must come from the agent its `call_chain` names last, a `scheduled_task` from the
-operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), a `user_message`
+operator (or `rockbot local`), a `trigger` from the gateway (or `rockbot local`), an `evaluation` (whose
+case answers the turn's approvals itself) from the operator (or `rockbot local`), a `user_message`
 from a platform service, and one that speaks for a person (`on_behalf_of`, recorded as the caller
 `console:<user>`), carries the session's recorded conversation or replays a recorded run (`Replay`: its tool
 results would otherwise be anyone's forgery) only from the console; a request
@@ -33,6 +34,7 @@ import hashlib
 import logging
 from contextlib import nullcontext
 
+from rockbot.agent.approvals import case_answers
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import EventSink
 from rockbot.agent.llm import LlmAuthError, LlmError
@@ -150,6 +152,8 @@ def _misaddressed(request: InboxRequest, *, sender: Principal) -> str | None:
         return f"scheduled tasks come from the operator, not from {sender}"
     if request.kind == "trigger" and sender not in (GATEWAY, LOCAL):
         return f"Trigger runs come from the gateway, not from {sender}"
+    if request.kind == "evaluation" and sender not in (OPERATOR, LOCAL):
+        return f"evaluation cases come from the operator (or rockbot local), not from {sender}"
     if request.kind == "user_message" and sender.kind != "service":
         return f"user messages come through a platform service, not from {sender}; agents send agent_call"
     if request.on_behalf_of is not None and sender != CONSOLE:
@@ -190,13 +194,16 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         reason = refusal(chain=request.call_chain, target=agent_id)
         if reason is not None:
             return failed(ErrorCode.REJECTED, reason)
+    prior = [turn.model_dump() for turn in request.prior_turns] if request.kind == "evaluation" else None
+    answering = case_answers(request.approvals) if request.approvals is not None else nullcontext()
     try:
-        result = await runtime.chat(
-            request.session_id, request.content, caller=caller, call_chain=request.call_chain, on_event=on_event,
-            source=request.kind, request_id=request.request_id,
-            parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
-            recorded=request.conversation, replay=request.replay,
-        )  # fmt: skip
+        with answering:
+            result = await runtime.chat(
+                request.session_id, request.content, caller=caller, call_chain=request.call_chain, on_event=on_event,
+                source=request.kind, request_id=request.request_id,
+                parent_run_id=request.parent_run_id if request.kind == "agent_call" else None,
+                recorded=request.conversation, replay=request.replay, prior=prior,
+            )  # fmt: skip
     except BudgetExhausted as exc:
         return failed(ErrorCode.REJECTED, str(exc))
     except LlmAuthError as exc:
@@ -212,6 +219,8 @@ async def _handle(runtime: AgentRuntime, request: InboxRequest, *, agent_id: str
         answer=result.answer,
         tools_called=tuple(result.tools_called),
         run_id=result.run_id,
+        prompt_tokens=result.usage.prompt_tokens,
+        completion_tokens=result.usage.completion_tokens,
     )
 
 

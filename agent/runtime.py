@@ -254,6 +254,7 @@ class AgentRuntime:
         parent_run_id: str | None = None,
         recorded: HistoryReply | None = None,
         replay: Replay | None = None,
+        prior: list[dict[str, Any]] | None = None,
     ) -> ChatResult:
         """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
@@ -262,11 +263,12 @@ class AgentRuntime:
         request's kind) and `request_id` label the turn's span and metrics. `recorded`: the session's
         recorded conversation as the console sent it with the turn (it is then not asked for). `replay`: the turn
         replays a recorded run (the console's word: see `Replay`), recorded as a run of source `replay` whose parent
-        is the run replayed.
+        is the run replayed. `prior`: the conversation an evaluation case starts from, instead of any kept one.
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
-            history = await self._history(key=key, caller=caller, session_id=session_id, recorded=recorded)
+            history = list(prior) if prior is not None else await self._history(
+                key=key, caller=caller, session_id=session_id, recorded=recorded)
             history.append({"role": "user", "content": text})
             try:
                 return await self._turn(

@@ -27,6 +27,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--agent", help="the Agent to chat with (default: the first one)")
     parser.add_argument("--prompt", help="answer this one message and exit, instead of an interactive chat")
+    configure_agents(parser)
+    parser.add_argument(
+        "--webhook-port",
+        type=int,
+        default=8090,
+        help="serve the webhook Triggers at http://127.0.0.1:PORT/hooks/local/<name> (default: %(default)s; "
+        "0 picks a free port)",
+    )
+    parser.add_argument(
+        "--console-port", type=int, default=8080,
+        help="serve the console (agents, runs, chat, approvals; no login) at http://127.0.0.1:PORT "
+        "(default: %(default)s; 0 picks a free port)",
+    )
+    parser.add_argument("--no-console", action="store_true", help="serve no console")
+
+
+def configure_agents(parser: argparse.ArgumentParser) -> None:
+    """The flags of how the files' Agents run here (their model, bus, sandbox, run store, logs): the chat's and
+    `rockbot eval run`'s."""
     parser.add_argument(
         "--base-url",
         default=os.environ.get("OPENAI_BASE_URL"),
@@ -48,13 +67,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="RabbitMQ's management API for --amqp-url (default: the AMQP host on port 15672)",
     )
     parser.add_argument(
-        "--webhook-port",
-        type=int,
-        default=8090,
-        help="serve the webhook Triggers at http://127.0.0.1:PORT/hooks/local/<name> (default: %(default)s; "
-        "0 picks a free port)",
-    )
-    parser.add_argument(
         "--unsafe-no-sandbox",
         action="store_true",
         help="run scripts without isolation when no sandbox primitive works (not recommended)",
@@ -66,17 +78,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-runs", action="store_true", help="record no runs")
     parser.add_argument(
-        "--console-port", type=int, default=8080,
-        help="serve the console (agents, runs, chat, approvals; no login) at http://127.0.0.1:PORT "
-        "(default: %(default)s; 0 picks a free port)",
-    )
-    parser.add_argument("--no-console", action="store_true", help="serve no console")
-    parser.add_argument(
         "-v", "--verbose", action="store_true", help="show the processes' logs here instead of in the log file"
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    prepared = prepare(args, command="rockbot local")
+    if isinstance(prepared, int):
+        return prepared
+    manifests, agents, scripts, log_file = prepared
+    chosen = args.agent or next(iter(manifests.agents))
+    if chosen not in manifests.agents:
+        print(f"rockbot local: no Agent {chosen!r}; there are: {', '.join(manifests.agents)}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(interruptible(_main(args, manifests=manifests, agents=agents, chosen=chosen,
+                                                scripts=scripts, log_file=log_file)))  # fmt: skip
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return INTERRUPTED
+
+
+def prepare(args: argparse.Namespace, *, command: str):
+    """The files' manifests, their Agents assembled, the local sandbox's settings and the log file; or the exit code
+    (2) once stderr says what is wrong. Shared by the chat and `rockbot eval run`."""
     from rockbot.local.assembly import LocalModel, assemble
     from rockbot.local.logfile import default_path, log_to_file
     from rockbot.local.manifests import ManifestError, load, script_limit_problems
@@ -100,16 +124,12 @@ def run(args: argparse.Namespace) -> int:
         if limits:
             raise ManifestError(limits)
     except ManifestError as error:
-        return _refused(error)
+        return _refused(error, command=command)
     if not manifests.agents:
         print(
-            f"rockbot local: no Agent in {', '.join(map(str, args.paths))}: add a `kind: Agent` document",
+            f"{command}: no Agent in {', '.join(map(str, args.paths))}: add a `kind: Agent` document",
             file=sys.stderr,
         )
-        return 2
-    chosen = args.agent or next(iter(manifests.agents))
-    if chosen not in manifests.agents:
-        print(f"rockbot local: no Agent {chosen!r}; there are: {', '.join(manifests.agents)}", file=sys.stderr)
         return 2
     model = LocalModel(
         base_url=args.base_url,
@@ -119,26 +139,22 @@ def run(args: argparse.Namespace) -> int:
     try:
         agents = assemble(manifests, model=model)
     except ManifestError as error:
-        return _refused(error)
+        return _refused(error, command=command)
     for warning in manifests.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     for name, assembled in agents.items():
         for warning in assembled.warnings:
             print(f"warning: Agent {name}: {warning}", file=sys.stderr)
-    try:
-        return asyncio.run(_interruptible(_main(args, manifests=manifests, agents=agents, chosen=chosen,
-                                                scripts=scripts, log_file=log_file)))  # fmt: skip
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        return INTERRUPTED
+    return manifests, agents, scripts, log_file
 
 
-def _refused(error) -> int:
+def _refused(error, *, command: str) -> int:
     for problem in error.problems:
-        print(f"rockbot local: {problem}", file=sys.stderr)
+        print(f"{command}: {problem}", file=sys.stderr)
     return 2
 
 
-async def _interruptible(main) -> int:
+async def interruptible(main) -> int:
     """Run `main`; the first Ctrl-C cancels it (its parts stop in order, and the terminal says what it waits
     for), a second one exits at once."""
     task = asyncio.current_task()
@@ -183,7 +199,7 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
         async with running(
             connect=connect, agents=agents, tasks=tasks, report=printer.task_report, scripts=scripts,
             triggers=list(manifests.triggers.values()), keys=manifests.secrets, trigger_report=printer.trigger_report,
-            webhook_port=args.webhook_port, runs_database=_runs_database(args), approvals_over_bus=not args.no_console,
+            webhook_port=args.webhook_port, runs_database=runs_database(args), approvals_over_bus=not args.no_console,
         ) as local:
             if args.no_console:
                 for runtime in local.agents.values():
@@ -197,7 +213,7 @@ async def _main(args: argparse.Namespace, *, manifests, agents, chosen: str, scr
         return 1
 
 
-def _runs_database(args: argparse.Namespace) -> pathlib.Path | None:
+def runs_database(args: argparse.Namespace) -> pathlib.Path | None:
     from rockbot.console.settings import DEFAULT_DATABASE
 
     return None if args.no_runs else (args.runs_database or DEFAULT_DATABASE)

@@ -21,14 +21,15 @@ import yaml
 
 from rockbot.gateway.catalog import compile_entry
 from rockbot.operator.scheduling.cron import CronSchedule, InvalidSchedule
-from rockbot.resources import GROUP, VERSION, Agent, ScheduledTask, Tool, Trigger, validate
+from rockbot.resources import GROUP, VERSION, Agent, Evaluation, ScheduledTask, Tool, Trigger, validate
 from rockbot.scripts_manager.settings import cpu_millicores, quantity_bytes
 
-MODELS: dict[str, type[Agent] | type[Tool] | type[ScheduledTask] | type[Trigger]] = {
+MODELS: dict[str, type[Agent] | type[Tool] | type[ScheduledTask] | type[Trigger] | type[Evaluation]] = {
     "Agent": Agent,
     "Tool": Tool,
     "ScheduledTask": ScheduledTask,
     "Trigger": Trigger,
+    "Evaluation": Evaluation,
 }
 NAMESPACE = "local"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -50,6 +51,8 @@ class Manifests:
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Webhook Triggers (event Triggers need a cluster: a warning says so).
     triggers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Evaluations (run by `rockbot eval run`; the chat leaves them be).
+    evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Secret name -> key -> value, from `kind: Secret` documents (`data` or `stringData`).
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     #: What was left out and why (a task for an Agent that is not there), naming the file and the fix.
@@ -172,7 +175,7 @@ def _add(
             hint = f" (did you mean {guess[0]}?)" if guess else ""
             return f"{label}: kind: {kind!r} is not a kind of {GROUP}{hint}: use one of {', '.join(MODELS)}"
         found.warnings.append(f"{path}: {kind} {name!r} is skipped: rockbot local runs Agents, Tools, "
-                              "ScheduledTasks, Triggers and Secrets only")  # fmt: skip
+                              "ScheduledTasks, Triggers, Evaluations and Secrets only")  # fmt: skip
         return None
     if api_version != API_VERSION:
         return f"{kind} {name!r}: apiVersion: {api_version} is not served: use {API_VERSION}"
@@ -188,7 +191,8 @@ def _add(
     problems = _problems(body, kind=kind)
     if problems:
         return f"{kind} {name!r} is invalid: {'; '.join(problems)}"
-    bucket = {"Agent": found.agents, "Tool": found.tools, "ScheduledTask": found.tasks, "Trigger": found.triggers}[kind]
+    bucket = {"Agent": found.agents, "Tool": found.tools, "ScheduledTask": found.tasks, "Trigger": found.triggers,
+              "Evaluation": found.evaluations}[kind]
     if name in bucket:
         return f"a second {kind} named {name!r}: names are unique per kind"
     bucket[name] = body
@@ -198,8 +202,9 @@ def _add(
 
 def _problems(body: dict[str, Any], *, kind: str) -> list[str]:
     """What the API server would refuse, then what the scheduler and the gateway would report as not valid."""
-    if kind == "ScheduledTask":  # the scheduler's words for a schedule it cannot read, not the CRD's regex
-        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+    spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+    if kind == "ScheduledTask" or (kind == "Evaluation" and spec.get("schedule")):
+        # the scheduler's words for a schedule it cannot read, not the CRD's regex
         try:
             CronSchedule.parse(schedule=str(spec.get("schedule", "")), time_zone=str(spec.get("timeZone", "UTC")))
         except InvalidSchedule as error:
@@ -240,7 +245,8 @@ def _missing_secrets(found: Manifests) -> list[str]:
 
 
 def _leave_out_orphans(found: Manifests) -> None:
-    for kind, bucket in (("ScheduledTask", found.tasks), ("Trigger", found.triggers)):
+    for kind, bucket in (("ScheduledTask", found.tasks), ("Trigger", found.triggers),
+                         ("Evaluation", found.evaluations)):
         for name, body in list(bucket.items()):
             agent = body["spec"]["agentRef"]["name"]
             file = found.files[(kind, name)]
@@ -248,8 +254,8 @@ def _leave_out_orphans(found: Manifests) -> None:
                 del bucket[name]
                 found.warnings.append(
                     f"{file}: {kind} {name!r}: spec.agentRef.name: no Agent {agent!r} in these files "
-                    f"(there are: {', '.join(found.agents) or 'none'}), so it will not fire: add the Agent or fix "
-                    "agentRef"
+                    f"(there are: {', '.join(found.agents) or 'none'}), so it will not "
+                    f"{'run' if kind == 'Evaluation' else 'fire'}: add the Agent or fix agentRef"
                 )
             elif kind == "Trigger" and "kubernetesEvents" in body["spec"]:
                 del bucket[name]

@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                "answered from the recording) and compare the two runs"),
     "memories": ("rockbot.console.memories_cli", "list, search and forget long-term memories (a cluster's console or "
                  "rockbot local)"),
+    "eval": ("rockbot.evaluations.cli", "run Evaluations' cases against their Agents with rockbot local, and show "
+             "their results"),
     "openrouter-mcp": ("rockbot.openrouter_mcp.cli", "serve a read-only MCP server for an OpenRouter account"),
     "status": ("rockbot.status", "say whether isolation is proven: the scripts-manager's and each Agent's (or, with "
                "--local, rockbot local's sandbox); exit 1 when not"),

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from rockbot.resources import GROUP, VERSION, Agent, ScheduledTask, Tool, Trigger
+from rockbot.resources import GROUP, VERSION, Agent, Evaluation, ScheduledTask, Tool, Trigger
 from rockbot.resources.common import CATEGORY, Resource
 
-RESOURCES: list[type[Resource]] = [Agent, Tool, ScheduledTask, Trigger]
+RESOURCES: list[type[Resource]] = [Agent, Tool, ScheduledTask, Trigger, Evaluation]
 _DROPPED_KEYS = {"title", "$defs"}
 
 

@@ -1,7 +1,8 @@
 """Messages on an agent's inbox queue (`agent.<namespace>.<name>.inbox`) and the reply it sends back.
 
-One request model serves the four ways work reaches an agent (a user's message, a scheduled task
-firing, a Trigger firing on a webhook or a Kubernetes event, another agent calling it as a tool) so
+One request model serves the five ways work reaches an agent (a user's message, a scheduled task
+firing, a Trigger firing on a webhook or a Kubernetes event, another agent calling it as a tool, an
+Evaluation's case) so
 the agent has one handler and one reply shape.
 Sub-agent calls carry the chain of agents that led to them: the receiver refuses a call that would
 loop back to an agent already in the chain or go deeper than `MAX_CALL_DEPTH`.
@@ -27,7 +28,16 @@ MAX_REPLAYED_CALLS = 256
 #: How a recorded replay's answer to a call without a recorded match starts (the timeline and the diff show it).
 NOT_REPLAYED = "not run in this recorded replay"
 
-InboxKind = Literal["user_message", "scheduled_task", "trigger", "agent_call"]
+InboxKind = Literal["user_message", "scheduled_task", "trigger", "agent_call", "evaluation"]
+
+
+class PriorTurn(BaseModel):
+    """A turn before an evaluation case's input, as the case's author wrote it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["user", "assistant"]
+    content: Annotated[str, Field(min_length=1)]
 
 
 class RecordedCall(BaseModel):
@@ -89,6 +99,11 @@ class InboxRequest(BaseModel):
     conversation: HistoryReply | None = None
     #: Replay a recorded run (`Replay`): only from `service.console`, like `on_behalf_of`.
     replay: Replay | None = None
+    #: An evaluation case's conversation before `content` (the turn starts from it, not from any kept history).
+    prior_turns: tuple[PriorTurn, ...] = ()
+    #: An evaluation case's answers to approval-gated tools (tool name -> approved; any other gated call is
+    #: denied): the turn asks nobody. Only an `evaluation` carries them, and only the evaluation runner sends one.
+    approvals: dict[str, bool] | None = None
 
     @property
     def depth(self) -> int:
@@ -104,6 +119,8 @@ class InboxRequest(BaseModel):
             raise ValueError("replay: only a user_message replays a run")
         if self.conversation is not None and self.conversation.session_id != self.session_id:
             raise ValueError(f"conversation: the session {self.conversation.session_id} is not this turn's")
+        if self.kind != "evaluation" and (self.prior_turns or self.approvals is not None):
+            raise ValueError("prior_turns/approvals: only an evaluation case's turn carries them")
         return self
 
 
@@ -120,6 +137,9 @@ class InboxReply(BaseModel):
     tools_called: tuple[str, ...] = ()
     #: The turn's run in the run store (`rockbot runs show <id>`), when it was recorded.
     run_id: str | None = None
+    #: What the turn's model requests used, summed (an evaluation's token bound reads them).
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @model_validator(mode="after")
     def _answer_or_error(self) -> InboxReply:

@@ -29,7 +29,8 @@ MAX_TEXT_CHARS = 16_000
 MAX_EVENTS_PER_MESSAGE = 200
 MAX_BATCH_BYTES = 1024 * 1024
 
-RunSource = Literal["chat", "http", "a2a", "user_message", "scheduled_task", "trigger", "agent_call", "local", "replay"]
+RunSource = Literal["chat", "http", "a2a", "user_message", "scheduled_task", "trigger", "agent_call", "local", "replay",
+                    "evaluation"]
 RunOutcome = Literal["Succeeded", "Failed", "Refused", "TimedOut", "Interrupted"]
 #: What a run keeps: everything, no text of messages, arguments, results or output, or nothing at all.
 RecordMode = Literal["Full", "Metadata", "None"]

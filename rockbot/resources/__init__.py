@@ -6,6 +6,7 @@
 from rockbot.resources.agent import Agent, AgentSpec, AgentStatus
 from rockbot.resources.checking import validate
 from rockbot.resources.common import GROUP, VERSION, Condition
+from rockbot.resources.evaluation import Evaluation, EvaluationSpec, EvaluationStatus
 from rockbot.resources.scheduledtask import ScheduledTask, ScheduledTaskSpec, ScheduledTaskStatus
 from rockbot.resources.tool import Tool, ToolSpec, ToolStatus
 from rockbot.resources.trigger import Trigger, TriggerSpec, TriggerStatus
@@ -17,6 +18,9 @@ __all__ = [
     "AgentSpec",
     "AgentStatus",
     "Condition",
+    "Evaluation",
+    "EvaluationSpec",
+    "EvaluationStatus",
     "ScheduledTask",
     "ScheduledTaskSpec",
     "ScheduledTaskStatus",

@@ -12,11 +12,13 @@ import pydantic
 
 from rockbot.resources.agent import Agent
 from rockbot.resources.common import Resource
+from rockbot.resources.evaluation import Evaluation
 from rockbot.resources.scheduledtask import ScheduledTask
 from rockbot.resources.tool import Tool
 from rockbot.resources.trigger import Trigger
 
-MODELS: dict[str, type[Resource]] = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask, "Trigger": Trigger}
+MODELS: dict[str, type[Resource]] = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask, "Trigger": Trigger,
+                                       "Evaluation": Evaluation}
 
 
 def validate(body: dict[str, Any]) -> list[str]:

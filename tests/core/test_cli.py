@@ -40,7 +40,7 @@ def test_a_bad_flag_is_one_line_not_a_traceback():
 def test_crds_prints_one_yaml_stream_of_every_definition():
     result = rockbot("crds")
     kinds = [doc["spec"]["names"]["kind"] for doc in yaml.safe_load_all(result.stdout)]
-    assert kinds == ["Agent", "Tool", "ScheduledTask", "Trigger"]
+    assert kinds == ["Agent", "Tool", "ScheduledTask", "Trigger", "Evaluation"]
 
 
 def test_crds_write_regenerates_the_files(tmp_path):
@@ -48,6 +48,7 @@ def test_crds_write_regenerates_the_files(tmp_path):
     assert result.returncode == 0
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "agents.rockbot.dev.yaml",
+        "evaluations.rockbot.dev.yaml",
         "scheduledtasks.rockbot.dev.yaml",
         "tools.rockbot.dev.yaml",
         "triggers.rockbot.dev.yaml",

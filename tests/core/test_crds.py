@@ -75,7 +75,8 @@ def test_runs_print_when_the_last_one_started_how_it_ended_and_when_the_next_is_
 
 def test_date_columns_hold_only_times_in_the_past():
     """kubectl prints a date column as an age, and a time in the future as <invalid>."""
-    past = {".metadata.creationTimestamp", ".status.lastScheduleTime", ".status.lastDelivery.time"}
+    past = {".metadata.creationTimestamp", ".status.lastScheduleTime", ".status.lastDelivery.time",
+            ".status.lastRunTime"}
     for file in crdgen.render_all():
         for column in _columns(file).values():
             assert column["type"] != "date" or column["jsonPath"] in past, (file, column)

@@ -6,10 +6,9 @@ import pathlib
 
 import yaml
 
-from rockbot.resources import Agent, ScheduledTask, Tool, Trigger
+from rockbot.resources.checking import MODELS
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-MODELS = {"Agent": Agent, "Tool": Tool, "ScheduledTask": ScheduledTask, "Trigger": Trigger}
 
 
 def test_every_example_resource_is_valid():
@@ -20,4 +19,4 @@ def test_every_example_resource_is_valid():
                 continue
             MODELS[document["kind"]].model_validate(document)
             kinds.append(document["kind"])
-    assert sorted(set(kinds)) == ["Agent", "ScheduledTask", "Tool", "Trigger"]
+    assert sorted(set(kinds)) == ["Agent", "Evaluation", "ScheduledTask", "Tool", "Trigger"]

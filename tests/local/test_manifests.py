@@ -66,7 +66,7 @@ def test_every_invalid_object_is_reported_not_only_the_first(tmp_path):
     assert problems == [
         f"{file}: Agent 'analyst' is invalid: spec.maxIterations: Input should be greater than or equal to 1",
         f"{file}: document 2 (line 8): kind: 'Tol' is not a kind of rockbot.dev (did you mean Tool?): use one of "
-        "Agent, Tool, ScheduledTask, Trigger",
+        "Agent, Tool, ScheduledTask, Trigger, Evaluation",
         f"{file}: Agent 'other': apiVersion: rockbot.dev/v1 is not served: use rockbot.dev/v1alpha1",
     ]
 
@@ -86,7 +86,7 @@ def test_a_list_is_read_as_its_items_and_other_kinds_are_skipped_with_a_warning(
     found = load([path])
     assert list(found.agents) == ["analyst"] and list(found.tools) == ["rates"]
     assert found.warnings == [f"{path}: ConfigMap 'settings' is skipped: rockbot local runs Agents, Tools, "
-                              "ScheduledTasks, Triggers and Secrets only"]
+                              "ScheduledTasks, Triggers, Evaluations and Secrets only"]
 
 
 def test_objects_of_different_namespaces_are_not_resolved_together(tmp_path):
