@@ -105,7 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("-n", "--namespace", help="the runs of this namespace (required with --url)")
         sub.add_argument("--agent")
         sub.add_argument("--source", help="chat, http, a2a, user_message, scheduled_task, trigger, agent_call, local, "
-                         "evaluation")
+                         "replay, evaluation")
         sub.add_argument("--outcome", help="Succeeded, Failed, Refused, TimedOut, Interrupted")
         sub.add_argument("--session")
         sub.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-25T17:00:00Z")

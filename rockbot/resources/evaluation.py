@@ -38,15 +38,15 @@ Text = Annotated[str, Field(min_length=1, max_length=10_000)]
 class PriorTurn(Schema):
     """A turn of the conversation before the case's input, as the agent's history holds it."""
 
-    role: Literal["user", "assistant"]
-    content: Annotated[str, Field(min_length=1, max_length=100_000)]
+    role: Literal["user", "assistant"] = Field(description="Who said it: user or assistant.")
+    content: Annotated[str, Field(min_length=1, max_length=100_000)] = Field(description="What was said.")
 
 
 class ApprovalAnswer(Schema):
     """How the case answers a call of an approval-gated tool (a call of one it does not list is denied)."""
 
-    tool: FunctionName
-    decision: Literal["Approve", "Deny"]
+    tool: FunctionName = Field(description="The approval-gated tool, by the name the model calls.")
+    decision: Literal["Approve", "Deny"] = Field(description="Approve (the call runs) or Deny (it does not).")
 
 
 class Rubric(Schema):
@@ -102,8 +102,8 @@ class Expectations(Schema):
 
 
 class EvaluationCase(Schema):
-    name: KubeName
-    input: Annotated[str, Field(min_length=1, max_length=100_000)]
+    name: KubeName = Field(description="The case's name, unique in the Evaluation.")
+    input: Annotated[str, Field(min_length=1, max_length=100_000)] = Field(description="The user turn sent.")
     prior_turns: Annotated[list[PriorTurn], Field(max_length=100)] = Field(
         default_factory=list, description="The conversation before the input, oldest first."
     )
@@ -129,17 +129,21 @@ class EvaluationSpec(Schema):
         ),
     )
 
-    agent_ref: LocalObjectReference
-    cases: Annotated[list[EvaluationCase], Field(min_length=1, max_length=MAX_CASES)]
+    agent_ref: LocalObjectReference = Field(description="The Agent under test, in this namespace.")
+    cases: Annotated[list[EvaluationCase], Field(min_length=1, max_length=MAX_CASES)] = Field(
+        description="What the Agent is asked and what a good answer satisfies."
+    )
     repeat: Annotated[int, Field(ge=1, le=20)] = Field(default=1, description="Runs of each case.")
     pass_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
         default=1.0, description="The share of case runs that must pass for the Evaluation to pass."
     )
     judge: ModelSpec | None = Field(default=None, description="The judge model of rubric cases that name none.")
     schedule: Annotated[str, Field(pattern=CRON, max_length=256)] | None = Field(
-        default=None, description="Cron: also run on this schedule (besides spec and Agent changes)."
+        default=None, description="Cron: 5 fields (minute), 6 fields (second first), or @hourly-style macros."
     )
-    time_zone: Annotated[str, Field(pattern=r"^[A-Za-z0-9_+\-/]{1,64}$")] = "UTC"
+    time_zone: Annotated[str, Field(pattern=r"^[A-Za-z0-9_+\-/]{1,64}$")] = Field(
+        default="UTC", description="IANA time zone of the schedule, e.g. Europe/Berlin."
+    )
     concurrency: Annotated[int, Field(ge=1, le=16)] = Field(default=4, description="Case runs at once.")
     case_timeout_seconds: Annotated[int, Field(ge=1, le=3600)] = Field(
         default=300, description="The longest one case run waits for the agent's answer."
