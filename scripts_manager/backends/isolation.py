@@ -116,6 +116,9 @@ class Isolation(BaseModel):
             "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
             "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+            # Debian's numpy finds libblas.so.3 via /etc/alternatives; its matplotlib reads /etc/matplotlibrc, fonts.
+            "--ro-bind-try", "/etc/alternatives", "/etc/alternatives",
+            "--ro-bind-try", "/etc/matplotlibrc", "/etc/matplotlibrc", "--ro-bind-try", "/etc/fonts", "/etc/fonts",
             "--ro-bind-try", "/etc/localtime", "/etc/localtime",
             # Debian's shared libraries chosen by update-alternatives (numpy's libblas.so.3) are links through here.
             "--ro-bind-try", "/etc/alternatives", "/etc/alternatives",

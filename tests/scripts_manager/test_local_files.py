@@ -23,10 +23,12 @@ PNG = base64.b64decode(
 )
 
 
-def job(script: str, *, files: tuple[InputFile, ...] = (), bounds: OutputBounds | None = None) -> ScriptJob:
+def job(
+    script: str, *, files: tuple[InputFile, ...] = (), bounds: OutputBounds | None = None, memory: str | None = None
+) -> ScriptJob:
     return ScriptJob(
         request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None, timeout_seconds=30.0,
-        files=files, output_bounds=bounds or OutputBounds(),
+        files=files, output_bounds=bounds or OutputBounds(), memory=memory,
     )  # fmt: skip
 
 
@@ -175,3 +177,24 @@ async def test_a_folder_the_script_made_unwritable_is_still_cleaned_up(
     """))
     assert result.exit_code == 0, result.stderr
     assert await asyncio.to_thread(os.listdir, shared_tmp) == []
+
+
+async def test_plt_show_saves_each_open_figure_as_a_png_under_output(bwrap: LocalBackend) -> None:
+    probe = await bwrap.run(job("import matplotlib", memory="1Gi"))  # numpy's BLAS threads reserve address space
+    if probe.exit_code != 0:
+        pytest.fail(f"the sandbox's Python has no matplotlib ({probe.stderr.strip()[-200:]}): install it, e.g. "
+                    "apt-get install -y python3-matplotlib")
+    result = await bwrap.run(job("""
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2, 3], [3, 1, 2])
+        plt.show()
+        plt.figure(); plt.bar(["a", "b"], [1, 2])
+        plt.figure(); plt.plot([1])
+        plt.show()
+        print(plt.get_fignums())
+    """, memory="1Gi"))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "[]\n"  # show() closed them
+    assert [(a.name, a.media_type) for a in result.artifacts] == [
+        ("figure-1.png", "image/png"), ("figure-2.png", "image/png"), ("figure-3.png", "image/png"),
+    ]
