@@ -169,3 +169,17 @@ async def test_an_approval_gated_tool_is_answered_by_the_case_never_a_person(scr
         error = json.loads(tool_results[0])["error"]
         assert error["code"] == "Rejected" and "the case denies it" in error["message"]
         assert "✗ computes-a-sum #1: the answer does not contain '42'" in result.stderr
+
+
+async def test_over_rabbitmq_the_cases_cross_the_broker_as_service_local(scripted_llm, judge_llm, tmp_path, vhost):
+    scripted_llm.loop = True
+    scripted_llm.play(analyst)
+    judge_llm.loop = True
+    judge_llm.play(judge(0.9))
+    result = await rockbot("eval", "run", str(_folder(tmp_path)), *_env(scripted_llm, judge_llm), "--amqp-url",
+                           vhost.admin_url, "--management-url", vhost.broker.management_url, state=tmp_path,
+                           env=model_env(scripted_llm))
+    assert result.returncode == 0, result.stderr
+    assert "score 1.00 (2 of 2 case runs passed), passRatio 1: PASSED" in result.stderr
+    queues = await asyncio.to_thread(vhost.queues)
+    assert queues["agent.local.analyst.inbox"][0] == 0, queues  # every case taken and answered
