@@ -154,13 +154,23 @@ class Leadership:
         return {**lease, "spec": {**lease["spec"], "renewTime": micro_time(datetime.now(UTC))}}
 
     async def release(self) -> None:
-        """Hand the Lease on at a clean stop: an empty holder, which a standby takes at its next read."""
-        if self._current is None:
-            return
+        """Hand the Lease on at a clean stop: an empty holder, which a standby takes at its next read.
+
+        A renewal cancelled by the stop may have been written all the same, so a conflict is read again: while
+        the Lease is still this process's, it is released from what is there now.
+        """
         current, self._current = self._current, None
-        spec = {**current["spec"], "holderIdentity": "", "renewTime": micro_time(datetime.now(UTC))}
-        try:
-            await self._kube.replace(LEASES, namespace=self.namespace, name=self.name, body={**current, "spec": spec})
+        for _ in range(3):
+            if current is None or holder_of(current) != self.identity:
+                return
+            spec = {**current["spec"], "holderIdentity": "", "renewTime": micro_time(datetime.now(UTC))}
+            try:
+                await self._kube.replace(LEASES, namespace=self.namespace, name=self.name,
+                                         body={**current, "spec": spec})
+            except NotFound:
+                return
+            except Conflict:
+                current = await self._kube.get(LEASES, namespace=self.namespace, name=self.name)
+                continue
             log.info("released the leader Lease %s/%s", self.namespace, self.name)
-        except (Conflict, NotFound):
-            pass  # no longer ours
+            return
