@@ -219,3 +219,18 @@ async def test_a_standby_stops_with_sigterm_and_the_leader_keeps_leading(
 
     await eventually(renewed_since, within=15)
     assert leader.process.running
+
+
+async def test_a_leader_whose_lease_was_taken_exits_at_once(
+    kube: KubeClient, kube_namespace: str, start_pair: Callable[[], Any]
+) -> None:
+    """Another holder on the Lease (a standby that judged this leader dead while it was cut off, say): the leader
+    stops working at its next renewal, by exiting (its Deployment restarts it as a standby)."""
+    ns = kube_namespace
+    leader, _ = await start_pair()
+    lease = await kube.get(LEASES, namespace=ns, name=LEASE)
+    await kube.replace(LEASES, namespace=ns, name=LEASE,
+                       body={**lease, "spec": {**lease["spec"], "holderIdentity": "intruder"}})
+    assert await leader.process.exited(within=STOP_WITHIN) == 3, leader.process.output()[-3000:]
+    assert "lost the leader Lease" in leader.process.output()
+    assert "the Lease is held by intruder now" in leader.process.output()
