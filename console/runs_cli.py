@@ -91,13 +91,18 @@ class HttpRuns:
         await self._http.close()
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
+def configure_source(parser: argparse.ArgumentParser) -> None:
+    """Where runs are read: `--url` and `--token` (a console), else `--database` (`open_runs`)."""
     parser.add_argument("--url", default=os.environ.get("ROCKBOT_CONSOLE_URL"),
                         help="the console's address (default: $ROCKBOT_CONSOLE_URL; none: the local SQLite runs)")
     parser.add_argument("--token", default=os.environ.get("ROCKBOT_CONSOLE_TOKEN"),
                         help="bearer token for --url (default: $ROCKBOT_CONSOLE_TOKEN)")
     parser.add_argument("--database", default=str(DEFAULT_DATABASE),
                         help=f"the SQLite run store without --url (default: {DEFAULT_DATABASE})")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    configure_source(parser)
     parser.add_argument("--json", action="store_true", help="print JSON as the API answers it")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, help_text in (("list", "list runs, newest first"), ("tail", "print runs as they start and end")):
@@ -125,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-async def _open(args: argparse.Namespace) -> RunSource:
+async def open_runs(args: argparse.Namespace) -> RunSource:
+    """The runs `--url` (the console, as `--token`'s user) or `--database` (a local SQLite store) names."""
     if args.url:
         return HttpRuns(url=args.url, token=args.token)
     from rockbot.console.store import Store
@@ -136,7 +142,7 @@ async def _open(args: argparse.Namespace) -> RunSource:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    source = await _open(args)
+    source = await open_runs(args)
     try:
         if args.verb == "files":
             return await _files(source, run_id=args.run_id, out=args.out, as_json=args.json)

@@ -1,4 +1,5 @@
-"""`rockbot eval run|show`: an Evaluation's cases against its Agent on this machine, and the results kept.
+"""`rockbot eval run|show|from-runs`: an Evaluation's cases against its Agent on this machine, the results kept,
+and recorded runs made into cases (`console.eval_cases`).
 
 `run` starts the files' Agents as `rockbot local` does and runs every Evaluation in them (or those named),
 printing a line per case run and a summary per Evaluation; it exits 1 when any Evaluation's pass ratio is
@@ -43,6 +44,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                          help="the run store whose folder keeps the results (default: rockbot local's)")
     showing.add_argument("--json", action="store_true", help="print the status as JSON")
     showing.set_defaults(_eval=_show)
+    from rockbot.console import eval_cases
+
+    from_runs = commands.add_parser("from-runs", help="turn recorded runs into an Evaluation's cases (YAML)",
+                                    description="Print an Evaluation of the runs' Agent with a case per run: its "
+                                    "input and the tools it called.")  # fmt: skip
+    eval_cases.configure(from_runs)
+    from_runs.set_defaults(_eval=eval_cases.run)
 
 
 def run(args: argparse.Namespace) -> int:
