@@ -18,6 +18,9 @@ from rockbot.resources.common import CATEGORY, Resource
 
 RESOURCES: list[type[Resource]] = [Agent, Tool, ScheduledTask, Trigger, Evaluation]
 _DROPPED_KEYS = {"title", "$defs"}
+#: Pydantic writes `gt=0` as JSON Schema's `exclusiveMinimum: 0`; a CRD's OpenAPI 3.0 schema wants `minimum: 0` with
+#: `exclusiveMinimum: true` (the API server refuses a number there).
+_EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
 
 
 def crd_for(resource: type[Resource]) -> dict[str, Any]:
@@ -89,6 +92,9 @@ def _structural(node: Any, *, definitions: dict[str, Any]) -> Any:
             result[key] = _structural(value, definitions=definitions)
         elif key == "const":
             result["enum"] = [value]
+        elif key in _EXCLUSIVE and not isinstance(value, bool):  # JSON Schema's bound -> OpenAPI 3.0's flag
+            result[_EXCLUSIVE[key]] = value
+            result[key] = True
         else:
             result[key] = value
     if result.get("additionalProperties") is False:

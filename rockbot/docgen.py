@@ -85,7 +85,8 @@ def _type_of(field: dict[str, Any]) -> str:
 
 
 def _rules(field: dict[str, Any]) -> str:
-    names = {"minimum": "≥ {}", "maximum": "≤ {}", "exclusiveMinimum": "> {}", "exclusiveMaximum": "< {}",
+    names = {"minimum": "> {}" if field.get("exclusiveMinimum") else "≥ {}",
+             "maximum": "< {}" if field.get("exclusiveMaximum") else "≤ {}",
              "minLength": "length ≥ {}", "maxLength": "length ≤ {}", "minItems": "items ≥ {}", "maxItems": "items ≤ {}",
              "pattern": "matches `{}`", "format": "format {}"}
     rules = [template.format(field[key]) for key, template in names.items() if key in field]
