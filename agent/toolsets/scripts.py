@@ -78,17 +78,18 @@ async def run_script(
             "only an in-memory one of its own); answer without running code",
             code=ErrorCode.UNAVAILABLE,
         )
+    session = session_digest(conversation) if conversation and _per_conversation(kit) else None
     reply = await kit.sandbox.execute_python_script(
         request_id=f"{request_id or 'call'}.{secrets.token_hex(4)}",  # unique even if a model reuses call ids
         script=script,
         input_data=None if input_data is None else json.dumps(input_data),
         timeout_seconds=timeout_seconds,
         pip_packages=list(pip_packages),
-        session=session_digest(conversation) if conversation and _per_conversation(kit) else None,
+        session=session,
     )
     if isinstance(reply, ScriptInvokeError):
         raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)
-    return format_response(reply)
+    return format_response(reply, asked_session=session is not None)
 
 
 def _per_conversation(kit: ToolKit) -> bool:
@@ -102,9 +103,11 @@ SESSION_NOTES = {
     "restarted": "the session was restarted; earlier variables are gone (and its files): recreate what you need",
     "ended": "this script ended the session; its variables are gone: the next script starts afresh",
 }
+#: A session asked of a scripts-manager whose backend keeps none (the pod backend, so far): never silently.
+NO_SESSION_NOTE = "this scripts-manager keeps no session: every script starts afresh, with no earlier variables"
 
 
-def format_response(reply: ScriptInvokeResponse) -> str:
+def format_response(reply: ScriptInvokeResponse, *, asked_session: bool = False) -> str:
     ended = f"exit code {reply.exit_code}" if reply.exit_code is not None else "killed before it exited"
     notes = [
         note
@@ -117,6 +120,8 @@ def format_response(reply: ScriptInvokeResponse) -> str:
     ]
     if reply.session:
         notes.append(SESSION_NOTES[reply.session])
+    elif asked_session:
+        notes.append(NO_SESSION_NOTE)
     header = f"{ended} after {reply.duration_seconds:.2f} s" + (f" ({'; '.join(notes)})" if notes else "")
     return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}" + describe_artifacts(reply)
 

@@ -193,15 +193,19 @@ async def test_a_per_conversation_agent_names_each_conversations_session_and_the
                                             context=ToolContext(session_id=ann))
         again = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
                                             context=ToolContext(session_id=ann))
-        await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
-                                    context=ToolContext(session_id=bob))
+        # A manager whose backend keeps no session (pods, so far) answers without one: the model is told.
+        sessionless = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
+                                                  context=ToolContext(session_id=bob))
     per_call = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"])
     async with AgentRuntime.from_config(per_call, env={}, sandbox=sandbox) as agent:
-        await agent.registry.invoke("execute_python_script", {"script": "x"}, context=ToolContext(session_id=ann))
+        plain = await agent.registry.invoke("execute_python_script", {"script": "x"},
+                                            context=ToolContext(session_id=ann))
     named = [request["session"] for request in sandbox.requests]
     assert named[0] == named[1] and len(named[0]) == 32 and named[2] not in (named[0], None) and named[3] is None
     assert "a new session" in first.content
     assert "the session was restarted; earlier variables are gone" in again.content
+    assert "keeps no session: every script starts afresh" in sessionless.content
+    assert "session" not in plain.content
 
 
 async def test_a_script_backed_tool_runs_its_source_with_the_arguments(scripted_llm):
