@@ -189,7 +189,8 @@ class ToolLoop:
         async def run_one(call: ToolCall) -> ToolOutcome:
             await emit(on_event, ToolStarted(call_id=call.id, name=call.name, arguments=call.arguments))
             context = ToolContext(session_id=session_id, tool_call_id=call.id, call_chain=call_chain)
-            if recorded is not None:  # nothing runs: no approval asked either
+            if recorded is not None and call.name != READER:  # nothing runs (but reading this turn's own
+                # working memory, which a long recorded result went to): no approval asked either
                 outcome = _replayed(self.registry, recorded, call, context=context)
                 await emit(on_event, ToolFinished(call_id=call.id, name=call.name, error=outcome.error,
                                                    duration_seconds=0.0))

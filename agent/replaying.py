@@ -4,6 +4,8 @@ A call gets a recorded result when a recorded call of the same name has the same
 values, so key order and spacing do not matter); each recorded call answers once, in the order they were made, so
 a model that calls a tool twice gets both recorded results. A call without a match is answered as not run, and
 the run records it so (its message starts with `NOT_REPLAYED`): replaying never runs a tool with side effects.
+The working-memory reader is the one tool that runs: a long recorded result goes to this turn's working memory, and
+the model reads it back from there (`loop.READER`).
 """
 
 from __future__ import annotations

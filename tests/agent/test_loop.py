@@ -13,6 +13,7 @@ from rockbot.agent.events import TextDelta, ToolFinished, ToolStarted
 from rockbot.agent.llm import LlmAuthError, LlmError, LlmModelNotFound
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.contracts.errors import ErrorCode
+from rockbot.contracts.inbox import RecordedCall, Replay
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedCall, Turn
 
@@ -355,3 +356,24 @@ async def test_an_answer_cut_at_the_output_limit_tells_the_user(scripted_llm, st
     assert result.answer.startswith("Granite forms from slowly")
     assert "cut off" in result.answer and "output token limit" in result.answer
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == result.answer
+
+
+async def test_a_recorded_replay_answers_from_the_record_and_still_reads_a_long_result_back(scripted_llm):
+    ran = []
+
+    @tool
+    async def fetch_report() -> str:
+        """Fetch the big report."""
+        ran.append(1)
+        return "never"
+
+    def read_chunk(body):
+        key = re.search(r"`([0-9a-f]{6}-0)`", tool_messages_from(body)[-1]["content"]).group(1)
+        return Turn(tool_calls=[ScriptedCall(name="get_from_working_memory", arguments={"key": key})])
+
+    replay = Replay(of_run="r1", recorded=[RecordedCall(name="fetch_report", arguments="{}", result="y" * 5000)])
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="fetch_report")]), read_chunk, Turn(text="ok"))
+    async with runtime_for(scripted_llm, fetch_report, model={"max_result_chars": 1000}) as agent:
+        await agent.chat("s", "go", caller="service.test", replay=replay)
+    assert ran == []  # the recorded result answered the call
+    assert tool_messages(scripted_llm.requests[2])[-1]["content"] == "y" * 500  # read back from working memory
