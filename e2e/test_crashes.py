@@ -336,9 +336,11 @@ def results(releases: Releases, model_server: ModelServer, kubectl: Kubectl,
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "crashes.md").write_text(table + "\n\n" + "\n".join(errors) + "\n")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        for line in ["", f"crashes under load ({CLIENTS} clients, {len(turns)} turns):", table, *errors[:40]]:
-            reporter.write_line(line)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # printed as measured, not only when a check fails
+            for line in ["", f"crashes under load ({CLIENTS} clients, {len(turns)} turns):", table, *errors[:40]]:
+                reporter.write_line(line)
     yield Results(measured=measured, turns=turns, script_outputs=outputs, runs=runs, table=table, errors=errors)
 
 
