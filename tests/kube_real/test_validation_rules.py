@@ -46,7 +46,16 @@ TRIGGER = {
     "spec": {"agentRef": {"name": "analyst"}, "prompt": "Triage {{ payload.issue.title }}.",
              "webhook": {"secretKeyRef": {"name": "github-webhook", "key": "secret"}}},
 }
-BASES = {"Agent": AGENT, "Tool": TOOL, "ScheduledTask": TASK, "Trigger": TRIGGER}
+EVALUATION = {
+    "apiVersion": "rockbot.dev/v1alpha1",
+    "kind": "Evaluation",
+    "metadata": {"name": "basics", "namespace": "team-a"},
+    "spec": {"agentRef": {"name": "analyst"}, "cases": [{"name": "sum", "input": "1 + 2?",
+                                                         "expect": {"contains": ["3"]}}]},
+}
+BASES = {"Agent": AGENT, "Tool": TOOL, "ScheduledTask": TASK, "Trigger": TRIGGER, "Evaluation": EVALUATION}
+RUBRIC = {"criteria": "Says 3.", "threshold": 0.5}
+JUDGE = {"baseUrl": "https://openrouter.ai/api/v1", "name": "openai/gpt-4o-mini"}
 MCP_HTTP = {"server": "rocks", "url": "http://rocks/mcp", "tool": "add"}
 MCP_STDIO = {"server": "rocks", "transport": "stdio", "command": ["rocks"], "tool": "add"}
 SECRET_HEADER = {"name": "Authorization", "prefix": "Bearer ", "secretKeyRef": {"name": "rocks", "key": "token"}}
@@ -127,6 +136,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Trigger", {"spec.webhook.contentTypes": ["application/json", "application/json"]}),
     ("Trigger", {"spec.webhook.signature": {"header": "X Signature"}}),
     ("Trigger", {"spec.maxRunsPerMinute": 0}),
+    ("Evaluation", {}),
+    ("Evaluation", {"spec.cases": [{"name": "sum", "input": "1 + 2?"}, {"name": "sum", "input": "2 + 2?"}]}),
+    ("Evaluation", {"spec.cases": [{"name": "sum", "input": "1 + 2?", "expect": {"rubric": RUBRIC}}]}),
+    ("Evaluation", {"spec.judge": JUDGE, "spec.cases": [{"name": "sum", "input": "1 + 2?",
+                                                         "expect": {"rubric": RUBRIC}}]}),
+    ("Evaluation", {"spec.cases": [{"name": "sum", "input": "1 + 2?",
+                                    "expect": {"mustCall": ["calc"], "mustNotCall": ["calc"]}}]}),
+    ("Evaluation", {"spec.cases": [{"name": "sum", "input": "1 + 2?", "expect": {"maxLatencySeconds": 0}}]}),
 ]
 
 
