@@ -225,7 +225,7 @@ def bridge_listener() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def forbidden_target() -> Iterator[str]:
     """A listener on the bridge host standing for the metadata and outside addresses of the isolation
-    canaries (README "Isolation canary"): no check ever tries a real one."""
+    canaries (docs/concepts/isolation-canary.md): no check ever tries a real one."""
     with bridge_listener() as target:
         yield target
 

@@ -143,7 +143,7 @@ def write_all(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def reference_table() -> str:
-    """A Markdown table of every resource's spec fields, for the README (a test keeps it current)."""
+    """A Markdown table of every resource's spec fields, for docs/concepts/resources.md (a test keeps it current)."""
     rows = ["| Kind | Field | Type | Default | Description |", "| --- | --- | --- | --- | --- |"]
     for resource in RESOURCES:
         spec = crd_for(resource)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]

@@ -143,7 +143,7 @@ class ScriptBackendSpec(Schema):
     #: Item bounds keep the CEL rule's cost within the API server's budget (it estimates unbounded strings).
     pip_packages: Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=32)] = Field(
         default_factory=list,
-        description="Packages the script needs, each a requirement such as pandas>=2 (see the README).",
+        description="Packages the script needs, each a requirement, e.g. pandas>=2 (docs/reference/configuration.md).",
     )
 
 

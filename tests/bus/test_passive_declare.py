@@ -1,5 +1,6 @@
 """Issue 31 §5 on the real broker (Debian's RabbitMQ 3.10): what a passive queue declare tells an agent about another
-namespace is what the README's security model says, queue names and depths, and nothing of the messages."""
+namespace is what the security model (docs/concepts/security.md) says, queue names and depths, and nothing of the
+messages."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rockbot.contracts.inbox import InboxRequest
 from tests.fixtures.rabbitmq import Vhost
 from tests.waiting import eventually
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY_MODEL = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "security.md"
 PROBER = Principal.agent(namespace="team-a", name="prober")
 VICTIM = Principal.agent(namespace="team-b", name="victim")
 
@@ -45,6 +46,6 @@ async def test_a_passive_declare_tells_another_tenant_a_queues_depth_and_nothing
             with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
                 await refused(await channel.declare_queue(inbox.name, passive=True))
         await depth()  # nothing taken
-    model = README.read_text().split("## Security model", 1)[1].split("\n## ", 1)[0]
+    model = SECURITY_MODEL.read_text()
     said = re.search(r"\*\*What any broker login can learn: queue names and depths\.\*\*(.+?)\n\n", model, re.S)
     assert said is not None and "before 4.2.6" in said.group(1) and "how deep its inbox is" in said.group(1)
