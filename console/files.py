@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from rockbot.bus import Bus, Delivery, Refused, Subscription
-from rockbot.bus.shares import InFlight
-from rockbot.bus.topology import CONSOLE_FILES, agent_replies_prefix
+from rockbot.bus import Bus
+from rockbot.bus.identity import Principal
+from rockbot.bus.topology import CONSOLE_FILES
+from rockbot.console.agent_requests import AgentRequests
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.store import StoreUnavailable
 from rockbot.contracts.files import MAX_REQUEST_BYTES, FilesSaved, SavedFile, SaveFiles
@@ -26,37 +27,18 @@ log = logging.getLogger(__name__)
 FILES_PER_AGENT = 2
 
 
-class FileAnswerer:
+class FileAnswerer(AgentRequests):
     """Answers `console.files`; `start()`, then `stop()`."""
 
+    what, queue, prefetch, per_agent = "file", CONSOLE_FILES, 8, FILES_PER_AGENT
+    max_bytes, request_type = MAX_REQUEST_BYTES, SaveFiles
+
     def __init__(self, *, files: FileStore, bus: Bus) -> None:
+        super().__init__(bus=bus)
         self._files = files
-        self._bus = bus
-        self._in_flight = InFlight(per_sender=FILES_PER_AGENT)
-        self._subscription: Subscription | None = None
 
-    async def start(self) -> None:
-        self._subscription = await self._bus.consume(queue=CONSOLE_FILES, handler=self._on_request, prefetch=8)
-
-    async def stop(self) -> None:
-        if self._subscription is not None:
-            await self._subscription.close(drain_seconds=1.0)
-            self._subscription = None
-
-    async def _on_request(self, delivery: Delivery) -> None:
-        agent = delivery.agent_answered_on_own(lambda p: agent_replies_prefix(namespace=p.namespace, name=p.name))
-        if agent is None:
-            raise Refused(
-                f"a file request from {delivery.user_id!r} must come from an agent and be answered on one of its "
-                f"own reply queues, not {delivery.reply_to!r}"
-            )
-        request = delivery.decode(SaveFiles, max_bytes=MAX_REQUEST_BYTES)
-        with self._in_flight.slot(agent.user) as admitted:
-            if not admitted:
-                raise Refused(f"{agent} already has {FILES_PER_AGENT} file requests being answered")
-            reply = await save_files(self._files, namespace=agent.namespace, agent=agent.name, request=request)
-        await self._bus.reply(to=delivery, body=reply)
-
+    async def answer(self, agent: Principal, request: SaveFiles) -> FilesSaved:
+        return await save_files(self._files, namespace=agent.namespace, agent=agent.name, request=request)
 
 
 async def save_files(files: FileStore, *, namespace: str, agent: str, request: SaveFiles) -> FilesSaved:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
-from rockbot.bus import Bus, Delivery, Refused, Subscription
-from rockbot.bus.shares import InFlight
-from rockbot.bus.topology import CONSOLE_MEMORY, agent_replies_prefix
+from rockbot.bus import Bus
+from rockbot.bus.identity import Principal
+from rockbot.bus.topology import CONSOLE_MEMORY
+from rockbot.console.agent_requests import AgentRequests
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import StoreUnavailable
 from rockbot.contracts.memories import MAX_REQUEST_BYTES, MemoryRequest
@@ -28,37 +29,19 @@ _REQUEST: TypeAdapter[MemoryRequest] = TypeAdapter(MemoryRequest)
 MEMORY_PER_AGENT = 4
 
 
-class MemoryAnswerer:
+class MemoryAnswerer(AgentRequests):
     """Answers `console.memory` from the asking agent's own memories; `start()`, then `stop()`."""
 
+    what, queue, prefetch, per_agent = "memory", CONSOLE_MEMORY, 32, MEMORY_PER_AGENT
+    max_bytes, request_type = MAX_REQUEST_BYTES, _REQUEST
+
     def __init__(self, *, memories: MemoryStore, bus: Bus) -> None:
+        super().__init__(bus=bus)
         self._memories = memories
-        self._bus = bus
-        self._in_flight = InFlight(per_sender=MEMORY_PER_AGENT)
-        self._subscription: Subscription | None = None
 
-    async def start(self) -> None:
-        self._subscription = await self._bus.consume(queue=CONSOLE_MEMORY, handler=self._on_request, prefetch=32)
-
-    async def stop(self) -> None:
-        if self._subscription is not None:
-            await self._subscription.close(drain_seconds=1.0)
-            self._subscription = None
-
-    async def _on_request(self, delivery: Delivery) -> None:
-        agent = delivery.agent_answered_on_own(lambda p: agent_replies_prefix(namespace=p.namespace, name=p.name))
-        if agent is None:
-            raise Refused(
-                f"a memory request from {delivery.user_id!r} must come from an agent and be answered on one of its "
-                f"own reply queues, not {delivery.reply_to!r}"
-            )
-        request = delivery.decode(_REQUEST, max_bytes=MAX_REQUEST_BYTES)
-        with self._in_flight.slot(agent.user) as admitted:
-            if not admitted:
-                raise Refused(f"{agent} already has {MEMORY_PER_AGENT} memory requests being answered")
-            try:
-                reply = await self._memories.answer(namespace=agent.namespace, agent=agent.name, request=request)
-            except StoreUnavailable as exc:  # the agent's wait ends in its timeout: no memory this turn, said so
-                log.warning("cannot answer %s's memory request: %s", agent, exc)
-                return
-        await self._bus.reply(to=delivery, body=reply)
+    async def answer(self, agent: Principal, request: MemoryRequest) -> BaseModel | None:
+        try:
+            return await self._memories.answer(namespace=agent.namespace, agent=agent.name, request=request)
+        except StoreUnavailable as exc:  # the agent's wait ends in its timeout: no memory this turn, said so
+            log.warning("cannot answer %s's memory request: %s", agent, exc)
+            return None

@@ -25,11 +25,12 @@ import time
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from pydantic import BaseModel
 
 from rockbot.bus import Bus, Delivery, Refused, Subscription
 from rockbot.bus.identity import Principal
-from rockbot.bus.shares import InFlight
-from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS, agent_replies_prefix
+from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS
+from rockbot.console.agent_requests import AgentRequests
 from rockbot.console.store import Batch, Store, StoreUnavailable
 from rockbot.contracts.recording import MAX_BATCH_BYTES, HistoryRequest, RunEvents, owns_run, run_id_prefix
 from rockbot.health import Readiness
@@ -187,47 +188,27 @@ class RunWriter:
             return
 
 
-class HistoryAnswerer:
+class HistoryAnswerer(AgentRequests):
     """Answers `HistoryRequest`s on `console.history` from the asking agent's own runs."""
 
+    what, queue, prefetch, per_agent = "history", CONSOLE_HISTORY, 16, HISTORY_PER_AGENT
+    max_bytes, request_type = _HISTORY_REQUEST_BYTES, HistoryRequest
+
     def __init__(self, *, store: Store, bus: Bus, metrics: RecorderMetrics) -> None:
+        super().__init__(bus=bus)
         self._store = store
-        self._bus = bus
         self._metrics = metrics
-        self._in_flight = InFlight(per_sender=HISTORY_PER_AGENT)
-        self._subscription: Subscription | None = None
 
-    async def start(self) -> None:
-        self._subscription = await self._bus.consume(queue=CONSOLE_HISTORY, handler=self._on_request, prefetch=16)
-
-    async def stop(self) -> None:
-        if self._subscription is not None:
-            await self._subscription.close(drain_seconds=1.0)
-            self._subscription = None
-
-    async def _on_request(self, delivery: Delivery) -> None:
-        agent = delivery.agent_answered_on_own(lambda p: agent_replies_prefix(namespace=p.namespace, name=p.name))
-        if agent is None:
-            raise Refused(
-                f"a history request from {delivery.user_id!r} must come from an agent and be answered on one of its "
-                f"own reply queues, not {delivery.reply_to!r}"
-            )
-        request = delivery.decode(HistoryRequest, max_bytes=_HISTORY_REQUEST_BYTES)
-        with self._in_flight.slot(agent.user) as admitted:
-            if not admitted:
-                raise Refused(f"{agent} already has {HISTORY_PER_AGENT} history requests being answered")
-            await self._answer(delivery, agent=agent, request=request)
-
-    async def _answer(self, delivery: Delivery, *, agent: Principal, request: HistoryRequest) -> None:
+    async def answer(self, agent: Principal, request: HistoryRequest) -> BaseModel | None:
         conversation = {"namespace": agent.namespace, "agent": agent.name, "caller": request.caller,
                         "session_id": request.session_id}  # fmt: skip
         try:
             if request.memory_key:
-                reply = await self._store.session_memory(**conversation, key=request.memory_key)
+                reply: BaseModel = await self._store.session_memory(**conversation, key=request.memory_key)
             else:
                 reply = await self._store.session_history(**conversation, max_messages=request.max_messages)
         except StoreUnavailable as exc:  # the agent falls back to what it holds; an empty answer would erase that
             log.warning("cannot answer %s's history request: %s", agent, exc)
-            return
+            return None
         self._metrics.history.inc()
-        await self._bus.reply(to=delivery, body=reply)
+        return reply
