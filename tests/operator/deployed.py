@@ -135,11 +135,12 @@ def lagging_status(found: dict[str, dict[str, Any]], tools: list[dict[str, Any]]
 
 def writes_by_operator(emulator: KubeApiEmulator, since: int) -> list[str]:
     """The operator's write requests after the first `since` requests, as 'METHOD /path', with the name of
-    the object a create makes (or an Event is about) after it: 'POST /api/v1/namespaces/ns/secrets name'."""
+    the object a create makes (or an Event is about) after it: 'POST /api/v1/namespaces/ns/secrets name'. The
+    leader election's Lease writes (taken, renewed every few seconds) are not the reconciling's and are left out."""
     found = []
     for request in operator_requests(emulator, since):
         method = str(request.method.value).upper()
-        if method not in ("POST", "PUT", "PATCH", "DELETE"):
+        if method not in ("POST", "PUT", "PATCH", "DELETE") or "/apis/coordination.k8s.io/" in request.url.path:
             continue
         line = f"{method} {request.url.path}"
         if method == "POST":
