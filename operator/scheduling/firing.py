@@ -89,10 +89,13 @@ class Scheduler:
         namespaces: list[str] | None = None,
         metrics: SchedulingMetrics | None = None,
         agents: AgentFeed | None = None,
+        other_replies: Callable[[InboxReply, Principal | None], bool] | None = None,
     ) -> None:
-        """`agents`: where the Agents come from when something else watches them already; else watched here."""
+        """`agents`: where the Agents come from when something else watches them already; else watched here.
+        `other_replies`: takes the replies on the runs queue that are not scheduled runs' (an Evaluation's)."""
         self._kube = kube
         self._feed = agents
+        self._other_replies = other_replies
         self._unfollow: Callable[[], None] | None = None
         self._bus = bus
         self._clock = clock
@@ -288,6 +291,8 @@ class Scheduler:
             reply = delivery.decode(InboxReply)
         except BadMessage as exc:
             log.warning("dropping an unreadable run reply: %s", exc)
+            return
+        if self._other_replies is not None and self._other_replies(reply, delivery.sender):
             return
         parsed = runs.parse_request_id(reply.request_id, kind=KIND)
         if parsed is None:

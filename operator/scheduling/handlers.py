@@ -21,6 +21,7 @@ from rockbot.bus import AmqpBus, Bus
 from rockbot.clock import Clock, SystemClock
 from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within
 from rockbot.kube import KubeClient
+from rockbot.operator.evaluations import EvaluationRunner
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
 from rockbot.operator.scheduling.firing import AgentFeed, Scheduler
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
@@ -54,17 +55,19 @@ def register_scheduling(
     broker answers (`readiness` says so meanwhile); when that is not set (an operator run for
     Agents only), scheduling stays off and says so in the log.
     """
-    parts: list[Scheduler | SchedulingRequests | UsageLedger] = []
+    parts: list[Scheduler | SchedulingRequests | UsageLedger | EvaluationRunner] = []
     opened: list[Bus] = []
     starting: list[asyncio.Task[None]] = []
 
     async def start(connection: Bus) -> None:
         now = clock or SystemClock()
+        evaluations = EvaluationRunner(kube=runtime.kube, bus=connection, namespaces=runtime.settings.namespaces,
+                                       registry=metrics.registry if metrics else None)  # fmt: skip
         scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces,
-                              metrics=metrics, agents=agents)
+                              metrics=metrics, agents=agents, other_replies=evaluations.take_reply)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)
         usage = UsageLedger(kube=runtime.kube, bus=connection)
-        for part in (scheduler, requests, usage):
+        for part in (evaluations, scheduler, requests, usage):
             await part.start()
             parts.append(part)
         log.info("scheduling started")
@@ -101,7 +104,7 @@ def register_scheduling(
         await stop_within(STOP_STEP_SECONDS, _close(opened), what="closing the broker connection")
 
 
-async def _stop_parts(parts: list[Scheduler | SchedulingRequests | UsageLedger]) -> None:
+async def _stop_parts(parts: list[Scheduler | SchedulingRequests | UsageLedger | EvaluationRunner]) -> None:
     while parts:
         await parts.pop().stop()
 

@@ -63,6 +63,7 @@ CRDS = Resource(
 AGENTS = Resource(group=GROUP, version=VERSION, plural="agents", kind="Agent")
 TOOLS = Resource(group=GROUP, version=VERSION, plural="tools", kind="Tool")
 SCHEDULED_TASKS = Resource(group=GROUP, version=VERSION, plural="scheduledtasks", kind="ScheduledTask")
+EVALUATIONS = Resource(group=GROUP, version=VERSION, plural="evaluations", kind="Evaluation")
 TRIGGERS = Resource(group=GROUP, version=VERSION, plural="triggers", kind="Trigger")
 TOKEN_REVIEWS = Resource(group="authentication.k8s.io", version="v1", plural="tokenreviews", kind="TokenReview",
                          namespaced=False)

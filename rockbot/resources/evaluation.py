@@ -183,6 +183,7 @@ class EvaluationStatus(Schema):
     cases: list[CaseStatus] = Field(default_factory=list)
     trend: list[EvaluationRun] = Field(default_factory=list, description="The last runs, oldest first.")
     last_run_time: datetime.datetime | None = None
+    run_requested: str = Field(default="", description="The rockbot.dev/run-requested annotation's value last run.")
     next_run_time: datetime.datetime | None = None
 
 

@@ -27,6 +27,7 @@ from rockbot.kube import (
     AGENTS,
     CONFIGMAPS,
     DEPLOYMENTS,
+    EVALUATIONS,
     SCHEDULED_TASKS,
     SECRETS,
     SERVICEACCOUNTS,
@@ -235,6 +236,17 @@ async def _exercise(*, kube: KubeClient, vhost: Vhost, settings: OperatorSetting
                 assert any((task.get("status") or {}).get("history") for task in tasks)
 
             await eventually(fired, within=20)
+            # An Evaluation of the analyst: its case crosses the broker, its result is written to its status.
+            await kube.create(EVALUATIONS, namespace=NS, body={
+                "apiVersion": "rockbot.dev/v1alpha1", "kind": "Evaluation", "metadata": {"name": "basics"},
+                "spec": {"agentRef": {"name": "analyst"}, "cases": [
+                    {"name": "answers", "input": "Anything?", "expect": {"contains": ["done"]}}]}})
+
+            async def evaluated() -> None:
+                evaluation = await kube.get(EVALUATIONS, namespace=NS, name="basics")
+                assert (evaluation.get("status") or {}).get("score") == 1.0, evaluation.get("status")
+
+            await eventually(evaluated, within=20)
         finally:
             await inbox.stop()
             await bus.close()

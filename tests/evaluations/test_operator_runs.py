@@ -1,0 +1,125 @@
+"""The operator's Evaluation runner on the real API server and RabbitMQ: cases cross the broker as service.operator to
+a real agent runtime (scripted model), a judge graded with the key from the named Secret; status, Events, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rockbot.agent.inbox import serve_inbox
+from rockbot.agent.runtime import AgentRuntime
+from rockbot.bus import OPERATOR, AmqpBus, Principal
+from rockbot.clock import SystemClock
+from rockbot.kube import EVALUATIONS, EVENTS, SECRETS, KubeClient
+from rockbot.operator.evaluations import RUN_REQUESTED, EvaluationRunner
+from rockbot.operator.scheduling.firing import Scheduler
+from tests.agent.configs import API_KEY_ENV, agent_config
+from tests.fixtures.llm import ScriptedLLM, Turn
+from tests.fixtures.rabbitmq import Vhost
+from tests.scheduling.conftest import Cluster
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.slow
+
+
+def helper(body: dict[str, Any]) -> Turn:
+    return Turn(text="It is 42." if "40 + 2" in body["messages"][-1]["content"] else "Hello there, friend!")
+
+
+@pytest.fixture
+async def judge_llm():
+    server = await ScriptedLLM(model="judge-model", api_key="judge-key", loop=True).start()
+    server.play(Turn(text='{"score": 0.9, "reason": "friendly"}'))
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _evaluation(judge_url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rockbot.dev/v1alpha1", "kind": "Evaluation", "metadata": {"name": "basics"},
+        "spec": {
+            "agentRef": {"name": "helper"},
+            "judge": {"baseUrl": judge_url, "name": "judge-model", "apiKeySecretRef": {"name": "judge", "key": "k"}},
+            "cases": [
+                {"name": "sums", "input": "What is 40 + 2?", "expect": {"contains": ["42"]}},
+                {"name": "greets", "input": "Say hello.", "expect": {"rubric": {"criteria": "A friendly greeting."}}},
+            ],
+        },
+    }  # fmt: skip
+
+
+async def _events(kube: KubeClient, namespace: str) -> list[tuple[str, str]]:
+    items = (await kube.list(EVENTS, namespace=namespace)).items
+    return [(e["type"], e["reason"]) for e in items if e["involvedObject"].get("kind") == "Evaluation"]
+
+
+async def test_an_applied_evaluation_runs_through_the_agent_and_again_on_a_new_spec_or_request(
+    real_kube_client: KubeClient, kube_namespace: str, scripted_llm: ScriptedLLM, judge_llm: ScriptedLLM, vhost: Vhost
+) -> None:
+    cluster = Cluster(kube=real_kube_client, namespace=kube_namespace)
+    kube, ns = cluster.kube, cluster.ns
+    await cluster.agent()
+    await kube.create(SECRETS, namespace=ns, body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "judge"},
+                                                   "stringData": {"k": "judge-key"}})  # fmt: skip
+    scripted_llm.loop = True
+    scripted_llm.play(helper)
+    agent = Principal.agent(namespace=ns, name="helper")
+    registry = CollectorRegistry()
+    labels = {"namespace": ns, "evaluation": "basics"}
+    config = agent_config(llm_url=scripted_llm.url, name="helper", namespace=ns)
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
+        AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=agent_bus) as runtime,
+    ):
+        inbox = await serve_inbox(runtime=runtime, bus=agent_bus)
+        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], registry=registry)
+        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=SystemClock(), namespaces=[ns],
+                              other_replies=runner.take_reply)  # fmt: skip
+        await scheduler.start()
+        await runner.start()
+        try:
+            await kube.create(EVALUATIONS, namespace=ns, body=_evaluation(judge_llm.url))
+
+            async def status(generation: int, runs: int) -> dict[str, Any]:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="basics")).get("status") or {}
+                assert found.get("observedGeneration") == generation and len(found.get("trend", [])) == runs, found
+                return found
+
+            first = await eventually(lambda: status(1, 1), within=60)
+            assert first["score"] == 1.0 and first["model"] == "m" and first["agentGeneration"] == 1
+            assert {c["name"]: c["result"] for c in first["cases"]} == {"sums": "Passed", "greets": "Passed"}
+            assert next(c for c in first["cases"] if c["name"] == "greets")["score"] == 0.9
+            assert {c["type"]: c["status"] for c in first["conditions"]} == {"Ready": "True", "Passed": "True"}
+            await eventually(lambda: _has(_events(kube, ns), ("Normal", "EvaluationPassed")))
+            assert registry.get_sample_value("rockbot_evaluation_score", labels) == 1
+
+            changed = _evaluation(judge_llm.url)["spec"]["cases"]
+            changed[0]["expect"]["contains"] = ["43"]
+            await kube.patch(EVALUATIONS, namespace=ns, name="basics", body={"spec": {"cases": changed}})
+            second = await eventually(lambda: status(2, 2), within=60)
+            assert second["score"] == 0.5 and [run["passed"] for run in second["trend"]] == [True, False]
+            sums = next(c for c in second["cases"] if c["name"] == "sums")
+            assert sums["result"] == "Failed" and "43" in sums["message"], sums
+            assert {c["type"]: c["status"] for c in second["conditions"]}["Passed"] == "False"
+            await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationFailed")))
+            assert registry.get_sample_value("rockbot_evaluation_score", labels) == 0.5
+
+            await kube.patch(EVALUATIONS, namespace=ns, name="basics",
+                             body={"metadata": {"annotations": {RUN_REQUESTED: "once more"}}})  # fmt: skip
+            third = await eventually(lambda: status(2, 3), within=60)
+            assert third["runRequested"] == "once more"
+        finally:
+            await runner.stop()
+            await scheduler.stop()
+            await inbox.close()
+    assert judge_llm.requests and {r.authorization for r in judge_llm.requests} == {"Bearer judge-key"}
+
+
+async def _has(events, wanted: tuple[str, str]) -> None:
+    found = await events
+    assert wanted in found, found
