@@ -76,7 +76,9 @@ async def test_a_scripts_chart_shows_inline_on_the_run_page_and_other_files_only
     image = page.locator("ul.files img")
     await image.wait_for(timeout=10_000)
     assert await image.get_attribute("alt") == "chart.png"
-    assert await image.evaluate("img => img.complete && img.naturalWidth") == 1  # the browser decoded the PNG
+    # The page is there before its image: wait for the browser to have loaded it, then see that it decoded a PNG.
+    await page.wait_for_function("() => document.querySelector('ul.files img').complete", timeout=10_000)
+    assert await image.evaluate("img => img.naturalWidth") == 1
     await screenshot(page, "run-files")
     links = {await a.inner_text(): await a.get_attribute("href") for a in await page.locator("ul.files a").all()}
     assert set(links) == {"chart.png", "fake.png", "clean.csv"}
