@@ -161,13 +161,35 @@ class Reaper:
     async def _reap(self, pod: K8sObject, *, dead: str) -> bool:
         """Delete `pod` while it is still the dead instance's; if this did, hand its job on. True when deleted."""
         name = pod["metadata"]["name"]
+        asker = asker_of(pod)
+        request_id = (pod["metadata"].get("annotations") or {}).get(REQUEST_ANNOTATION)
+        orphan, key = None, ""
+        if asker is not None and request_id:  # known as reaped before the delete: a copy redelivered meanwhile
+            orphan = Orphan(request_id=request_id, asker=asker, pod=name, manager=dead)  # must not run again
+            key = request_key(user=asker.user, request_id=request_id)
+            self._reaped[key] = orphan
+        if not await self._delete_while_dead(pod, dead=dead):
+            self._reaped.pop(key, None)
+            return False
+        self._metrics.reaped.labels("job" if orphan else "idle").inc()
+        log.info("deleted script pod %s of the dead scripts-manager instance %s", name, dead)
+        if orphan is not None:
+            while len(self._reaped) > _REMEMBERED:
+                self._reaped.popitem(last=False)
+            self.orphans.put_nowait(orphan)
+        return True
+
+    async def _delete_while_dead(self, pod: K8sObject, *, dead: str) -> bool:
+        """Delete `pod` on the resourceVersion seen while it is still `dead`'s; False when it is not (claimed by a
+        live instance, gone, or still changing after the tries)."""
+        name = pod["metadata"]["name"]
         for _ in range(_DELETE_TRIES):
             if (pod["metadata"].get("labels") or {}).get(MANAGER_LABEL) != dead:
                 return False  # claimed by a live instance meanwhile
             try:
                 await self._kube.delete(PODS, namespace=self._namespace, name=name, grace_period_seconds=0,
                                         preconditions_resource_version=pod["metadata"]["resourceVersion"])
-                break
+                return True
             except NotFound:
                 return False  # gone, or another instance reaped it first (and answers its job)
             except Conflict:
@@ -175,19 +197,7 @@ class Reaper:
                     pod = await self._kube.get(PODS, namespace=self._namespace, name=name)
                 except NotFound:
                     return False
-        else:
-            return False  # the next round tries again
-        asker = asker_of(pod)
-        request_id = (pod["metadata"].get("annotations") or {}).get(REQUEST_ANNOTATION)
-        self._metrics.reaped.labels("job" if asker and request_id else "idle").inc()
-        log.info("deleted script pod %s of the dead scripts-manager instance %s", name, dead)
-        if asker is not None and request_id:
-            orphan = Orphan(request_id=request_id, asker=asker, pod=name, manager=dead)
-            self._reaped[request_key(user=asker.user, request_id=request_id)] = orphan
-            while len(self._reaped) > _REMEMBERED:
-                self._reaped.popitem(last=False)
-            self.orphans.put_nowait(orphan)
-        return True
+        return False  # the next round tries again
 
     async def sweep(self, *, now: datetime | None = None) -> int:
         """Reap pods of instances without a Lease, delete pods past their deadline plus the grace; returns how many
