@@ -91,7 +91,8 @@ async def test_live_while_the_broker_is_unreachable_and_ready_once_it_answers(ku
 async def test_sigterm_stops_the_operator_within_seconds_when_the_broker_is_gone(start, late_rabbitmq):
     await asyncio.to_thread(late_rabbitmq.start)  # the operator provisions it, its own login included
     operator = start(broker=late_rabbitmq)
-    await wait_until(lambda: "scheduling started" in operator.process.output(), within=30,
+    # The broker started late: the operator's connect retries back off, so give it a minute on a loaded machine.
+    await wait_until(lambda: "scheduling started" in operator.process.output(), within=60,
                      what="scheduling started", process=operator.process)
     await asyncio.to_thread(late_rabbitmq.stop_server)
     operator.process.terminate()
@@ -107,7 +108,8 @@ async def test_the_scheduler_follows_the_operators_own_watch_of_agents(kube: Kub
     begun = AuditLog(kube_cluster.kubeconfig.parent / "logs" / "audit.log", namespace=ns, stage="ResponseStarted")
     await asyncio.to_thread(late_rabbitmq.start)
     operator = start(broker=late_rabbitmq)
-    await wait_until(lambda: "scheduling started" in operator.process.output(), within=30,
+    # The broker started late: the operator's connect retries back off, so give it a minute on a loaded machine.
+    await wait_until(lambda: "scheduling started" in operator.process.output(), within=60,
                      what="scheduling started", process=operator.process)
     await kube.create(SCHEDULED_TASKS, namespace=ns, body={
         "apiVersion": "rockbot.dev/v1alpha1", "kind": "ScheduledTask", "metadata": {"name": "report"},
