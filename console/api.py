@@ -37,7 +37,7 @@ from rockbot.console.chat import ChatFailed
 from rockbot.console.file_store import FileStore
 from rockbot.console.replay import Replayer, ReplayOptions, ReplayRefused
 from rockbot.console.store import Store, StoreUnavailable
-from rockbot.console.store_models import MAX_PAGE, BadCursor, RunFilter
+from rockbot.console.store_models import MAX_PAGE, BadCursor, RunDetail, RunFilter
 from rockbot.console.web.gate import IDENTITY
 from rockbot.media import RASTER
 
@@ -133,19 +133,27 @@ async def list_runs(request: web.Request) -> web.Response:
     except BadCursor as exc:
         raise _bad_request(str(exc)) from exc
     except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        raise _unreachable(exc) from exc
     return _json(page)
 
 
 async def get_run(request: web.Request) -> web.Response:
-    run_id = request.match_info["run_id"]
+    return _json(await _readable_run(request, request.match_info["run_id"]))
+
+
+async def _readable_run(request: web.Request, run_id: str) -> RunDetail:
+    """The run if the user may read it; a 404 otherwise, the same for a refused run as for a missing one."""
     try:
         run = await request.app[STORE].get_run(run_id)
     except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        raise _unreachable(exc) from exc
     if run is None or not await _may_read(request, run.namespace):
         raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
-    return _json(run)
+    return run
+
+
+def _unreachable(exc: StoreUnavailable) -> web.HTTPServiceUnavailable:
+    return web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}")
 
 
 async def session_runs(request: web.Request) -> web.Response:
@@ -158,19 +166,17 @@ async def session_runs(request: web.Request) -> web.Response:
             namespace=namespace, agent=agent, session_id=session_id, caller=request.query.get("caller")
         )
     except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        raise _unreachable(exc) from exc
     return _json({"runs": found})
 
 
 async def run_files(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
+    await _readable_run(request, run_id)
     try:
-        run = await request.app[STORE].get_run(run_id)
-        if run is None or not await _may_read(request, run.namespace):
-            raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
         files = await FileStore(store=request.app[STORE]).of_run(run_id)
     except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        raise _unreachable(exc) from exc
     return _json({"files": files})
 
 
@@ -179,7 +185,7 @@ async def get_file(request: web.Request) -> web.Response:
     try:
         found = await request.app[FILES].read_any(file_id)
     except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
+        raise _unreachable(exc) from exc
     if found is None or not await _may_read(request, found[0].namespace):
         raise web.HTTPNotFound(text=f"no file {file_id!r} that you may read")
     stored, content = found
@@ -197,12 +203,7 @@ def file_response(*, name: str, media_type: str, content: bytes) -> web.Response
 async def replay_run(request: web.Request) -> web.Response:
     """Replay a run the user may read, as the user (who needs the right to chat with its Agent), and compare."""
     run_id = request.match_info["run_id"]
-    try:
-        run = await request.app[STORE].get_run(run_id)
-    except StoreUnavailable as exc:
-        raise web.HTTPServiceUnavailable(text=f"the run store is unreachable: {exc}") from exc
-    if run is None or not await _may_read(request, run.namespace):
-        raise web.HTTPNotFound(text=f"no run {run_id!r} that you may read")
+    run = await _readable_run(request, run_id)
     identity = request[IDENTITY]
     if not await request.app[AUTHORIZER].allowed(identity=identity, namespace=run.namespace, action=CHAT):
         raise web.HTTPForbidden(text=f"{identity.username} may not {CHAT.describe()} in namespace {run.namespace}: "
