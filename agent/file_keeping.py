@@ -7,11 +7,11 @@ kept is said in the tool result beside the files' descriptions, never dropped si
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Protocol
 
+from rockbot.agent.console_requests import ask_console
 from rockbot.agent.recording import Run
-from rockbot.bus import CONSOLE, BusError
+from rockbot.bus import BusError
 from rockbot.bus.topology import CONSOLE_FILES
 from rockbot.contracts.files import FileContent, FilesSaved, SaveFiles
 from rockbot.contracts.scripts import ScriptInvokeResponse
@@ -33,11 +33,8 @@ class BusFileKeeper:
 
     async def save(self, request: SaveFiles) -> FilesSaved:
         try:
-            reply = await self._bus.request(
-                queue=CONSOLE_FILES, body=request, reply_queue=await self._bus.own_replies(),
-                correlation_id=f"files-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
-            )  # fmt: skip
-            return reply.decode(FilesSaved)
+            return await ask_console(self._bus, queue=CONSOLE_FILES, body=request, answer=FilesSaved, kind="files",
+                                     timeout_seconds=self._timeout)  # fmt: skip
         except BusError as exc:
             return FilesSaved(error=f"the console (which keeps files) did not answer: {exc}")
 

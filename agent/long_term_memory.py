@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from rockbot.agent.console_requests import ask_console
 from rockbot.agent.embeddings import Embedder, EmbeddingsUnavailable
 from rockbot.agent.recording import Redactor
-from rockbot.bus import CONSOLE, BusError
+from rockbot.bus import BusError
 from rockbot.bus.topology import CONSOLE_MEMORY
 from rockbot.contracts.agent_config import LongTermMemoryConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -77,11 +78,8 @@ class BusMemoryDesk:
 
     async def ask(self, request: Remember | Recall | Forget) -> MemoryReply:
         try:
-            reply = await self._bus.request(
-                queue=CONSOLE_MEMORY, body=request, reply_queue=await self._bus.own_replies(),
-                correlation_id=f"memory-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
-            )  # fmt: skip
-            return reply.decode(MemoryReply)
+            return await ask_console(self._bus, queue=CONSOLE_MEMORY, body=request, answer=MemoryReply,
+                                     kind="memory", timeout_seconds=self._timeout)  # fmt: skip
         except BusError as exc:
             raise MemoryUnavailable(f"the console (which keeps memories) did not answer: {exc}") from None
 

@@ -34,9 +34,9 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter
 
+from rockbot.agent.console_requests import ask_console
 from rockbot.agent.llm import Attempt
 from rockbot.agent.registry import ToolOutcome
-from rockbot.bus.identity import CONSOLE
 from rockbot.bus.topology import CONSOLE_HISTORY, CONSOLE_RUNS
 from rockbot.contracts.recording import (
     MAX_BATCH_BYTES,
@@ -380,11 +380,8 @@ class SessionHistory:
         if now < self._asleep_until:
             return None
         try:
-            reply = await self._bus.request(
-                queue=CONSOLE_HISTORY, body=request, reply_queue=await self._bus.own_replies(),
-                correlation_id=f"history-{_id()}", timeout_seconds=self._timeout, responder=CONSOLE,
-            )  # fmt: skip
-            return reply.decode(HistoryReply)
+            return await ask_console(self._bus, queue=CONSOLE_HISTORY, body=request, answer=HistoryReply,
+                                     kind="history", timeout_seconds=self._timeout)  # fmt: skip
         except Exception as exc:  # no history from the store is never a failed turn
             self._asleep_until = now + self._quiet
             log.info("no recorded history for this session (%s); going on with this process's", exc)
