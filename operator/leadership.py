@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from rockbot.kube import LEASES, ApiError, Conflict, K8sObject, KubeClient, NotFound
-from rockbot.kube.leases import LeaseObserver, holder_of, micro_time
+from rockbot.kube.leases import LeaseObserver, claimed, holder_of, micro_time, renewed
 
 log = logging.getLogger(__name__)
 
@@ -100,15 +100,8 @@ class Leadership:
         return True
 
     def _body(self, lease: K8sObject | None) -> K8sObject:
-        now = micro_time(datetime.now(UTC))
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_seconds,
-                "acquireTime": now, "renewTime": now}
-        if lease is None:
-            return {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {**spec, "leaseTransitions": 0}}
-        transitions = (lease["spec"].get("leaseTransitions") or 0) + (holder_of(lease) != self.identity)
-        return {**lease, "spec": {**lease["spec"], **spec, "leaseTransitions": transitions}}
+        return claimed(lease, namespace=self.namespace, name=self.name, holder=self.identity,
+                       duration_seconds=self.duration_seconds)
 
     async def keep(self) -> str:
         """Renew the Lease while it is held; returns why leadership is lost (the caller stops working at once)."""
@@ -135,7 +128,7 @@ class Leadership:
         assert self._current is not None, "renewing a Lease never acquired"
         try:
             self._current = await self._kube.replace(LEASES, namespace=self.namespace, name=self.name,
-                                                     body=self._renewal(self._current))
+                                                     body=renewed(self._current))
             return None
         except NotFound:
             return "the Lease was deleted"
@@ -146,12 +139,8 @@ class Leadership:
         # changed by somebody else but still ours (a label, say): renew what is there now; a conflict again fails
         # this attempt (a transient error)
         self._current = await self._kube.replace(LEASES, namespace=self.namespace, name=self.name,
-                                                 body=self._renewal(current))
+                                                 body=renewed(current))
         return None
-
-    @staticmethod
-    def _renewal(lease: K8sObject) -> K8sObject:
-        return {**lease, "spec": {**lease["spec"], "renewTime": micro_time(datetime.now(UTC))}}
 
     async def release(self) -> None:
         """Hand the Lease on at a clean stop: an empty holder, which a standby takes at its next read.

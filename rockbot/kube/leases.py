@@ -31,6 +31,27 @@ def holder_of(lease: K8sObject) -> str:
     return (lease.get("spec") or {}).get("holderIdentity") or ""
 
 
+def claimed(
+    lease: K8sObject | None, *, namespace: str, name: str, holder: str, duration_seconds: int,
+    labels: dict[str, str] | None = None,
+) -> K8sObject:
+    """The body that makes `holder` hold a Lease: a new one when `lease` is None, else `lease` taken over (a
+    transition counted when its holder changes); to be written conditionally on what was read."""
+    now = micro_time(datetime.now(UTC))
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": duration_seconds, "acquireTime": now, "renewTime": now}
+    if lease is None:
+        metadata = {"name": name, "namespace": namespace, **({"labels": labels} if labels else {})}
+        return {"apiVersion": LEASES.api_version, "kind": LEASES.kind, "metadata": metadata,
+                "spec": {**spec, "leaseTransitions": 0}}
+    transitions = (lease["spec"].get("leaseTransitions") or 0) + (holder_of(lease) != holder)
+    return {**lease, "spec": {**lease["spec"], **spec, "leaseTransitions": transitions}}
+
+
+def renewed(lease: K8sObject) -> K8sObject:
+    """`lease` with its `renewTime` moved to now: its holder still lives."""
+    return {**lease, "spec": {**lease["spec"], "renewTime": micro_time(datetime.now(UTC))}}
+
+
 class LeaseObserver:
     """Judges other holders' Leases by how long each has stayed unchanged, as this process saw it."""
 
@@ -79,16 +100,12 @@ class HeldLease:
         Only for a Lease named after something that cannot have two live holders (a pod: the process before
         this one in the same pod is dead, as a container restarts only once its process has ended).
         """
-        now = micro_time(datetime.now(UTC))
-        body: K8sObject = {
-            "apiVersion": LEASES.api_version, "kind": LEASES.kind,
-            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self._labels},
-            "spec": {"holderIdentity": self.holder, "leaseDurationSeconds": self.duration_seconds,
-                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
-        }  # fmt: skip
+        claim = {"namespace": self.namespace, "name": self.name, "holder": self.holder,
+                 "duration_seconds": self.duration_seconds}
         while True:
             try:
-                self._current = await self._kube.create(LEASES, namespace=self.namespace, body=body)
+                self._current = await self._kube.create(LEASES, namespace=self.namespace,
+                                                        body=claimed(None, labels=self._labels, **claim))
                 return None
             except Conflict:  # AlreadyExists: this pod's process before this one held it
                 pass
@@ -97,10 +114,9 @@ class HeldLease:
             except NotFound:
                 continue
             previous = holder_of(current)
-            spec = {**body["spec"], "leaseTransitions": (current["spec"].get("leaseTransitions") or 0) + 1}
             try:
                 self._current = await self._kube.replace(LEASES, namespace=self.namespace, name=self.name,
-                                                         body={**current, "spec": spec})
+                                                         body=claimed(current, **claim))
             except (Conflict, NotFound):
                 continue
             return previous if previous != self.holder else None
@@ -111,11 +127,9 @@ class HeldLease:
         if self._current is None:
             await self.take()
             return False
-        spec = {**self._current["spec"], "holderIdentity": self.holder,
-                "renewTime": micro_time(datetime.now(UTC))}
         try:
             self._current = await self._kube.replace(LEASES, namespace=self.namespace, name=self.name,
-                                                     body={**self._current, "spec": spec})
+                                                     body=renewed(self._current))
             return True
         except (Conflict, NotFound) as exc:
             log.warning("the Lease %s/%s changed or went behind its holder's back (%s); taking it again",
