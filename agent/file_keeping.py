@@ -1,8 +1,10 @@
-"""Where a script's artifacts are kept: the console over the bus (`console.files`), or `rockbot local`'s store.
+"""Where a conversation's files are kept and listed: the console over the bus (`console.files`), or `rockbot local`'s
+store.
 
 The agent holds no database credentials: it sends the files of a run it records in `Full` to the console with the
 run's conversation (caller, session), and the console keeps them under it (`console/files.py`). What could not be
-kept is said in the tool result beside the files' descriptions, never dropped silently.
+kept is said in the tool result beside the files' descriptions, never dropped silently. A script call names the
+conversation's files for `/input` by id (`input_files`), as listed here: the scripts-manager fetches their bytes.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from rockbot.agent.console_requests import ask_console
 from rockbot.agent.recording import Run
 from rockbot.bus import BusError
 from rockbot.bus.topology import CONSOLE_FILES
-from rockbot.contracts.files import FileContent, FilesSaved, SaveFiles
-from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.contracts.files import FileContent, FilesListed, FilesSaved, ListFiles, SaveFiles
+from rockbot.contracts.scripts import MAX_INPUT_FILES, InputFiles, ScriptInvokeResponse
 
 #: How long the console has to keep a call's files (at most one bus message of them).
 KEEP_TIMEOUT_SECONDS = 15.0
@@ -22,6 +24,8 @@ KEEP_TIMEOUT_SECONDS = 15.0
 
 class FileKeeper(Protocol):
     async def save(self, request: SaveFiles) -> FilesSaved: ...
+
+    async def list(self, request: ListFiles) -> FilesListed: ...
 
 
 class BusFileKeeper:
@@ -37,6 +41,27 @@ class BusFileKeeper:
                                      timeout_seconds=self._timeout)  # fmt: skip
         except BusError as exc:
             return FilesSaved(error=f"the console (which keeps files) did not answer: {exc}")
+
+    async def list(self, request: ListFiles) -> FilesListed:
+        try:
+            return await ask_console(self._bus, queue=CONSOLE_FILES, body=request, answer=FilesListed, kind="files",
+                                     timeout_seconds=self._timeout)  # fmt: skip
+        except BusError as exc:
+            return FilesListed(error=f"the console (which keeps files) did not answer: {exc}")
+
+
+async def input_files(run: Run | None, *, keeper: FileKeeper | None) -> InputFiles | None:
+    """The conversation's files a script sees under `/input` (the newest `MAX_INPUT_FILES`), by reference; None
+    when it has none, or they cannot be listed (the script then sees an empty `/input`). Files are kept only with
+    runs recorded in `Full` (a run store that also keeps the conversation), so only those list them."""
+    if keeper is None or run is None or run.recorder.record != "Full":
+        return None
+    caller, session_id = run.caller or "-", run.session_id or "-"
+    listed = await keeper.list(ListFiles(caller=caller, session_id=session_id))
+    if not listed.files:
+        return None
+    ids = tuple(file.id for file in listed.files[-MAX_INPUT_FILES:])
+    return InputFiles(caller=caller, session_id=session_id, ids=ids)
 
 
 async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keeper: FileKeeper | None

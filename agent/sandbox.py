@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, keep_artifacts
+from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, input_files, keep_artifacts
 from rockbot.agent.recording import current_run
 from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, NotAccepted, RequestTimeout
 from rockbot.bus.interface import ACCEPT_TRAVEL_SECONDS
@@ -97,6 +97,7 @@ class ScriptSandbox:
         `session` names the conversation's sandbox when the Agent keeps one per conversation (`session_digest`).
         """
         request_id = request_id or f"script-{uuid.uuid4().hex}"
+        run = current_run()
         try:
             request = ScriptInvokeRequest(
                 request_id=request_id,
@@ -108,6 +109,7 @@ class ScriptSandbox:
                 cpu=self._cpu,
                 memory=self._memory,
                 session=session,
+                input_files=await input_files(run, keeper=self._keeper),
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))
@@ -123,7 +125,6 @@ class ScriptSandbox:
                 accept_within_seconds=self._accept_within,
             )
             answer = reply.decode(SCRIPT_INVOKE_REPLY)
-            run = current_run()
             if isinstance(answer, ScriptInvokeResponse):
                 answer = await keep_artifacts(answer, run=run, keeper=self._keeper)
             if isinstance(answer, ScriptInvokeResponse) and run is not None:

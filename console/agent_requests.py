@@ -3,7 +3,8 @@
 The asking agent is the broker-validated sender, never a field of the request, and the answer goes only to one of
 its own reply queues; anything else is refused (dead-lettered). A request is decoded within a bound, and at most
 `per_agent` of one agent's are answered at once (`InFlight`): its others are refused meanwhile, so one agent's
-flood never stands before another agent's. A subclass answers one request, or answers `None` to send nothing.
+flood never stands before another agent's. A subclass answers one request, or answers `None` to send nothing; one
+that answers a service instead (the scripts-manager's file reads) says so in `asker`.
 """
 
 from __future__ import annotations
@@ -43,16 +44,23 @@ class AgentRequests:
             await self._subscription.close(drain_seconds=1.0)
             self._subscription = None
 
+    #: Who may ask, for refusals.
+    askers: ClassVar[str] = "an agent"
+
+    def asker(self, delivery: Delivery) -> Principal | None:
+        """Who asks, when it may and is answered on one of its own reply queues; None refuses the request."""
+        return delivery.agent_answered_on_own(lambda p: agent_replies_prefix(namespace=p.namespace, name=p.name))
+
     async def answer(self, agent: Principal, request: Any) -> BaseModel | None:
         """The reply to one of `agent`'s requests; None sends none (the agent's wait ends in its timeout)."""
         raise NotImplementedError
 
     async def _on_request(self, delivery: Delivery) -> None:
-        agent = delivery.agent_answered_on_own(lambda p: agent_replies_prefix(namespace=p.namespace, name=p.name))
+        agent = self.asker(delivery)
         if agent is None:
             raise Refused(
-                f"a {self.what} request from {delivery.user_id!r} must come from an agent and be answered on one of "
-                f"its own reply queues, not {delivery.reply_to!r}"
+                f"a {self.what} request from {delivery.user_id!r} must come from {self.askers} and be answered on one "
+                f"of its own reply queues, not {delivery.reply_to!r}"
             )
         request = delivery.decode(self.request_type, max_bytes=self.max_bytes)
         with self._in_flight.slot(agent.user) as admitted:

@@ -1,4 +1,4 @@
-"""The console keeps a conversation's files for agents: `SaveFiles` on `console.files`.
+"""The console keeps a conversation's files for agents, and lists them: `SaveFiles` and `ListFiles` on `console.files`.
 
 Which agent asks is the broker-validated sender, and the answer goes only to one of its own reply queues. Files
 are kept only for the sender's own runs (`owns_run`: a run id starts with a digest of its agent), under the
@@ -11,6 +11,9 @@ kept.
 from __future__ import annotations
 
 import logging
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter
 
 from rockbot.bus import Bus
 from rockbot.bus.identity import Principal
@@ -18,10 +21,13 @@ from rockbot.bus.topology import CONSOLE_FILES
 from rockbot.console.agent_requests import AgentRequests
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.store import StoreUnavailable
-from rockbot.contracts.files import MAX_REQUEST_BYTES, FilesSaved, SavedFile, SaveFiles
+from rockbot.contracts.files import MAX_REQUEST_BYTES, FilesListed, FilesSaved, ListFiles, SavedFile, SaveFiles
 from rockbot.contracts.recording import owns_run
 
 log = logging.getLogger(__name__)
+
+_REQUEST: TypeAdapter[SaveFiles | ListFiles] = TypeAdapter(
+    Annotated[SaveFiles | ListFiles, Field(discriminator="kind")])
 
 #: File requests of one agent answered at once; its others are refused meanwhile.
 FILES_PER_AGENT = 2
@@ -31,13 +37,15 @@ class FileAnswerer(AgentRequests):
     """Answers `console.files`; `start()`, then `stop()`."""
 
     what, queue, prefetch, per_agent = "file", CONSOLE_FILES, 8, FILES_PER_AGENT
-    max_bytes, request_type = MAX_REQUEST_BYTES, SaveFiles
+    max_bytes, request_type = MAX_REQUEST_BYTES, _REQUEST
 
     def __init__(self, *, files: FileStore, bus: Bus) -> None:
         super().__init__(bus=bus)
         self._files = files
 
-    async def answer(self, agent: Principal, request: SaveFiles) -> FilesSaved:
+    async def answer(self, agent: Principal, request: SaveFiles | ListFiles) -> FilesSaved | FilesListed:
+        if isinstance(request, ListFiles):
+            return await list_files(self._files, namespace=agent.namespace, agent=agent.name, request=request)
         return await save_files(self._files, namespace=agent.namespace, agent=agent.name, request=request)
 
 
@@ -56,3 +64,14 @@ async def save_files(files: FileStore, *, namespace: str, agent: str, request: S
         log.warning("cannot keep files of %s/%s: %s", namespace, agent, exc)
         return FilesSaved(files=saved, error="the run store is unavailable; the files were not kept")
     return FilesSaved(files=saved)
+
+
+async def list_files(files: FileStore, *, namespace: str, agent: str, request: ListFiles) -> FilesListed:
+    """The files of one of the agent's conversations (the agent as validated), oldest first."""
+    owner = FileOwner(namespace=namespace, agent=agent, caller=request.caller, session_id=request.session_id)
+    try:
+        listed = await files.conversation(owner=owner)
+    except StoreUnavailable as exc:
+        log.warning("cannot list files of %s/%s: %s", namespace, agent, exc)
+        return FilesListed(error="the run store is unavailable; the conversation's files cannot be listed now")
+    return FilesListed(files=[SavedFile(id=f.id, name=f.name, media_type=f.media_type, size=f.size) for f in listed])

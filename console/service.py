@@ -22,6 +22,7 @@ from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import ProxyHeaders, TokenReviewer
 from rockbot.console.authorization import AccessReviewer
 from rockbot.console.chat import ChatRelay
+from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileStore
 from rockbot.console.files import FileAnswerer
 from rockbot.console.memories import MemoryAnswerer
@@ -56,6 +57,7 @@ class Console:
         self.memories: MemoryStore | None = None
         self._memory_answers: MemoryAnswerer | None = None
         self._file_answers: FileAnswerer | None = None
+        self._file_reads: FileReadAnswerer | None = None
         self.desk: ApprovalDesk | None = None
         self.chat: ChatRelay | None = None
         self._http: web.AppRunner | None = None
@@ -87,6 +89,8 @@ class Console:
             await self._memory_answers.start()
             self._file_answers = FileAnswerer(files=FileStore(store=self.store), bus=self.bus)
             await self._file_answers.start()
+            self._file_reads = FileReadAnswerer(files=FileStore(store=self.store), bus=self.bus)
+            await self._file_reads.start()
             if self.desk is not None:
                 await self.desk.start(bus=self.bus)
             if self.chat is not None:
@@ -124,6 +128,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._memory_answers.stop(), what="the memory answers")
         if self._file_answers is not None:
             await stop_within(STOP_STEP_SECONDS, self._file_answers.stop(), what="the file answers")
+        if self._file_reads is not None:
+            await stop_within(STOP_STEP_SECONDS, self._file_reads.stop(), what="the file reads")
         if self.desk is not None:
             await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
         if self.chat is not None:

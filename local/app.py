@@ -14,7 +14,8 @@ from rockbot.agent.approvals import BusApprover
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
-from rockbot.bus import LOCAL, SCRIPTS_MANAGER, Principal
+from rockbot.bus import CONSOLE, LOCAL, SCRIPTS_MANAGER, Principal
+from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileStore
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store
@@ -73,6 +74,10 @@ async def running(
         async def connected(principal: Principal):
             return await stack.enter_async_context(await connect(principal))
 
+        if store is not None:  # the conversation files scripts name, read for the scripts-manager as the console does
+            reads = FileReadAnswerer(files=FileStore(store=store), bus=await connected(CONSOLE))
+            await reads.start()
+            stack.push_async_callback(reads.stop)
         limits = FixedLimits({Principal.agent(namespace=a.config.namespace, name=name): a.config.script_limits
                               for name, a in agents.items()})  # the loaded Agents', as the cluster's manager has them
         manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER), limits=limits)

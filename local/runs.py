@@ -7,10 +7,10 @@ from __future__ import annotations
 from rockbot.agent.long_term_memory import MemoryUnavailable
 from rockbot.agent.recording import Publish
 from rockbot.console.file_store import FileStore
-from rockbot.console.files import save_files
+from rockbot.console.files import list_files, save_files
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Batch, Store, StoreUnavailable
-from rockbot.contracts.files import FilesSaved, SaveFiles
+from rockbot.contracts.files import FilesListed, FilesSaved, ListFiles, SaveFiles
 from rockbot.contracts.memories import Forget, MemoryReply, Recall, Remember
 from rockbot.contracts.recording import HistoryReply, RunEvents
 
@@ -67,10 +67,16 @@ class StoreFileKeeper:
     async def save(self, request: SaveFiles) -> FilesSaved:
         return await save_files(self._files, namespace=self._namespace, agent=self._agent, request=request)
 
+    async def list(self, request: ListFiles) -> FilesListed:
+        return await list_files(self._files, namespace=self._namespace, agent=self._agent, request=request)
+
 
 class _NoFiles:
     async def save(self, request: SaveFiles) -> FilesSaved:
         return FilesSaved(error="rockbot local keeps files only in its run store, and runs without one here")
+
+    async def list(self, request: ListFiles) -> FilesListed:
+        return FilesListed()
 
 
 #: The keeper of a `rockbot local` that records no runs.

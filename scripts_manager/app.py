@@ -26,6 +26,7 @@ from rockbot.scripts_manager.canary import (
     host_listeners,
     resolved,
 )
+from rockbot.scripts_manager.input_files import ConsoleInputs
 from rockbot.scripts_manager.limits import AgentLimits, FixedLimits, MirroredAgents
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.service import ScriptService
@@ -132,7 +133,7 @@ class ScriptsManager:
             self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
         limits = self._limits or await self._agent_limits()
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics,
-                                      limits=limits, isolation=self.canary)
+                                      limits=limits, isolation=self.canary, inputs=ConsoleInputs(self._bus))
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
         )

@@ -75,6 +75,7 @@ from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, Sc
 from rockbot.scripts_manager import policy
 from rockbot.scripts_manager.backends import (
     Asker,
+    InputFile,
     Orphan,
     SandboxFailure,
     SandboxUnavailable,
@@ -82,6 +83,7 @@ from rockbot.scripts_manager.backends import (
     ScriptJob,
     Taken,
 )
+from rockbot.scripts_manager.input_files import InputSource, InputsUnavailable
 from rockbot.scripts_manager.limits import AgentLimits
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -106,9 +108,10 @@ class Isolation(Protocol):
 class ScriptService:
     def __init__(
         self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
-        limits: AgentLimits, isolation: Isolation | None = None,
+        limits: AgentLimits, isolation: Isolation | None = None, inputs: InputSource | None = None,
     ) -> None:
         self._bus = bus
+        self._inputs = inputs
         self._limits = limits
         self._backend = backend
         self._isolation = isolation
@@ -311,6 +314,13 @@ class ScriptService:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
         if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refusal))
+        if request.input_files is not None:
+            try:
+                job = job.model_copy(update={"files": await self._input_files(request, sender=sender)})
+            except InputsUnavailable as exc:
+                code = ErrorCode.UNAVAILABLE if exc.retryable else ErrorCode.INVALID_ARGUMENTS
+                return self._count(_error(request_id=request.request_id, code=code, message=str(exc),
+                                          retryable=exc.retryable))  # fmt: skip
         if acceptance is not None and not await self._accept(acceptance, job=job):
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
@@ -337,6 +347,14 @@ class ScriptService:
             self._metrics.in_flight.labels(backend).dec()
             self._metrics.duration.labels(backend).observe(time.monotonic() - started)
         return self._count(reply)
+
+    async def _input_files(self, request: ScriptInvokeRequest, *, sender: Principal) -> tuple[InputFile, ...]:
+        """The files the request names, read as its validated sender's (never as the agent it claims to be)."""
+        assert request.input_files is not None
+        if self._inputs is None:
+            raise InputsUnavailable("input_files: this scripts-manager reads no conversation files (it has no "
+                                    "console to ask); send the request without them")
+        return await self._inputs.fetch(request.input_files, agent=sender)
 
     async def _accept(self, acceptance: _Acceptance, *, job: ScriptJob) -> bool:
         """Tell the asker its script starts now and is answered within its timeout plus the backend's start-up

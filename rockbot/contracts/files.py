@@ -1,4 +1,8 @@
-"""Files an agent asks the console to keep for a conversation, on `console.files`, and the console's reply.
+"""A conversation's files between the console and those who keep or read them over the bus.
+
+On `console.files`, an agent asks the console to keep files (`SaveFiles`) or to list its conversation's
+(`ListFiles`); on `console.file-reads`, the scripts-manager reads the files a script request names
+(`InputFiles` in `rockbot.contracts.scripts`) one chunk at a time (`ReadFile`, answered with a `FileChunk`).
 
 A script's artifacts reach the agent in its `ScriptInvokeResponse`; the agent, which holds no database
 credentials, sends them here with the run they came with. Which agent sends is never a field: the console takes
@@ -14,11 +18,17 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rockbot.contracts.recording import Id, Label
-from rockbot.contracts.scripts import FileName
+from rockbot.contracts.scripts import AGENT_NAME_PATTERN, ConversationPart, FileId, FileName
 
 SCHEMA_VERSION = 1
 #: The largest `SaveFiles` the console reads (one bus message).
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
+#: The most of a file one `FileChunk` carries: a larger file is read in several.
+CHUNK_BYTES = 4 * 1024 * 1024
+#: The largest `ReadFile` the console reads (it holds no content).
+MAX_READ_BYTES = 4096
+#: What the console answers for a file that is not the conversation's, whether or not it exists elsewhere.
+NOT_FOUND = "no such file in this conversation"
 
 
 class FileContent(BaseModel):
@@ -40,6 +50,17 @@ class SaveFiles(BaseModel):
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
 
 
+class ListFiles(BaseModel):
+    """An agent asks which files its conversation (the validated agent, `caller`, `session_id`) holds, oldest first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["list"] = "list"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    caller: ConversationPart
+    session_id: ConversationPart
+
+
 class SavedFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,4 +77,51 @@ class FilesSaved(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     files: list[SavedFile] = Field(default_factory=list)
+    error: Annotated[str, Field(max_length=1000)] = ""
+
+
+class FilesListed(BaseModel):
+    """A conversation's files (no content), oldest first; `error` when the store could not be read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    files: list[SavedFile] = Field(default_factory=list)
+    error: Annotated[str, Field(max_length=1000)] = ""
+
+
+class ReadFile(BaseModel):
+    """The scripts-manager reads `CHUNK_BYTES` of one file from `offset`, on `console.file-reads`.
+
+    `namespace` and `agent` are the broker-validated sender of the script request that named the file (the
+    scripts-manager is trusted to pass them on; the console takes `ReadFile` from `service.scripts-manager`
+    only, answered on one of its own reply queues); `caller` and `session_id` are the conversation that request
+    named. A file of any other conversation is answered `NOT_FOUND`, exactly as an id nobody holds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["read"] = "read"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    namespace: Annotated[str, Field(pattern=AGENT_NAME_PATTERN, max_length=63)]
+    agent: Annotated[str, Field(pattern=AGENT_NAME_PATTERN, max_length=63)]
+    caller: ConversationPart
+    session_id: ConversationPart
+    file_id: FileId
+    offset: Annotated[int, Field(ge=0)] = 0
+
+
+class FileChunk(BaseModel):
+    """Part of a file: `content` is its bytes from `offset` (at most `CHUNK_BYTES`); the file has `size` in all.
+    `error` (and nothing else) when it cannot be read: `NOT_FOUND`, or the store down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    id: Label = ""
+    name: Annotated[str, Field(max_length=255)] = ""
+    media_type: Label = ""
+    size: Annotated[int, Field(ge=0)] = 0
+    offset: Annotated[int, Field(ge=0)] = 0
+    content: bytes = b""
     error: Annotated[str, Field(max_length=1000)] = ""

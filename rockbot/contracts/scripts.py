@@ -30,6 +30,13 @@ Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32)]
 #: Where a script finds its conversation's files (read-only) and leaves the files it gives back (see README).
 INPUT_DIR = "/input"
 OUTPUT_DIR = "/output"
+#: The most of the conversation's files one call sees under `/input` (the newest, when it has more).
+MAX_INPUT_FILES = 20
+#: A stored file's id: 128 random bits (the console's `file_store`), so ids of other conversations cannot be guessed.
+FILE_ID_PATTERN = r"^f[0-9a-f]{32}$"
+FileId = Annotated[str, Field(pattern=FILE_ID_PATTERN)]
+#: A conversation's caller or session id, as the run's record names them.
+ConversationPart = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 def _checked_name(name: str) -> str:
@@ -59,6 +66,25 @@ class ScriptArtifact(BaseModel):
     content: bytes = b""
 
 
+class InputFiles(BaseModel):
+    """The conversation's stored files a script sees under `/input`: references, never bytes.
+
+    The agent, which holds no database credentials, names the files of the conversation its call belongs to
+    (`caller` as validated when the turn came in, and `session_id`) by id. The scripts-manager fetches their bytes
+    from the console (`ReadFile` on `console.file-reads`, `rockbot.contracts.files`) naming the request's
+    broker-validated sender as the agent, never a field of this request; the console reads a file only when it
+    belongs to exactly that conversation (agent, caller, session), and answers one that does not as it answers an
+    id nobody holds. So an agent can reach only its own conversations' files, and a script only those its call
+    named; the names under `/input` are the stored ones (`FileName`: never a host path).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    caller: ConversationPart
+    session_id: ConversationPart
+    ids: Annotated[tuple[FileId, ...], Field(min_length=1, max_length=MAX_INPUT_FILES)]
+
+
 class ScriptInvokeRequest(BaseModel):
     """Run `script` with `input_data` on its standard input; `request_id` is the tool-call id."""
 
@@ -81,6 +107,8 @@ class ScriptInvokeRequest(BaseModel):
     #: sender and session share one sandbox (the manager keys it by the broker-validated sender too, so
     #: another agent naming it reaches a session of its own); otherwise it is ignored.
     session: Annotated[str, Field(pattern=r"^[0-9a-f]{16,64}$")] | None = None
+    #: The conversation's files to put read-only under `/input` (None: an empty `/input`).
+    input_files: InputFiles | None = None
 
 
 class ScriptInvokeResponse(BaseModel):

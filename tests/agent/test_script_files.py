@@ -9,6 +9,7 @@ from rockbot.agent.file_keeping import BusFileKeeper
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, MemoryBroker, Principal
+from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.files import FileAnswerer
 from rockbot.console.store import Store
@@ -78,4 +79,46 @@ async def test_a_scripts_files_are_kept_under_its_conversation_and_no_other_agen
         await manager.stop()
         await answerer.stop()
         for login_ in (bus, other, console):
+            await login_.close()
+
+
+async def test_a_script_reads_its_conversations_files_the_agent_names_by_reference(scripted_llm, store: Store) -> None:
+    """The agent lists its conversation's files on `console.files` and names them by id; the scripts-manager reads
+    the bytes from the console (`console.file-reads`) and the script sees them under /input, another
+    conversation's file not among them."""
+    broker = MemoryBroker()
+    files = FileStore(store=store)
+    console = await login(broker, CONSOLE)
+    answerers = [FileAnswerer(files=files, bus=console), FileReadAnswerer(files=files, bus=console)]
+    for answerer in answerers:
+        await answerer.start()
+    manager = ScriptsManager(
+        settings=ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0),
+        bus=await login(broker, SCRIPTS_MANAGER),
+    )
+    await manager.start()
+    config = agent_config(llm_url=scripted_llm.url, name="calc", builtin_tools=["scripts"])
+    owner = FileOwner(namespace=config.namespace, agent="calc", caller="console:ann", session_id="s1")
+    await files.save(owner=owner, name="sales.csv", content=b"month,revenue\n2026-01,10\n", origin="upload")
+    await files.save(owner=owner.model_copy(update={"session_id": "s2"}), name="other.csv", content=b"no",
+                     origin="upload")  # fmt: skip
+    bus = await login(broker, Principal.agent(namespace=config.namespace, name=config.name))
+    script = "import os; print(sorted(os.listdir('/input'))); print(open('/input/sales.csv').read().split()[1])"
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": script})]),
+        Turn(text="Read it."),
+    )
+    try:
+        async with AgentRuntime.from_config(
+            config, bus=bus, sandbox=ScriptSandbox.for_agent(bus=bus, config=config), env={API_KEY_ENV: "k"},
+            publish_runs=store_publisher(store, namespace=config.namespace, agent=config.name),
+        ) as agent:  # fmt: skip
+            await agent.chat("s1", "Read the sales.", caller="console:ann")
+        told = scripted_llm.requests[1].messages[-1]["content"]
+        assert "--- stdout ---\n['sales.csv']\n2026-01,10\n" in told, told
+    finally:
+        await manager.stop()
+        for answerer in answerers:
+            await answerer.stop()
+        for login_ in (bus, console):
             await login_.close()
