@@ -5,11 +5,6 @@ run, the model gets the refusal). Another host name is refused. Screenshots in t
 
 from __future__ import annotations
 
-import asyncio
-import os
-import re
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,8 +17,7 @@ from rockbot.console.store_models import RunFilter
 from tests.console.test_browser import browser, chromium, screenshot  # noqa: F401 (fixtures)
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
 from tests.local.test_approvals_local import analyst_needing_approval  # noqa: F401 (fixture)
-from tests.local.test_local import model_env
-from tests.local.test_terminal import Chat
+from tests.local.test_terminal import Chat, local_console_of
 from tests.waiting import eventually
 
 #: What the approved script does: write a file (in its sandbox's /tmp), read it back.
@@ -34,23 +28,8 @@ WRITES = "open('/tmp/proof.txt', 'w').write(str(6 * 7))\nprint('proof says', ope
 async def local_console(scripted_llm: ScriptedLLM, analyst_needing_approval: Path,  # noqa: F811
                         tmp_path: Path) -> AsyncIterator[tuple[str, Path, Chat]]:
     """`rockbot local` with its console on a free port: (the console's URL, the run store's file, its terminal)."""
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
-    runs = tmp_path / "runs.db"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rockbot.cli", "local", "-f", str(analyst_needing_approval), "--webhook-port", "0",
-        "--console-port", "0", "--runs-database", str(runs),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**clean, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="rockbot-local-state-"), **model_env(scripted_llm)})
-    chat = Chat(process)
-    try:
-        await chat.wait_for("[type a message", seconds=60)
-        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
-        assert url is not None, chat.stderr
-        yield url.group(1), runs, chat
-    finally:
-        if process.returncode is None:
-            process.stdin.close()  # an empty line or the end of the input ends the chat
-        await asyncio.wait_for(process.wait(), 30)
+    async with local_console_of(scripted_llm, analyst_needing_approval, tmp_path / "runs.db") as (url, chat):
+        yield url, tmp_path / "runs.db", chat
 
 
 async def send(page: Page, text: str) -> None:

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import re
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,9 +13,9 @@ from playwright.async_api import Browser
 
 from tests.console.test_browser import browser, chromium, screenshot  # noqa: F401 (fixtures)
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
-from tests.local.test_local import EXAMPLES, model_env
+from tests.local.test_local import EXAMPLES
 from tests.local.test_local_console import send
-from tests.local.test_terminal import Chat
+from tests.local.test_terminal import local_console_of
 from tests.waiting import eventually
 
 PNG = base64.b64decode(
@@ -36,22 +32,8 @@ open(f"{{out}}/clean.csv", "w").write("month,revenue\\n2026-01,10\\n")
 
 @pytest.fixture
 async def local_console(scripted_llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[str]:
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rockbot.cli", "local", "-f", str(EXAMPLES / "analyst.yaml"), "--webhook-port", "0",
-        "--console-port", "0", "--runs-database", str(tmp_path / "runs.db"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**clean, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="rockbot-local-state-"), **model_env(scripted_llm)})
-    chat = Chat(process)
-    try:
-        await chat.wait_for("[type a message", seconds=60)
-        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
-        assert url is not None, chat.stderr
-        yield url.group(1)
-    finally:
-        if process.returncode is None:
-            process.stdin.close()
-        await asyncio.wait_for(process.wait(), 30)
+    async with local_console_of(scripted_llm, EXAMPLES / "analyst.yaml", tmp_path / "runs.db") as (url, _):
+        yield url
 
 
 async def test_a_scripts_chart_shows_inline_on_the_run_page_and_other_files_only_download(

@@ -6,11 +6,7 @@ reported as not run."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import shutil
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,8 +16,8 @@ from rockbot.cli import main
 from rockbot.console.store import Store
 from rockbot.console.store_models import RunDetail, RunFilter
 from tests.fixtures.llm import ScriptedLLM
-from tests.local.test_local import EXAMPLES, model_env, sum_in_the_sandbox
-from tests.local.test_terminal import Chat
+from tests.local.test_local import EXAMPLES, sum_in_the_sandbox
+from tests.local.test_terminal import Chat, local_console_of
 from tests.waiting import eventually
 
 
@@ -29,23 +25,8 @@ from tests.waiting import eventually
 async def local(scripted_llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[tuple[str, Path, Chat]]:
     """`rockbot local` running the example analyst with its console on a free port: (its URL, the store, the chat)."""
     shutil.copy(EXAMPLES / "analyst.yaml", tmp_path / "analyst.yaml")
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
-    runs = tmp_path / "runs.db"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rockbot.cli", "local", "-f", str(tmp_path / "analyst.yaml"), "--webhook-port", "0",
-        "--console-port", "0", "--runs-database", str(runs),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**clean, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="rockbot-local-state-"), **model_env(scripted_llm)})
-    chat = Chat(process)
-    try:
-        await chat.wait_for("[type a message", seconds=60)
-        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
-        assert url is not None, chat.stderr
-        yield url.group(1), runs, chat
-    finally:
-        if process.returncode is None:
-            process.stdin.close()  # type: ignore[union-attr]
-        await asyncio.wait_for(process.wait(), 30)
+    async with local_console_of(scripted_llm, tmp_path / "analyst.yaml", tmp_path / "runs.db") as (url, chat):
+        yield url, tmp_path / "runs.db", chat
 
 
 async def _runs(database: Path) -> list[RunDetail]:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import pathlib
+import re
 import signal
 import sys
 import tempfile
+from collections.abc import AsyncIterator, Sequence
 
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.local.chat import Printer, ask
@@ -77,16 +80,33 @@ class Chat:
         return self.process.returncode
 
 
-async def start_chat(llm, *files: pathlib.Path) -> Chat:
+async def start_chat(llm, *files: pathlib.Path, options: Sequence[str] = ()) -> Chat:
     clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
     state = tempfile.mkdtemp(prefix="rockbot-local-state-")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "rockbot.cli", "local", *[f"-f{file}" for file in files], "--webhook-port", "0",
-        "--console-port", "0",
+        "--console-port", "0", *options,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**clean, "XDG_STATE_HOME": state, "OPENAI_BASE_URL": llm.url, "OPENAI_MODEL": llm.model},
-    )
+        env={**clean, "XDG_STATE_HOME": state, "OPENAI_BASE_URL": llm.url, "OPENAI_API_KEY": "sk-local",
+             "OPENAI_MODEL": llm.model},
+    )  # fmt: skip
     return Chat(process)
+
+
+@contextlib.asynccontextmanager
+async def local_console_of(llm, manifest: pathlib.Path, runs: pathlib.Path) -> AsyncIterator[tuple[str, Chat]]:
+    """`rockbot local` running `manifest`, its runs kept in `runs`, its console on a free port with no login:
+    (the console's URL, its terminal); ended as a person ends the chat (end of input)."""
+    chat = await start_chat(llm, manifest, options=("--runs-database", str(runs)))
+    try:
+        await chat.wait_for("[type a message", seconds=60)
+        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
+        assert url is not None, chat.stderr
+        yield url.group(1), chat
+    finally:
+        if chat.process.returncode is None:
+            chat.process.stdin.close()  # type: ignore[union-attr]
+        await asyncio.wait_for(chat.process.wait(), 30)
 
 
 async def test_ctrl_c_at_the_idle_prompt_exits_without_waiting_for_enter(scripted_llm):
