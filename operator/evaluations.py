@@ -1,4 +1,5 @@
-"""The operator runs Evaluations: each spec generation once, and again on `rockbot.dev/run-requested: <new value>`.
+"""The operator runs Evaluations: on a new spec generation, a new `rockbot.dev/run-requested` value, each slot of
+`spec.schedule`, and a new generation of the Agent under test (`evaluation_plans` decides; one loop per Evaluation).
 
 The cases go through the shared runner (`rockbot.evaluations.running`, as `rockbot eval run` does) to the
 Agent's inbox over the operator's own bus login (`service.operator`, the only sender besides rockbot local an
@@ -7,9 +8,13 @@ scheduler hands over those whose request id is an evaluation's (`take_reply`), f
 A judge's key is read from the Secret its `apiKeySecretRef` names, in the Evaluation's namespace, just before
 the run; a missing one fails the run before any case is sent, naming the Secret. The result is the status
 (cases, score, model, the Agent's generation, the trend, `Ready` and `Passed`), an Event (Normal
-EvaluationPassed / Warning EvaluationFailed) and the gauges on the operator's /metrics. What was run is kept
-in status (`observedGeneration`, `runRequested`), so a restart runs nothing again. `spec.schedule` and a new
-Agent generation do not start a run yet.
+EvaluationPassed / Warning EvaluationFailed) and the gauges on the operator's /metrics.
+
+Exactly once, as the ScheduledTasks' firing loop does it: the run is written into status (`active`) before its
+first case is sent, conditionally on the resourceVersion read (only the leader runs this at all; the condition
+covers the moments two replicas might both think they lead), and its end only while the status still holds that
+run, so it enters the trend once. An operator that takes over (the leader SIGKILLed) finds the run active and runs
+it again (Event EvaluationResumed; the trend entry's `attempts` says how often it started).
 """
 
 from __future__ import annotations
@@ -19,31 +24,38 @@ import base64
 import contextlib
 import datetime
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from prometheus_client import CollectorRegistry, Gauge
 
-from rockbot.bus import Bus, Principal
+from rockbot.bus import Bus, BusError, Principal
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
+from rockbot.clock import Clock, SystemClock
 from rockbot.conditions import ConditionUpdate, merge_condition_models
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.evaluations.judging import Judge
 from rockbot.evaluations.running import Send, run_evaluation
-from rockbot.kube import AGENTS, EVALUATIONS, SECRETS, KubeClient, NotFound
+from rockbot.kube import AGENTS, EVALUATIONS, SECRETS, ApiError, Conflict, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
 from rockbot.kube.mirroring import mirror
 from rockbot.operator.builders import MANAGED_BY
-from rockbot.resources import GROUP
+from rockbot.operator.evaluation_plans import RUN_REQUESTED, Claim, plan, schedule_of, wake_at
+from rockbot.operator.scheduling.cron import InvalidSchedule
+from rockbot.operator.scheduling.firing import ERROR_BACKOFF_SECONDS, AgentFeed
 from rockbot.resources.agent import ModelSpec
 from rockbot.resources.evaluation import Evaluation, EvaluationStatus
 from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
-#: Set to any new value to run an Evaluation again with its spec unchanged.
-RUN_REQUESTED = f"{GROUP}/run-requested"
 #: How the shared runner names its requests (`run_case`): replies to these are the Evaluations'.
 REQUEST_PREFIX = "eval-"
+#: Failures a loop meets now and then: logged briefly and tried again after a pause.
+TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
 Key = tuple[str, str]
+__all__ = ["RUN_REQUESTED", "EvaluationRunner"]
 
 
 class Refusal(Exception):
@@ -72,33 +84,57 @@ class EvaluationMetrics:
                 gauge.remove(namespace, name)
 
 
+@dataclass
+class _State:
+    body: dict[str, Any]
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    loop: asyncio.Task[None] | None = None
+    #: Whether the next planning may take over a run held active (the loop is new, or its own run failed).
+    recovering: bool = True
+
+
 class EvaluationRunner:
-    """Watches Evaluations in `namespaces` (all when empty) and runs the due ones, one run per Evaluation at once."""
+    """Watches Evaluations in `namespaces` (all when empty) and runs the due ones, one run per Evaluation at once.
+
+    `agents`: the operator's own watch of Agents, followed instead of watching them again (else watched here)."""
 
     def __init__(self, *, kube: KubeClient, bus: Bus, namespaces: list[str] | None = None,
-                 registry: CollectorRegistry | None = None) -> None:  # fmt: skip
+                 registry: CollectorRegistry | None = None, clock: Clock | None = None,
+                 agents: AgentFeed | None = None) -> None:  # fmt: skip
         self._kube = kube
         self._bus = bus
+        self._clock = clock or SystemClock()
+        self._feed = agents
+        self._unfollow: Callable[[], None] | None = None
         self._namespaces: list[str | None] = list(namespaces or []) or [None]
         self.metrics = EvaluationMetrics(registry or CollectorRegistry())
         self._post_event = EventPoster(kube, component=MANAGED_BY)
-        self._bodies: dict[Key, dict[str, Any]] = {}
-        #: (generation, run-requested) last run per Evaluation, until its status shows it.
-        self._ran: dict[Key, tuple[Any, str]] = {}
-        self._running: dict[Key, asyncio.Task[None]] = {}
+        self._states: dict[Key, _State] = {}
+        self._agent_generations: dict[Key, int | None] = {}
         self._pending: dict[str, tuple[asyncio.Future[InboxReply], Principal]] = {}
         self._watchers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        mirrored = [(EVALUATIONS, self._seen, self._deleted)]
+        if self._feed is None:
+            mirrored.append((AGENTS, self._agent_seen, self._agent_deleted))
+        else:
+            self._unfollow = self._feed.follow_agents(self._agent_seen, self._agent_deleted)
         for namespace in self._namespaces:
-            watching = mirror(kube=self._kube, resource=EVALUATIONS, namespace=namespace, on_upsert=self._seen,
-                              on_delete=self._deleted)  # fmt: skip
-            self._watchers.append(asyncio.create_task(watching, name=f"watch evaluations in {namespace or 'all'}"))
+            for resource, on_upsert, on_delete in mirrored:
+                watching = mirror(kube=self._kube, resource=resource, namespace=namespace, on_upsert=on_upsert,
+                                  on_delete=on_delete)  # fmt: skip
+                name = f"watch {resource.plural} in {namespace or 'all'} for evaluations"
+                self._watchers.append(asyncio.create_task(watching, name=name))
 
     async def stop(self) -> None:
-        await cancel_and_wait(*self._watchers, *self._running.values())
+        """Stop watching and running; a run cut short stays active in status, for the next leader to run again."""
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
+        await cancel_and_wait(*self._watchers, *(state.loop for state in self._states.values() if state.loop))
         self._watchers.clear()
-        self._running.clear()
+        self._states.clear()
 
     def take_reply(self, reply: InboxReply, sender: Principal | None) -> bool:
         """Whether `reply` is an Evaluation's (taken: handed to its waiting case, if `sender` is the Agent asked)."""
@@ -116,93 +152,164 @@ class EvaluationRunner:
             pending[0].set_result(reply)
         return True
 
-    # ---- the watch's callbacks (no API calls: they start runs)
+    # ---- the watches' callbacks (no API calls: they wake loops)
 
     def _seen(self, body: dict[str, Any]) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        self._bodies[key] = body
-        if key not in self._running and self._due(key, body):
-            self._running[key] = asyncio.create_task(self._run_then_again(key), name=f"evaluation {key}")
+        state = self._states.get(key)
+        if state is None:
+            state = self._states[key] = _State(body=body)
+        else:
+            state.body = body
+            state.changed.set()
+        if state.loop is None or state.loop.done():
+            state.loop = asyncio.create_task(self._loop(key, state), name=f"evaluation {key[0]}/{key[1]}")
 
     def _deleted(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        self._bodies.pop(key, None)
-        self._ran.pop(key, None)
-        running = self._running.pop(key, None)
-        if running is not None:
-            running.cancel()
+        state = self._states.pop((namespace, name), None)
+        if state is not None and state.loop is not None:
+            state.loop.cancel()
         self.metrics.forget(namespace, name)
 
-    def _due(self, key: Key, body: dict[str, Any]) -> bool:
-        status = body.get("status") or {}
-        wanted = (body["metadata"].get("generation"), _requested(body))
-        done = (status.get("observedGeneration"), status.get("runRequested", ""))
-        return wanted != done and wanted != self._ran.get(key)
+    def _agent_seen(self, body: dict[str, Any]) -> None:
+        metadata = body["metadata"]
+        key = (metadata["namespace"], metadata["name"])
+        if self._agent_generations.get(key) != metadata.get("generation"):
+            self._agent_generations[key] = metadata.get("generation")
+            self._wake_evaluations_of(key)
 
-    async def _run_then_again(self, key: Key) -> None:
-        """Run; then again while what the watch shows is due (a spec changed during the run)."""
+    def _agent_deleted(self, namespace: str, name: str) -> None:
+        self._agent_generations.pop((namespace, name), None)
+
+    def _wake_evaluations_of(self, agent: Key) -> None:
+        for (namespace, _), state in self._states.items():
+            if namespace == agent[0] and _agent_of(state.body) == agent[1]:
+                state.changed.set()
+
+    # ---- one loop per Evaluation
+
+    async def _loop(self, key: Key, state: _State) -> None:
+        failures = 0
+        while True:
+            state.changed.clear()
+            body = state.body
+            agent = self._agent_generations.get((key[0], _agent_of(body)))
+            claim = plan(body=body, agent_generation=agent, now=self._clock.now(), recovering=state.recovering)
+            state.recovering = False
+            if claim is None:
+                await self._wait(state, wake_at(body))
+                continue
+            try:
+                claimed = await self._write(body, claim.status, conditional=True)
+            except Conflict:  # another writer came first: plan again from what it wrote
+                state.body = await self._kube.get(EVALUATIONS, namespace=key[0], name=key[1])
+                continue
+            except NotFound:
+                return
+            except TRANSIENT_ERRORS as exc:
+                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
+                failures += 1
+                state.recovering = claim.resumed
+                log.warning("evaluation %s/%s: could not record its run: %r; trying again in %s s", *key, exc, delay)
+                await self._wait(state, self._clock.now() + datetime.timedelta(seconds=delay))
+                continue
+            failures = 0
+            state.body = claimed
+            try:
+                state.body = await self._run(claimed, claim)
+            except NotFound:
+                return
+            except Exception:  # its status keeps the run active: the next planning runs it again
+                log.exception("evaluation %s/%s failed to run", *key)
+                state.recovering = True
+                await self._wait(state, self._clock.now() + datetime.timedelta(seconds=ERROR_BACKOFF_SECONDS[-1]))
+
+    async def _wait(self, state: _State, until: datetime.datetime | None) -> None:
+        waiters = [asyncio.ensure_future(state.changed.wait())]
+        if until is not None:
+            waiters.append(asyncio.ensure_future(self._clock.sleep_until(until)))
         try:
-            while (body := self._bodies.get(key)) is not None and self._due(key, body):
-                self._ran[key] = (body["metadata"].get("generation"), _requested(body))
-                try:
-                    await self._run(body)
-                except Exception:  # the next change runs it again; the operator goes on
-                    log.exception("evaluation %s/%s failed to run", *key)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if self._running.get(key) is asyncio.current_task():
-                del self._running[key]
+            for waiter in waiters:
+                waiter.cancel()
 
     # ---- a run
 
-    async def _run(self, body: dict[str, Any]) -> None:
+    async def _run(self, body: dict[str, Any], claim: Claim) -> dict[str, Any]:
+        """Run the claimed run and record its end; returns the object as written."""
         evaluation = Evaluation.model_validate(body)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        previous = evaluation.status or EvaluationStatus()
-        generation = body["metadata"].get("generation")
+        run = claim.run
+        again = (f"; run {run.run_id} again (attempt {run.attempt}): the operator running it stopped before it "
+                 "ended" if claim.resumed else "")  # fmt: skip
+        if claim.resumed:
+            await self._post_event(body, "Normal", "EvaluationResumed", again.removeprefix("; "))
         try:
             agent = await self._agent(namespace, evaluation.spec.agent_ref.name)
             keys = await self._judge_keys(namespace, evaluation)
-        except Refusal as refusal:
-            status = previous.model_copy(
-                update={
-                    "observed_generation": generation,
-                    "run_requested": _requested(body),
-                    "conditions": _conditions(
-                        previous, generation, ready=("False", refusal.reason, str(refusal)), passed=None
-                    ),
-                }
-            )
-            await self._write(body, status)
+            _check_schedule(evaluation)
+        except Refusal as exc:
+            refusal = exc
+        else:
+            refusal = None
+        if refusal is not None:
+            ready = ("False", refusal.reason, str(refusal))
+            written = await self._end(body, run.run_id, lambda current: current.model_copy(update={
+                "conditions": _conditions(current, current.observed_generation, ready=ready, passed=None)}),
+                attempt=run.attempt)  # fmt: skip
             await self._post_event(body, "Warning", refusal.reason, str(refusal))
-            return
+            return written
         model = str(agent["spec"].get("model", {}).get("name", ""))
-        log.info(
-            "running evaluation %s/%s: %d case(s) x %d against %s",
-            namespace,
-            name,
-            len(evaluation.spec.cases),
-            evaluation.spec.repeat,
-            evaluation.spec.agent_ref.name,
-        )
+        log.info("running evaluation %s/%s (%s, %s, attempt %d): %d case(s) x %d against %s", namespace, name,
+                 run.run_id, run.reason, run.attempt, len(evaluation.spec.cases), evaluation.spec.repeat,
+                 evaluation.spec.agent_ref.name)  # fmt: skip
         result = await run_evaluation(evaluation, send=self._sender(namespace, evaluation.spec.agent_ref.name),
                                       judges=lambda spec: _judge(spec, keys))  # fmt: skip
-        status = result.status(previous=previous, generation=generation, model=model,
-                               agent_generation=agent["metadata"].get("generation"))  # fmt: skip
-        ran = sum(case.runs for case in status.cases)
-        passed = sum(case.passed for case in status.cases)
+        ran = sum(len(case.verdicts) for case in result.cases)
+        passed = sum(v.result == "Passed" for case in result.cases for v in case.verdicts)
         summary = (f"score {result.score:.2f} ({passed} of {ran} case runs passed), passRatio "
-                   f"{evaluation.spec.pass_ratio:g}, against {model}")  # fmt: skip
-        status.run_requested = _requested(body)
-        status.conditions = _conditions(previous, generation, ready=("True", "Evaluated", f"ran: {summary}"),
-                                        passed=result.passed, summary=summary)  # fmt: skip
-        await self._write(body, status)
+                   f"{evaluation.spec.pass_ratio:g}, against {model}; run {run.run_id} ({run.reason}"
+                   f"{f', attempt {run.attempt}' if claim.resumed else ''})")  # fmt: skip
+
+        def ended(current: EvaluationStatus) -> EvaluationStatus:
+            status = result.status(previous=current, generation=current.observed_generation, model=model,
+                                   agent_generation=agent["metadata"].get("generation"))  # fmt: skip
+            status.trend[-1] = status.trend[-1].model_copy(update={"run_id": run.run_id, "reason": run.reason,
+                                                                   "attempts": run.attempt})  # fmt: skip
+            status.run_requested, status.next_run_time = current.run_requested, current.next_run_time
+            ready = ("True", "Evaluated", f"ran: {summary}")
+            status.conditions = _conditions(current, current.observed_generation, passed=result.passed, ready=ready,
+                                            summary=summary)  # fmt: skip
+            return status
+
+        written = await self._end(body, run.run_id, ended, attempt=run.attempt)
         self.metrics.score.labels(namespace, name).set(result.score)
         self.metrics.pass_ratio.labels(namespace, name).set(evaluation.spec.pass_ratio)
         if result.passed:
             await self._post_event(body, "Normal", "EvaluationPassed", summary)
         else:
-            failing = [case.name for case in status.cases if case.result != "Passed"]
+            failing = [case.case.name for case in result.cases if case.status().result != "Passed"]
             await self._post_event(body, "Warning", "EvaluationFailed", f"{summary}; not passed: {', '.join(failing)}")
+        return written
+
+    async def _end(self, body: dict[str, Any], run_id: str, ended: Callable[[EvaluationStatus], EvaluationStatus],
+                   *, attempt: int) -> dict[str, Any]:  # fmt: skip
+        """Write `ended(status)` with the run no longer active, only while the status still holds `run_id` at
+        `attempt` active: a run another operator took over is not counted twice."""
+        metadata = body["metadata"]
+        while True:
+            current = await self._kube.get(EVALUATIONS, namespace=metadata["namespace"], name=metadata["name"])
+            status = EvaluationStatus.model_validate(current.get("status") or {})
+            if status.active is None or (status.active.run_id, status.active.attempt) != (run_id, attempt):
+                log.warning("evaluation %s/%s: run %s (attempt %d) is no longer the active one (%s): its result "
+                            "is dropped", *_key(body), run_id, attempt, status.active)  # fmt: skip
+                return current
+            try:
+                return await self._write(current, ended(status).model_copy(update={"active": None}),
+                                         conditional=True)  # fmt: skip
+            except Conflict:
+                continue
 
     async def _agent(self, namespace: str, name: str) -> dict[str, Any]:
         try:
@@ -250,14 +357,32 @@ class EvaluationRunner:
 
         return send
 
-    async def _write(self, body: dict[str, Any], status: EvaluationStatus) -> None:
+    async def _write(self, body: dict[str, Any], status: EvaluationStatus, *, conditional: bool) -> dict[str, Any]:
+        """Merge-patch the status (fields it no longer has removed); `conditional`: only if the object is still at
+        the version of `body` (409 `Conflict` else)."""
         metadata = body["metadata"]
-        await self._kube.patch(EVALUATIONS, namespace=metadata["namespace"], name=metadata["name"],
-                               subresource="status", body={"status": status.to_wire()})  # fmt: skip
+        wanted = status.to_wire()
+        patch: dict[str, Any] = {"status": {key: None for key in body.get("status") or {} if key not in wanted}
+                                 | wanted}  # fmt: skip
+        if conditional:
+            patch["metadata"] = {"resourceVersion": metadata["resourceVersion"]}
+        return await self._kube.patch(EVALUATIONS, namespace=metadata["namespace"], name=metadata["name"],
+                                      subresource="status", body=patch)  # fmt: skip
 
 
-def _requested(body: dict[str, Any]) -> str:
-    return str((body["metadata"].get("annotations") or {}).get(RUN_REQUESTED, ""))
+def _key(body: dict[str, Any]) -> Key:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def _agent_of(body: dict[str, Any]) -> str:
+    return str(((body.get("spec") or {}).get("agentRef") or {}).get("name", ""))
+
+
+def _check_schedule(evaluation: Evaluation) -> None:
+    try:
+        schedule_of(evaluation.spec)
+    except InvalidSchedule as exc:
+        raise Refusal("InvalidSchedule", f"spec.{exc.field}: {exc.message}") from None
 
 
 def _judge(spec: ModelSpec, keys: dict[tuple[str, str], str]) -> Judge:

@@ -106,6 +106,12 @@ class CronSchedule:
             return candidate
         return self._search(instant, forward=False)
 
+    def due(self, *, cursor: datetime.datetime, now: datetime.datetime) -> tuple[datetime.datetime, datetime.datetime]:
+        """(the slot to fire, the next cursor) when `cursor` (the next slot not yet handled) is at or before `now`:
+        of several slots passed meanwhile only the latest fires, so catching up after downtime is never a burst."""
+        latest = max(self.latest_at_or_before(now) or cursor, cursor)
+        return latest, self.next_after(latest)
+
     def _search(self, instant: datetime.datetime, *, forward: bool) -> datetime.datetime | None:
         """Near a transition: walk wall-clock slots from beyond the shift and keep the closest instant."""
         wall = self._wall(instant)

@@ -62,7 +62,8 @@ def register_scheduling(
     async def start(connection: Bus) -> None:
         now = clock or SystemClock()
         evaluations = EvaluationRunner(kube=runtime.kube, bus=connection, namespaces=runtime.settings.namespaces,
-                                       registry=metrics.registry if metrics else None)  # fmt: skip
+                                       registry=metrics.registry if metrics else None, clock=now,
+                                       agents=agents)  # fmt: skip
         scheduler = Scheduler(kube=runtime.kube, bus=connection, clock=now, namespaces=runtime.settings.namespaces,
                               metrics=metrics, agents=agents, other_replies=evaluations.take_reply)
         requests = SchedulingRequests(kube=runtime.kube, bus=connection, clock=now)

@@ -182,8 +182,10 @@ def _handle_due(
     """Handle every slot from the cursor to now; return the run to start, if any."""
     first = status.next_schedule_time
     assert first is not None
-    latest = first if spec.run_once else max(schedule.latest_at_or_before(now) or first, first)
-    status.next_schedule_time = None if spec.run_once else schedule.next_after(latest)
+    if spec.run_once:
+        latest, status.next_schedule_time = first, None
+    else:
+        latest, status.next_schedule_time = schedule.due(cursor=first, now=now)
     if spec.run_once:
         status.completed = True
     if latest > first:

@@ -163,9 +163,28 @@ class CaseStatus(Schema):
     agent_runs: list[str] = Field(default_factory=list, description="The agent's recorded turns: rockbot runs show.")
 
 
+#: Why a run started: a new spec generation, a new rockbot.dev/run-requested value, a slot of spec.schedule, or a
+#: new generation of the Agent under test.
+RunReason = Literal["Spec", "Requested", "Schedule", "AgentChanged"]
+
+
+class ActiveEvaluationRun(Schema):
+    """The run under way, recorded before its first case is sent: an operator that takes over finds it here and runs
+    it again (the cases of the one that stopped are not waited for), so no run is lost or counted twice."""
+
+    run_id: str = Field(description="The run's id; its trend entry keeps it.")
+    reason: RunReason = Field(description="Why it runs: Spec, Requested, Schedule or AgentChanged.")
+    start_time: datetime.datetime
+    scheduled_time: datetime.datetime | None = Field(default=None, description="The slot of spec.schedule it runs.")
+    attempt: int = Field(default=1, description="2 and more: run again after the operator running it stopped.")
+
+
 class EvaluationRun(Schema):
     """One run of the whole Evaluation, as its trend keeps it."""
 
+    run_id: str = ""
+    reason: RunReason | None = None
+    attempts: int = Field(default=1, description="More than 1: run again after the operator running it stopped.")
     start_time: datetime.datetime
     completion_time: datetime.datetime | None = None
     score: float = Field(description="The share of case runs that passed.")
@@ -184,7 +203,8 @@ class EvaluationStatus(Schema):
     trend: list[EvaluationRun] = Field(default_factory=list, description="The last runs, oldest first.")
     last_run_time: datetime.datetime | None = None
     run_requested: str = Field(default="", description="The rockbot.dev/run-requested annotation's value last run.")
-    next_run_time: datetime.datetime | None = None
+    next_run_time: datetime.datetime | None = Field(default=None, description="The next slot of spec.schedule.")
+    active: ActiveEvaluationRun | None = Field(default=None, description="The run under way, if any.")
 
 
 class Evaluation(Resource):

@@ -3,6 +3,7 @@ a real agent runtime (scripted model), a judge graded with the key from the name
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -11,14 +12,14 @@ from prometheus_client import CollectorRegistry
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import OPERATOR, AmqpBus, Principal
-from rockbot.clock import SystemClock
-from rockbot.kube import EVALUATIONS, EVENTS, SECRETS, KubeClient
+from rockbot.clock import ManualClock, SystemClock
+from rockbot.kube import AGENTS, EVALUATIONS, EVENTS, SECRETS, KubeClient
 from rockbot.operator.evaluations import RUN_REQUESTED, EvaluationRunner
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedLLM, Turn
 from tests.fixtures.rabbitmq import Vhost
-from tests.scheduling.conftest import Cluster
+from tests.scheduling.conftest import START, Cluster, FakeAgent
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -123,3 +124,68 @@ async def test_an_applied_evaluation_runs_through_the_agent_and_again_on_a_new_s
 async def _has(events, wanted: tuple[str, str]) -> None:
     found = await events
     assert wanted in found, found
+
+
+def _watched(**spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "rockbot.dev/v1alpha1", "kind": "Evaluation", "metadata": {"name": "nightly"},
+            "spec": {"agentRef": {"name": "helper"}, "cases": [{"name": "does", "input": "Do it.",
+                                                                "expect": {"contains": ["done"]}}]} | spec}  # fmt: skip
+
+
+async def test_a_schedule_fires_each_slot_once_across_two_runners_and_a_new_agent_generation_runs_again(
+    real_kube_client: KubeClient, kube_namespace: str, vhost: Vhost
+) -> None:
+    """Two runners (as two replicas that both think they lead) on one driven clock: the spec's run, then each slot
+    of an hourly schedule once (of three slots passed at once only the latest), then a run for the Agent's new
+    generation; each run is one trend entry, its cases sent once."""
+    cluster = Cluster(kube=real_kube_client, namespace=kube_namespace)
+    kube, ns = cluster.kube, cluster.ns
+    await cluster.agent()
+    clock = ManualClock(START)
+    agent = Principal.agent(namespace=ns, name="helper")
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
+    ):
+        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
+        runners = [EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=clock) for _ in range(2)]
+
+        def hand_over(reply: Any, sender: Principal | None) -> bool:  # one reply queue: to the runner that asked
+            return any(r.take_reply(reply, sender) for r in runners if reply.request_id in r._pending)
+
+        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=clock, namespaces=[ns], other_replies=hand_over)
+        await scheduler.start()
+        for runner in runners:
+            await runner.start()
+        try:
+            await kube.create(EVALUATIONS, namespace=ns, body=_watched(schedule="0 * * * *"))
+
+            async def trend(runs: int) -> dict[str, Any]:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+                assert len(found.get("trend", [])) == runs and not found.get("active"), found
+                return found
+
+            first = await eventually(lambda: trend(1), within=30)
+            assert first["trend"][0]["reason"] == "Spec" and first["nextRunTime"] == "2024-05-01T11:00:00Z", first
+            clock.set(START.replace(hour=11, minute=0, second=1))
+            second = await eventually(lambda: trend(2), within=30)
+            assert second["trend"][1]["reason"] == "Schedule" and second["nextRunTime"] == "2024-05-01T12:00:00Z"
+            clock.set(START.replace(hour=14, minute=30))  # slots 12:00, 13:00 and 14:00 passed: 14:00 runs
+            third = await eventually(lambda: trend(3), within=30)
+            assert third["trend"][2]["runId"].startswith("20240501T140000Z-"), third["trend"]
+            assert third["nextRunTime"] == "2024-05-01T15:00:00Z"
+
+            await kube.patch(AGENTS, namespace=ns, name="helper", body={"spec": {"model": {"name": "m2"}}})
+            fourth = await eventually(lambda: trend(4), within=30)
+            assert fourth["trend"][3]["reason"] == "AgentChanged" and fourth["agentGeneration"] == 2, fourth
+            assert fourth["model"] == "m2" and fourth["score"] == 1.0
+            await asyncio.sleep(1)  # a second run of anything would have started by now
+            assert len((await trend(4))["trend"]) == 4
+            run_ids = [run["runId"] for run in fourth["trend"]]
+            assert len(set(run_ids)) == 4, run_ids
+            assert len(fake.received) == 4, [r.request_id for r in fake.received]  # one case per run, sent once
+        finally:
+            for runner in runners:
+                await runner.stop()
+            await scheduler.stop()
+            await fake.stop()
