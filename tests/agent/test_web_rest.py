@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 
@@ -15,6 +14,7 @@ from rockbot.agent.runtime import AgentRuntime
 from rockbot.agent.toolsets.web import html_to_markdown
 from rockbot.contracts.agent_config import FunctionDefinition, ResolvedTool, RestBackend, ToolDefinition
 from tests.agent.configs import agent_config
+from tests.fixtures.serving import serving
 
 CONTEXT = ToolContext(session_id="s", tool_call_id="c1")
 PAGE = """<html><head><title>Rock facts</title><style>body{color:red}</style><script>alert(1)</script></head>
@@ -89,18 +89,6 @@ async def site():
             paths = hits  # every request the server saw, whatever the route
 
         yield Site
-
-
-@contextlib.asynccontextmanager
-async def serving(app: web.Application, *, host: str):
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    tcp = web.TCPSite(runner, host, 0)
-    await tcp.start()
-    try:
-        yield f"http://{host}:{tcp._server.sockets[0].getsockname()[1]}"
-    finally:
-        await runner.cleanup()
 
 
 def test_html_becomes_markdown_without_noise():

@@ -30,6 +30,7 @@ from tests.console.chat_world import ChatWorld, chat_world
 from tests.console.test_chat import _sent_by_another_service
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
 from tests.fixtures.rabbitmq import Vhost
+from tests.fixtures.serving import serving
 from tests.waiting import bounded, eventually
 
 TOKEN = "ann-token"
@@ -52,15 +53,8 @@ async def weather() -> AsyncIterator[Weather]:
     server = Weather()
     app = web.Application()
     app.router.add_get("/weather/{city}", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host="127.0.0.1", port=0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with serving(app) as server.url:
         yield server
-    finally:
-        await runner.cleanup()
 
 
 class Rights:

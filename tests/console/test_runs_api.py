@@ -20,6 +20,7 @@ from rockbot.console.authorization import Action
 from rockbot.console.store import Batch, Store
 from rockbot.console.web.gate import Gate
 from tests.console.events import typical_run
+from tests.fixtures.serving import serving
 
 T0 = datetime.datetime(2026, 11, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -39,15 +40,8 @@ async def api(store: Store) -> AsyncIterator[str]:
     app = web.Application(middlewares=[Gate(tokens=None, sessions=Sessions(),
                                             local_identity=Identity(username="ann")).middleware()])  # fmt: skip
     add_run_routes(app, store=store, authorizer=OnlyNamespaces("team-a"))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, host="127.0.0.1", port=0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def _get(url: str) -> tuple[int, dict | str]:
