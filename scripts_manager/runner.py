@@ -27,6 +27,11 @@ The runner itself imports only C modules and ctypes (no json, subprocess, thread
 about half the CPU before its first instruction, which a pod's CPU limit throttles): one thread
 polls the script's two pipes and a wake-up pipe its SIGCHLD writes to.
 
+What the script leaves under `/output` (the pod's emptyDir) comes back in the result line: once the script and
+what it started are gone, the runner reads the folder with the same code as the local backend (output_walk.py, whose
+source the pod's command puts before this file's) within the job's bounds, and writes each file as base64, one at a
+time. The job also brings the matplotlib backend whose `plt.show()` saves figures there (backends/figures.py).
+
 The result also carries when each step happened on the pod's clock (`times`, seconds since the
 epoch: the runner's process start, its first instruction, the job read, the script handed over and
 its end), for the manager's traces and the benchmarks' phase breakdown.
@@ -47,8 +52,14 @@ MAX_JOB_BYTES = 16 * 1024 * 1024
 _PR_SET_DUMPABLE = 4
 _MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 JOB_DIR = "/tmp/rockbot-job"
+#: The pod's emptyDir for what the script gives back (pod_manifests), read after the script by `walk_output`.
+OUTPUT_DIR = "/output"
+#: The matplotlib backend whose `show` saves figures under /output (backends/figures.py): the job brings its source,
+#: which the runner writes into the job's folder, the first on the script's path.
+FIGURES_MODULE = "rockbot_figures"
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
+        "ROCKBOT_OUTPUT_DIR": OUTPUT_DIR, "MPLBACKEND": "module://" + FIGURES_MODULE}
 #: How long the script's pipes are still read after it ended (something it started may hold them open).
 _DRAIN_SECONDS = 2.0
 #: The script's interpreter runs this first: it waits for the script's path on stdin, then makes stdin the job's
@@ -139,6 +150,41 @@ def _say(**fields):
     os.write(1, ("\n" + _encode(fields) + "\n").encode())
 
 
+def _write_all(data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
+def _say_result(fields, files, drops):
+    """The result line, with the output's files as base64 written one at a time (never the whole line in memory)."""
+    import binascii
+
+    _write_all(("\n" + _encode(fields)[:-1] + ', "artifacts_dropped": [' + ", ".join(map(_encode, drops))
+                + '], "artifacts": [').encode())
+    for number, (name, content) in enumerate(files):
+        head = (", " if number else "") + '{"name": ' + _encode(name) + ', "content": "'
+        _write_all(head.encode() + binascii.b2a_base64(content, newline=False) + b'"}')
+        files[number] = None  # its memory goes before the next one's encoding
+    _write_all(b"]}\n")
+
+
+def _output(job):
+    """The files the script left under /output within the job's bounds, read by `walk_output` (its source comes
+    before this one in the pod, pod_manifests.RUNNER), and what was left out."""
+    bounds = job.get("output_bounds")
+    if not bounds:
+        return [], []
+    try:
+        folder = os.open(OUTPUT_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return [], [f"/output could not be read: {exc.strerror}"]
+    try:
+        return walk_output(folder, *(int(bound) for bound in bounds))  # noqa: F821 (see above)
+    finally:
+        os.close(folder)
+
+
 def _read_job():
     line = b"\n"
     while line == b"\n":  # blank lines are a held session's keepalives (see backends/pool.py)
@@ -202,6 +248,9 @@ def _run(job, workdir, child, times, woken):
         source.write(job["script"])
     with open(os.path.join(workdir, "input"), "w") as data:
         data.write(job.get("input") or "")
+    if job.get("figures_hook"):
+        with open(os.path.join(workdir, FIGURES_MODULE + ".py"), "w") as hook:
+            hook.write(job["figures_hook"])
     if child.ended():  # it died waiting (it never ran anything): a fresh one
         child = _Interpreter()
     oom_before = _oom_kills()
@@ -272,7 +321,8 @@ def main():
     times["job"] = time.time()
     os.mkdir(JOB_DIR, 0o700)  # the pod's own /tmp, which held nothing before this one job (left for the pod's end)
     result = _run(job, JOB_DIR, child, times, woken)
-    _say(**{RESULT_KEY: job["nonce"]}, **result)
+    files, drops = _output(job)
+    _say_result({RESULT_KEY: job["nonce"], **result}, files, drops)
     return 0
 
 

@@ -2,8 +2,10 @@
 
 The script's `sitecustomize` (the hook every sandbox installs first on its path) is also a matplotlib backend
 (`MPLBACKEND=module://sitecustomize`): drawing is matplotlib's own Agg, and its `show` writes `figure-N.png`
-files (the first free numbers) into `$ROCKBOT_OUTPUT_DIR`, then closes the figures. Nothing of matplotlib is
-imported unless the script imports it, so a script without it costs nothing and a sandbox without it is unchanged.
+files (the first free numbers) into `$ROCKBOT_OUTPUT_DIR`, then closes the figures. A script pod has no such
+hook: its runner writes the same code as a module of its own into the job's folder (`FIGURES_MODULE_SOURCE`,
+runner.py). Nothing of matplotlib is imported unless the script imports it, so a script without it costs nothing
+and a sandbox without it is unchanged.
 """
 
 FIGURES_BACKEND = "module://sitecustomize"
@@ -28,3 +30,6 @@ def __getattr__(name):
         return FigureCanvasAgg
     raise AttributeError(name)
 """
+
+#: The same as a module of its own, for a script pod: its runner writes it into the job's folder (runner.py).
+FIGURES_MODULE_SOURCE = "import os\n" + FIGURES_HOOK

@@ -4,7 +4,8 @@ The job goes to the runner's stdin as one JSON line with a fresh nonce; the runn
 back on the same session, and only its lines carrying that nonce count (see runner.py for why a
 script can neither write there nor learn the nonce). The answer arrives as soon as the runner prints
 it, never waiting for the kubelet to report the container's end. What is read is bounded: the
-runner's two capped streams as JSON, at most six bytes per byte written.
+runner's two capped streams as JSON, at most six bytes per byte written, and the output's files as base64 within
+the job's bounds.
 
 The steps are events on the current span (`attached`, `job written`, `script started`, `answered`),
 and the runner's own times (its process start, first instruction, the job read, the script handed
@@ -27,15 +28,18 @@ from opentelemetry import trace
 from rockbot.kube import KubeClient
 from rockbot.kube.attach import STDOUT, AttachSession
 from rockbot.scripts_manager.backends import ScriptJob
+from rockbot.scripts_manager.backends.figures import FIGURES_MODULE_SOURCE
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 from rockbot.scripts_manager.backends.pod_manifests import CONTAINER
 from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
 
 log = logging.getLogger(__name__)
 
 
-def output_limit(max_output_bytes: int) -> int:
-    """The most a runner prints for one job: both capped streams as JSON (six bytes a byte at worst)."""
-    return 12 * max_output_bytes + 64 * 1024
+def output_limit(max_output_bytes: int, bounds: OutputBounds) -> int:
+    """The most a runner prints for one job: both capped streams as JSON (six bytes a byte at worst), and the
+    output's files as base64 with their names and the sentences of what was left out."""
+    return 12 * max_output_bytes + 4 * bounds.total_bytes // 3 + 8 * 1024 * (bounds.files + 16) + 64 * 1024
 
 
 class OutputTooLarge(Exception):
@@ -98,6 +102,7 @@ def job_line(*, job: ScriptJob, nonce: str, max_output_bytes: int) -> bytes:
     return json.dumps({
         "nonce": nonce, "script": job.script, "input": job.input_data or "",
         "timeout_seconds": job.timeout_seconds, "max_output_bytes": max_output_bytes,
+        "output_bounds": list(job.output_bounds), "figures_hook": FIGURES_MODULE_SOURCE,
     }, ensure_ascii=False).encode() + b"\n"  # fmt: skip
 
 
@@ -114,7 +119,7 @@ async def run_job(
 ) -> Attempt:
     """Attach (or use `session`, opened before), write the job, read until the runner's result (or the session's
     end, or a broken stream)."""
-    attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes)))
+    attempt = Attempt(output=RunnerOutput(nonce=nonce, limit=output_limit(max_output_bytes, job.output_bounds)))
     span = trace.get_current_span()
     async with contextlib.AsyncExitStack() as stack:
         if session is None:

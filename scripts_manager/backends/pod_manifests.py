@@ -1,10 +1,11 @@
 """Pure builders: script pods (made for one job, or warm in the pool) and the patch that claims one.
 
 Every pod is built to pass Pod Security `restricted` and to have nothing to reach or use: no
-service-account token, no service links, non-root, read-only root filesystem with a size-limited
-emptyDir at /tmp, all capabilities dropped, RuntimeDefault seccomp, no privilege escalation,
-requests equal to limits, `restartPolicy: Never`, and the `rockbot.dev/sandbox: script` label
-that the chart's default-deny NetworkPolicy (no ingress, no egress) selects.
+service-account token, no service links, non-root, read-only root filesystem with size-limited
+emptyDirs at /tmp and at /output (what the script gives back), all capabilities dropped, RuntimeDefault
+seccomp, no privilege escalation, requests equal to limits, `restartPolicy: Never`, and the
+`rockbot.dev/sandbox: script` label that the chart's default-deny NetworkPolicy (no ingress, no egress)
+selects.
 
 A pod carries no job: its only process is the runner (runner.py, on the command line), which waits
 for one job on its stdin (`stdin`, `stdinOnce`). The manager attaches and writes it, so a script and
@@ -27,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
 
+from rockbot.contracts.scripts import OUTPUT_DIR
 from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.scripts_manager.backends import Asker, ScriptJob
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
@@ -60,7 +62,9 @@ DEADLINE_SLACK_SECONDS = 10
 # job gets start-up allowance ROCKBOT_SCRIPTS_POD_START_SECONDS + timeout + slack; a warm pod gets its
 # idle lifetime, lowered at the claim to its age + timeout + slack (the API allows lowering only).
 # The runner enforces the timeout on the script itself; the deadline is the kubelet's backstop.
-RUNNER = files("rockbot.scripts_manager").joinpath("runner.py").read_text()
+# The runner's command: the shared reading of /output (output_walk.py), then the runner itself.
+RUNNER = "\n".join(files("rockbot.scripts_manager").joinpath(name).read_text()
+                   for name in ("output_walk.py", "runner.py"))
 
 
 def pod_name(job: ScriptJob) -> str:
@@ -101,9 +105,10 @@ def build_pod(
             "stdinOnce": True,
             "resources": {"requests": resources, "limits": resources},
             "securityContext": restricted_container_context(),
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "output", "mountPath": OUTPUT_DIR}],
         }],
-        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}}],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}},
+                    {"name": "output", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}}],
     }  # fmt: skip
     if settings.scripts_runtime_class:
         spec["runtimeClassName"] = settings.scripts_runtime_class

@@ -61,7 +61,7 @@ from opentelemetry import trace
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import PODS, ApiError, Gone, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken, outputs
 from rockbot.scripts_manager.backends.pod_jobs import (
     OutputTooLarge,
     RunnerOutput,
@@ -315,7 +315,7 @@ class PodBackend:
             if output.result is not None:
                 answer = _response(job=job, result=output.result, pod=name)
             else:
-                if (warm or early) and not output.started and not await self._log_says_started(name, nonce):
+                if (warm or early) and not output.started and not await self._log_says_started(name, nonce, job):
                     raise _NeverStarted(f"the attach session ended: {(attempt.status or {}).get('message')}")
                 final = await self._follow(name=name, resource_version=None, until=_finished,
                                            limit=job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS)
@@ -332,22 +332,24 @@ class PodBackend:
             if held is not None:
                 held.released.set()
 
-    async def _log_says_started(self, name: str, nonce: str) -> bool:
+    async def _log_says_started(self, name: str, nonce: str, job: ScriptJob) -> bool:
         """Whether the runner got this job after all (its log keeps what the broken stream lost)."""
-        output = RunnerOutput(nonce=nonce, limit=output_limit(self._settings.scripts_max_output_bytes))
+        output = RunnerOutput(nonce=nonce, limit=self._output_limit(job))
         try:
-            output.feed((await self._read_log(name)).encode())
+            output.feed((await self._read_log(name, job)).encode())
         except (ApiError, OutputTooLarge):
             return False
         output.finish()
         return output.started
 
-    async def _read_log(self, name: str) -> str:
+    async def _read_log(self, name: str, job: ScriptJob) -> str:
         """The pod's log, never more than a runner writes plus one byte (so more is seen, not read)."""
         return await self._kube.read_log(
-            namespace=self._namespace, name=name, container=CONTAINER,
-            limit_bytes=output_limit(self._settings.scripts_max_output_bytes) + 1,
+            namespace=self._namespace, name=name, container=CONTAINER, limit_bytes=self._output_limit(job) + 1,
         )  # fmt: skip
+
+    def _output_limit(self, job: ScriptJob) -> int:
+        return output_limit(self._settings.scripts_max_output_bytes, job.output_bounds)
 
     async def _follow(
         self, *, name: str, resource_version: str | None, until: Callable[[K8sObject], bool], limit: float,
@@ -405,7 +407,7 @@ class PodBackend:
         if output is not None:
             from_log = RunnerOutput(nonce=output.nonce, limit=output.limit)
             try:
-                from_log.feed((await self._read_log(name)).encode())
+                from_log.feed((await self._read_log(name, job)).encode())
                 from_log.finish()
                 result = from_log.result
             except ApiError as exc:
@@ -474,7 +476,12 @@ async def _claimed(claims: AsyncIterator[str]) -> str | None:
 
 
 def _response(*, job: ScriptJob, result: dict[str, Any], pod: str, oom: bool = False) -> ScriptInvokeResponse:
-    """The runner's result as the answer, naming the pod it ran in."""
+    """The runner's result as the answer, naming the pod it ran in, with the files it read from /output."""
+    try:
+        collected = outputs.received(result.get("artifacts", []), result.get("artifacts_dropped", []),
+                                     bounds=job.output_bounds)
+    except ValueError as exc:
+        raise SandboxFailure(f"the script pod {pod} broke its runner's protocol: {exc}") from None
     return ScriptInvokeResponse(
         request_id=job.request_id,
         stdout=result["stdout"],
@@ -486,6 +493,8 @@ def _response(*, job: ScriptJob, result: dict[str, Any], pod: str, oom: bool = F
         duration_seconds=float(result["duration_seconds"]),
         backend=PodBackend.name,
         pod=pod,
+        artifacts=collected.artifacts,
+        artifacts_dropped=collected.dropped,
     )
 
 

@@ -48,11 +48,13 @@ _TERMINATION_MESSAGE_BYTES = 4096
 timestamp = now  # as the API server writes them
 
 
-def pod_sandbox(*, network: bool = False) -> list[str]:
+def pod_sandbox(*, network: bool = False, empty_dirs: tuple[str, ...] = ("/tmp",)) -> list[str]:
     """How a container's process is confined: as a restricted pod under runc would be.
 
     With `network`, it shares the host's network, as a pod does on a cluster that does not enforce
-    NetworkPolicy (the isolation canary's tests).
+    NetworkPolicy (the isolation canary's tests). `empty_dirs`: where the pod mounts its emptyDir volumes, each a
+    private tmpfs; the root is the host's top folders, read-only, so that a mount point the host lacks (`/output`)
+    can be made.
 
     Not `--die-with-parent` (under pytest it killed sandboxes at random moments) nor `--new-session`:
     the kubelet kills a container through bwrap's process group, which the sandbox's PID 1 stays in
@@ -61,9 +63,19 @@ def pod_sandbox(*, network: bool = False) -> list[str]:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise RuntimeError("the fake kubelet runs containers under bubblewrap: apt-get install -y bubblewrap")
+    root: list[str] = ["--tmpfs", "/"]
+    for entry in sorted(os.listdir("/")):
+        path = "/" + entry
+        if path in ("/proc", "/dev", *empty_dirs):
+            continue
+        if os.path.islink(path):
+            root += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            root += ["--ro-bind", path, path]
+    mounts = [arg for path in empty_dirs for arg in ("--tmpfs", path)]
     return [bwrap, "--unshare-user", "--uid", "65534", "--gid", "65534", "--unshare-pid", "--as-pid-1",
             *([] if network else ["--unshare-net"]), "--unshare-ipc", "--unshare-uts",
-            "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--chdir", "/tmp", "--"]
+            *root, "--proc", "/proc", "--dev", "/dev", *mounts, "--remount-ro", "/", "--chdir", "/tmp", "--"]
 
 
 def _python() -> str:
@@ -136,7 +148,9 @@ class FakeKubelet:
         message = tempfile.NamedTemporaryFile(prefix="rockbot-termination-", delete=False)  # noqa: SIM115
         message.close()
         os.chmod(message.name, 0o666)
-        *sandbox, end = pod_sandbox(network=self.network)
+        empty = {volume["name"] for volume in pod.pod["spec"].get("volumes") or [] if "emptyDir" in volume}
+        mounts = tuple(mount["mountPath"] for mount in spec.get("volumeMounts") or [] if mount["name"] in empty)
+        *sandbox, end = pod_sandbox(network=self.network, empty_dirs=mounts or ("/tmp",))
         process = await asyncio.create_subprocess_exec(
             *sandbox, "--bind", message.name, "/dev/termination-log", end, *command, stdin=held_open,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,

@@ -16,6 +16,7 @@ import pytest
 
 from rockbot.kube import KubeClient
 from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 from rockbot.scripts_manager.backends.pod_jobs import output_limit
 from rockbot.scripts_manager.backends.pods import PodBackend
 from tests.kubeapi import KubeApiEmulator
@@ -131,7 +132,7 @@ async def test_a_flood_is_cut_at_the_cap_and_never_reaches_the_pods_log(
     assert pod.streams is not None
     log = pod.streams.log
     assert result.output_truncated and len(result.stdout) == len(result.stderr) == CAP
-    assert len(log) <= output_limit(CAP)  # the runner's two capped streams, nothing of the 90 MB
+    assert len(log) <= output_limit(CAP, OutputBounds())  # the runner's answer at its bounds, nothing of the 90 MB
 
 
 async def test_a_script_cannot_see_another_job(
@@ -159,7 +160,7 @@ async def test_the_pods_log_is_read_with_a_byte_limit(
             arrived.set()
 
         streams = Container(write_stdin=job_arrives)
-        streams.output(1, b"z" * (5 * output_limit(CAP)))
+        streams.output(1, b"z" * (5 * output_limit(CAP, OutputBounds())))
         kube_api.run_container(namespace=kubelet.namespace, name=pod.name, container="script", streams=streams)
         await kubelet.report(pod, state={"running": {"startedAt": timestamp()}}, phase="Running")
         await arrived.wait()
@@ -171,4 +172,5 @@ async def test_the_pods_log_is_read_with_a_byte_limit(
         with pytest.raises(SandboxFailure, match="broke its runner's protocol"):
             await backend.run(job("print(1)"))
     logs = [request for request in kube_api.requests if str(request.url.path).endswith("/log")]
-    assert logs and all(0 < int(request.params["limitBytes"]) <= output_limit(CAP) + 1 for request in logs)
+    limit = output_limit(CAP, OutputBounds())
+    assert logs and all(0 < int(request.params["limitBytes"]) <= limit + 1 for request in logs)

@@ -1,0 +1,175 @@
+"""What a script leaves under `/output` in a script pod comes back as artifacts, hostile folders included (issue 35).
+
+The node runs the pod's own command, the real runner, as a restricted pod runs it (read-only root, the pod's
+emptyDirs at /tmp and /output, uid 65534, no network); the runner reads /output with the local backend's code
+(output_walk.py) and the manager checks what it sent once more (backends/outputs.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import textwrap
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.kube import KubeClient
+from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob, pod_jobs
+from rockbot.scripts_manager.backends.outputs import OutputBounds, received
+from rockbot.scripts_manager.backends.pods import PodBackend
+from tests.kubeapi import KubeApiEmulator
+from tests.scripts_manager.conftest import MakeSettings, node, pod_backend
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+LINKED = "(only files written under /output come back)"
+
+
+def job(script: str, *, bounds: OutputBounds | None = None, memory: str | None = None) -> ScriptJob:
+    return ScriptJob(request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None,
+                     timeout_seconds=30.0, output_bounds=bounds or OutputBounds(), memory=memory)  # fmt: skip
+
+
+@pytest.fixture
+async def pods(kube_api: KubeApiEmulator, kube: KubeClient, make_settings: MakeSettings) -> AsyncIterator[PodBackend]:
+    async with node(kube_api, kube), pod_backend(make_settings(scripts_backend="pods")) as backend:
+        yield backend
+
+
+def named(result: ScriptInvokeResponse) -> dict[str, bytes]:
+    return {artifact.name: artifact.content for artifact in result.artifacts}
+
+
+async def test_a_scripts_output_comes_back_described_with_plt_show_figures(pods: PodBackend) -> None:
+    result = await pods.run(job(f"""
+        import base64, os, pathlib
+        out = pathlib.Path(os.environ["ROCKBOT_OUTPUT_DIR"])
+        (out / "clean.csv").write_text("month,revenue\\n2026-01,10\\n")
+        (out / "charts").mkdir()
+        (out / "charts" / "a.png").write_bytes(base64.b64decode({base64.b64encode(PNG).decode()!r}))
+        print(out)
+    """))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "/output\n"
+    assert [(a.name, a.media_type, a.size) for a in result.artifacts] == [
+        ("charts/a.png", "image/png", len(PNG)), ("clean.csv", "text/csv", 25),
+    ]
+    assert result.artifacts[1].preview == "month,revenue\n2026-01,10"
+    assert result.artifacts_dropped == ()
+    probe = await pods.run(job("import matplotlib", memory="1Gi"))
+    if probe.exit_code != 0:
+        pytest.fail(f"the node's Python has no matplotlib ({probe.stderr.strip()[-200:]}): install it, e.g. "
+                    "apt-get install -y python3-matplotlib")
+    figures = await pods.run(job("""
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2, 3], [3, 1, 2])
+        plt.figure(); plt.bar(["a", "b"], [1, 2])
+        plt.show()
+    """, memory="1Gi"))
+    assert figures.exit_code == 0, figures.stderr
+    assert [(a.name, a.media_type) for a in figures.artifacts] == [
+        ("figure-1.png", "image/png"), ("figure-2.png", "image/png"),
+    ]
+
+
+async def test_links_odd_names_and_fake_images_never_come_back_as_they_claim(pods: PodBackend) -> None:
+    result = await pods.run(job(r"""
+        import os
+        os.symlink("/etc/passwd", "/output/passwd")
+        os.symlink("/tmp", "/output/tmp")
+        open("/tmp/secret", "w").write("from tmp")
+        try:
+            os.link("/tmp/secret", "/output/hard")
+        except OSError as exc:
+            print("cross-device", exc.errno)
+        open("/output/own", "w").write("mine")
+        os.link("/output/own", "/output/twin")
+        os.mkfifo("/output/fifo")
+        open("/output/bad\x1b[31mname\n.txt", "w").write("x")
+        open(b"/output/not-utf8-\xff.txt", "w").write("x")
+        open("/output/fake.png", "w").write("<html><script>alert(1)</script></html>")
+        open("/output/chart.svg", "w").write('<svg xmlns="http://www.w3.org/2000/svg"><script>1</script></svg>')
+        os.makedirs("/output/../output/deep/../deep/er")
+        open("/output/deep/er/x.txt", "w").write("x")
+    """))
+    assert result.stdout == "cross-device 18\n", result.stderr
+    assert {a.name: a.media_type for a in result.artifacts} == {
+        "chart.svg": "image/svg+xml", "deep/er/x.txt": "text/plain", "fake.png": "application/octet-stream",
+    }
+    assert sorted(result.artifacts_dropped) == [
+        "bad?[31mname?.txt: the name holds control characters", f"fifo: not a regular file {LINKED}",
+        "not-utf8-?.txt: the name is not UTF-8", f"own: a hard link {LINKED}",
+        f"passwd: a symbolic link {LINKED}", f"tmp: a symbolic link {LINKED}", f"twin: a hard link {LINKED}",
+    ]
+
+
+async def test_ten_thousand_tiny_files_and_one_too_big_are_bounded_and_said(pods: PodBackend) -> None:
+    result = await pods.run(job("""
+        open("/output/a-big.bin", "wb").write(b"x" * 1001)
+        for n in range(10_000):
+            open(f"/output/f{n:05}.txt", "w").write(str(n))
+    """, bounds=OutputBounds(files=5, file_bytes=1000, total_bytes=1500)))
+    assert result.exit_code == 0, result.stderr
+    assert named(result) == {f"f{n:05}.txt": str(n).encode() for n in range(5)}
+    assert result.artifacts_dropped[0] == "a-big.bin: 1,001 bytes, over the bound of 1,000 bytes per file"
+    assert result.artifacts_dropped[1] == "f00005.txt: over the bound of 5 files"
+    assert result.artifacts_dropped[-1] == "and 9,986 more files left out"
+
+
+async def test_a_script_cannot_add_files_to_the_answer_after_it_ended(pods: PodBackend) -> None:
+    """A daemon the script leaves keeps writing under /output while the runner reads it: what comes back is
+    still within the bounds, and every file is one the walk read as a regular file."""
+    result = await pods.run(job("""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            n = 0
+            while True:
+                n += 1
+                try:
+                    with open(f"/output/d{n % 50:02}.bin", "wb") as f:
+                        f.write(b"d" * (n % 900))
+                    os.replace(f"/output/d{n % 50:02}.bin", f"/output/e{n % 7}.bin")
+                    os.symlink("/etc/passwd", f"/output/s{n % 50:02}")
+                except OSError:
+                    pass
+        time.sleep(0.2)
+    """, bounds=OutputBounds(files=10, file_bytes=1000, total_bytes=3000)))
+    assert result.exit_code == 0, result.stderr
+    assert len(result.artifacts) <= 10 and sum(a.size for a in result.artifacts) <= 3000
+    assert all(set(a.content) <= {ord("d")} for a in result.artifacts)
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    ([{"name": "../etc/passwd", "content": ""}], "relative path"),
+    ([{"name": "/etc/passwd", "content": ""}], "relative path"),
+    ([{"name": "a\x1bb", "content": ""}], "printable"),
+    ([{"name": "big", "content": base64.b64encode(b"x" * 11).decode()}], "over the bounds"),
+    ([{"name": f"f{n}", "content": ""} for n in range(3)], "over the bound of 2"),
+    ([{"name": "a", "content": "not base64!"}], "not base64"),
+    ("files", "not a list"),
+])
+def test_what_a_runner_sends_is_checked_again(files: object, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        received(files, [], bounds=OutputBounds(files=2, file_bytes=10, total_bytes=20))
+
+
+async def test_a_runner_answer_over_the_bounds_is_a_broken_protocol(
+    pods: PodBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manager never takes more than the bounds it set, whatever the pod says (here: a runner given none)."""
+    honest = pod_jobs.job_line
+
+    def unbounded(*, job: ScriptJob, nonce: str, max_output_bytes: int) -> bytes:
+        return honest(job=job.model_copy(update={"output_bounds": OutputBounds()}), nonce=nonce,
+                      max_output_bytes=max_output_bytes)  # fmt: skip
+
+    monkeypatch.setattr(pod_jobs, "job_line", unbounded)
+    with pytest.raises(SandboxFailure, match="broke its runner's protocol: the runner sent 3 files"):
+        await pods.run(job("""
+            for n in range(3):
+                open(f"/output/{n}", "w").write("x")
+        """, bounds=OutputBounds(files=2)))
