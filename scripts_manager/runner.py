@@ -27,6 +27,8 @@ The runner itself imports only C modules and ctypes (no json, subprocess, thread
 about half the CPU before its first instruction, which a pod's CPU limit throttles): one thread
 polls the script's two pipes and a wake-up pipe its SIGCHLD writes to.
 
+The conversation's files follow the job line on stdin as raw bytes (the job names each one's name and size);
+the runner writes them under `/input` (the pod's emptyDir) before the script starts, read-only to it.
 What the script leaves under `/output` (the pod's emptyDir) comes back in the result line: once the script and
 what it started are gone, the runner reads the folder with the same code as the local backend (output_walk.py, whose
 source the pod's command puts before this file's) within the job's bounds, and writes each file as base64, one at a
@@ -52,6 +54,8 @@ MAX_JOB_BYTES = 16 * 1024 * 1024
 _PR_SET_DUMPABLE = 4
 _MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
 JOB_DIR = "/tmp/rockbot-job"
+#: The pod's emptyDir for the conversation's files, which the job brings after its line (`_receive_inputs`).
+INPUT_DIR = "/input"
 #: The pod's emptyDir for what the script gives back (pod_manifests), read after the script by `walk_output`.
 OUTPUT_DIR = "/output"
 #: The matplotlib backend whose `show` saves figures under /output (backends/figures.py): the job brings its source,
@@ -59,7 +63,7 @@ OUTPUT_DIR = "/output"
 FIGURES_MODULE = "rockbot_figures"
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
-        "ROCKBOT_OUTPUT_DIR": OUTPUT_DIR, "MPLBACKEND": "module://" + FIGURES_MODULE}
+        "ROCKBOT_INPUT_DIR": INPUT_DIR, "ROCKBOT_OUTPUT_DIR": OUTPUT_DIR, "MPLBACKEND": "module://" + FIGURES_MODULE}
 #: How long the script's pipes are still read after it ended (something it started may hold them open).
 _DRAIN_SECONDS = 2.0
 #: The script's interpreter runs this first: it waits for the script's path on stdin, then makes stdin the job's
@@ -200,6 +204,42 @@ def _read_job():
     return job
 
 
+def _receive_inputs(job):
+    """The conversation's files, which follow the job line on stdin as raw bytes in the order and sizes the job
+    names, written under /input before the script exists; then files and folders are made read-only (0444, 0555:
+    a write fails with EACCES; the script runs as the runner's user, so this is its own copy it could chmod, never
+    the stored file)."""
+    named = job.get("input_files") or []
+    if not named:
+        return
+    stream, folders = sys.stdin.buffer, [INPUT_DIR]
+    for name, size in named:
+        parts = name.split("/")
+        if name.startswith("/") or any(part in ("", ".", "..") for part in parts) or int(size) < 0:
+            raise ValueError(f"the input file name {name!r} is not a relative path")
+        folder = INPUT_DIR
+        for part in parts[:-1]:
+            folder = os.path.join(folder, part)
+            if folder not in folders:
+                os.mkdir(folder, 0o755)
+                folders.append(folder)
+        fd = os.open(os.path.join(folder, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        try:
+            left = int(size)
+            while left:
+                chunk = stream.read(min(left, 1024 * 1024))
+                if not chunk:
+                    raise ValueError(f"stdin ended inside the input file {name!r}")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+    for folder in reversed(folders):
+        os.chmod(folder, 0o555)
+
+
 class _Interpreter:
     """The script's process, started before its job: waiting on its stdin for the script's path."""
 
@@ -315,7 +355,8 @@ def main():
     child = _Interpreter()
     try:
         job = _read_job()
-    except ValueError as exc:
+        _receive_inputs(job)
+    except (ValueError, OSError) as exc:
         print(f"rockbot runner: {exc}", file=sys.stderr)
         return 65
     times["job"] = time.time()

@@ -1,6 +1,7 @@
 """Hand one job to a running script pod and read its answer, over `pods/attach`.
 
-The job goes to the runner's stdin as one JSON line with a fresh nonce; the runner's stdout comes
+The job goes to the runner's stdin as one JSON line with a fresh nonce, then the conversation's files as raw bytes
+(the line names their names and sizes); the runner's stdout comes
 back on the same session, and only its lines carrying that nonce count (see runner.py for why a
 script can neither write there nor learn the nonce). The answer arrives as soon as the runner prints
 it, never waiting for the kubelet to report the container's end. What is read is bounded: the
@@ -34,6 +35,10 @@ from rockbot.scripts_manager.backends.pod_manifests import CONTAINER
 from rockbot.scripts_manager.runner import RESULT_KEY, STARTED_KEY
 
 log = logging.getLogger(__name__)
+
+
+#: The conversation's files go to the pod in pieces of this size (one WebSocket message each).
+INPUT_CHUNK_BYTES = 256 * 1024
 
 
 def output_limit(max_output_bytes: int, bounds: OutputBounds) -> int:
@@ -103,6 +108,7 @@ def job_line(*, job: ScriptJob, nonce: str, max_output_bytes: int) -> bytes:
         "nonce": nonce, "script": job.script, "input": job.input_data or "",
         "timeout_seconds": job.timeout_seconds, "max_output_bytes": max_output_bytes,
         "output_bounds": list(job.output_bounds), "figures_hook": FIGURES_MODULE_SOURCE,
+        "input_files": [[file.name, len(file.content)] for file in job.files],
     }, ensure_ascii=False).encode() + b"\n"  # fmt: skip
 
 
@@ -127,6 +133,9 @@ async def run_job(
         span.add_event("attached")
         try:
             await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
+            for file in job.files:  # raw bytes after the line, in the sizes it names (runner.py: _receive_inputs)
+                for start in range(0, len(file.content), INPUT_CHUNK_BYTES):
+                    await session.write(file.content[start:start + INPUT_CHUNK_BYTES])
             span.add_event("job written")
             async for piece in session:
                 if piece.channel != STDOUT:  # the runner's own stderr: the answer is on stdout only

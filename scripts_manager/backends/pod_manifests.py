@@ -2,7 +2,8 @@
 
 Every pod is built to pass Pod Security `restricted` and to have nothing to reach or use: no
 service-account token, no service links, non-root, read-only root filesystem with size-limited
-emptyDirs at /tmp and at /output (what the script gives back), all capabilities dropped, RuntimeDefault
+emptyDirs at /tmp, /input (the conversation's files, which the runner writes read-only before the
+script starts) and /output (what the script gives back), all capabilities dropped, RuntimeDefault
 seccomp, no privilege escalation, requests equal to limits, `restartPolicy: Never`, and the
 `rockbot.dev/sandbox: script` label that the chart's default-deny NetworkPolicy (no ingress, no egress)
 selects.
@@ -28,14 +29,17 @@ from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
 
-from rockbot.contracts.scripts import OUTPUT_DIR
+from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR
 from rockbot.kube.security import restricted_container_context, restricted_pod_context
 from rockbot.scripts_manager.backends import Asker, ScriptJob
+from rockbot.scripts_manager.input_files import MAX_INPUT_BYTES
 from rockbot.scripts_manager.settings import PoolClass, ScriptsManagerSettings
 
 K8sObject = dict[str, Any]
 
 CONTAINER = "script"
+#: The emptyDir of the conversation's files: as much as one call may name (input_files.py).
+INPUT_SIZE = f"{MAX_INPUT_BYTES // (1024 * 1024)}Mi"
 #: `nobody`: script pods run as a user that owns nothing in the image.
 NOBODY = 65534
 #: The labels every script pod carries; the sweeper and the NetworkPolicy select on them.
@@ -105,9 +109,11 @@ def build_pod(
             "stdinOnce": True,
             "resources": {"requests": resources, "limits": resources},
             "securityContext": restricted_container_context(),
-            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "output", "mountPath": OUTPUT_DIR}],
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "input", "mountPath": INPUT_DIR},
+                             {"name": "output", "mountPath": OUTPUT_DIR}],
         }],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}},
+                    {"name": "input", "emptyDir": {"sizeLimit": INPUT_SIZE}},
                     {"name": "output", "emptyDir": {"sizeLimit": settings.scripts_tmp_size}}],
     }  # fmt: skip
     if settings.scripts_runtime_class:

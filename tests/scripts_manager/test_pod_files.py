@@ -1,4 +1,5 @@
-"""What a script leaves under `/output` in a script pod comes back as artifacts, hostile folders included (issue 35).
+"""A script pod's `/input` and `/output`: the conversation's files in, read-only, and what the script leaves come
+back as artifacts, hostile folders included (issue 35).
 
 The node runs the pod's own command, the real runner, as a restricted pod runs it (read-only root, the pod's
 emptyDirs at /tmp and /output, uid 65534, no network); the runner reads /output with the local backend's code
@@ -16,7 +17,7 @@ import pytest
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import KubeClient
-from rockbot.scripts_manager.backends import SandboxFailure, ScriptJob, pod_jobs
+from rockbot.scripts_manager.backends import InputFile, SandboxFailure, ScriptJob, pod_jobs
 from rockbot.scripts_manager.backends.outputs import OutputBounds, received
 from rockbot.scripts_manager.backends.pods import PodBackend
 from tests.kubeapi import KubeApiEmulator
@@ -28,8 +29,9 @@ PNG = base64.b64decode(
 LINKED = "(only files written under /output come back)"
 
 
-def job(script: str, *, bounds: OutputBounds | None = None, memory: str | None = None) -> ScriptJob:
-    return ScriptJob(request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None,
+def job(script: str, *, bounds: OutputBounds | None = None, memory: str | None = None,
+        files: tuple[InputFile, ...] = ()) -> ScriptJob:
+    return ScriptJob(request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None, files=files,
                      timeout_seconds=30.0, output_bounds=bounds or OutputBounds(), memory=memory)  # fmt: skip
 
 
@@ -73,6 +75,26 @@ async def test_a_scripts_output_comes_back_described_with_plt_show_figures(pods:
     assert [(a.name, a.media_type) for a in figures.artifacts] == [
         ("figure-1.png", "image/png"), ("figure-2.png", "image/png"),
     ]
+
+
+async def test_the_conversations_files_are_under_input_read_only_and_come_back_changed(pods: PodBackend) -> None:
+    sales = b"month,revenue\n" + b"".join(b"2026-%02d,%d\n" % (n % 12 + 1, n) for n in range(80_000))  # ~1.3 MB
+    result = await pods.run(job("""
+        import os, pathlib
+        source = pathlib.Path(os.environ["ROCKBOT_INPUT_DIR"])
+        rows = (source / "data" / "sales.csv").read_bytes().splitlines()
+        pathlib.Path("/output/clean.csv").write_bytes(b"\\n".join(row.upper() for row in rows) + b"\\n")
+        for attempt in ("/input/p.png", "/input/new.txt", "/input/data/new.txt"):
+            try:
+                open(attempt, "w").write("changed")
+                print("wrote", attempt)
+            except OSError as exc:
+                print("refused", exc.errno)
+        print(sorted(os.listdir(source)), (source / "p.png").stat().st_size)
+    """, files=(InputFile(name="data/sales.csv", content=sales), InputFile(name="p.png", content=PNG))))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"refused 13\nrefused 13\nrefused 13\n['data', 'p.png'] {len(PNG)}\n"
+    assert named(result) == {"clean.csv": sales.upper()}
 
 
 async def test_links_odd_names_and_fake_images_never_come_back_as_they_claim(pods: PodBackend) -> None:

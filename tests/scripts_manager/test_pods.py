@@ -91,8 +91,9 @@ def test_script_pod_passes_pod_security_restricted_and_carries_no_job(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert (container["stdin"], container["stdinOnce"]) == (True, True) and "env" not in container
     assert spec["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+                               {"name": "input", "emptyDir": {"sizeLimit": "64Mi"}},  # the conversation's files
                                {"name": "output", "emptyDir": {"sizeLimit": "64Mi"}}]  # what the script gives back
-    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"},
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}, {"name": "input", "mountPath": "/input"},
                                          {"name": "output", "mountPath": "/output"}]
     assert "the-script-itself" not in str(pod) and "the-input-itself" not in str(pod)  # over stdin, never to etcd
 
