@@ -52,6 +52,9 @@ from rockbot.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 #: How the shared runner names its requests (`run_case`): replies to these are the Evaluations'.
 REQUEST_PREFIX = "eval-"
+#: How often one run starts (the first time, and again after an operator stopped before its end) before it is
+#: given up: a run that crashes whoever runs it must not run forever.
+MAX_ATTEMPTS = 3
 #: Failures a loop meets now and then: logged briefly and tried again after a pause.
 TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
 Key = tuple[str, str]
@@ -192,37 +195,56 @@ class EvaluationRunner:
         failures = 0
         while True:
             state.changed.clear()
-            body = state.body
-            agent = self._agent_generations.get((key[0], _agent_of(body)))
-            claim = plan(body=body, agent_generation=agent, now=self._clock.now(), recovering=state.recovering)
-            state.recovering = False
-            if claim is None:
-                await self._wait(state, wake_at(body))
-                continue
             try:
-                claimed = await self._write(body, claim.status, conditional=True)
-            except Conflict:  # another writer came first: plan again from what it wrote
-                state.body = await self._kube.get(EVALUATIONS, namespace=key[0], name=key[1])
-                continue
+                again, until = await self._step(key, state)
+                failures = 0
             except NotFound:
                 return
-            except TRANSIENT_ERRORS as exc:
+            except Exception as exc:  # the run may be left active: taken up again (at most MAX_ATTEMPTS starts)
+                state.recovering = True
                 delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
                 failures += 1
-                state.recovering = claim.resumed
-                log.warning("evaluation %s/%s: could not record its run: %r; trying again in %s s", *key, exc, delay)
-                await self._wait(state, self._clock.now() + datetime.timedelta(seconds=delay))
+                if isinstance(exc, TRANSIENT_ERRORS):
+                    log.warning("evaluation %s/%s: %r; trying again in %s s", *key, exc, delay)
+                else:
+                    log.exception("evaluation %s/%s failed unexpectedly; trying again in %s s", *key, delay)
+                # Not woken by the watch: its own writes' echoes would make this a busy loop.
+                await self._clock.sleep_until(self._clock.now() + datetime.timedelta(seconds=delay))
                 continue
-            failures = 0
-            state.body = claimed
-            try:
-                state.body = await self._run(claimed, claim)
-            except NotFound:
-                return
-            except Exception:  # its status keeps the run active: the next planning runs it again
-                log.exception("evaluation %s/%s failed to run", *key)
-                state.recovering = True
-                await self._wait(state, self._clock.now() + datetime.timedelta(seconds=ERROR_BACKOFF_SECONDS[-1]))
+            if not again:
+                await self._wait(state, until)
+
+    async def _step(self, key: Key, state: _State) -> tuple[bool, datetime.datetime | None]:
+        """Plan; record the run; run it. Returns (plan again at once, else when to wake at the latest)."""
+        body = state.body
+        agent = self._agent_generations.get((key[0], _agent_of(body)))
+        claim = plan(body=body, agent_generation=agent, now=self._clock.now(), recovering=state.recovering)
+        state.recovering = False
+        if claim is None:
+            return False, wake_at(body)
+        if claim.run.attempt > MAX_ATTEMPTS:
+            state.body = await self._abandon(body, claim)
+            return True, None
+        try:
+            claimed = await self._write(body, claim.status, conditional=True)
+        except Conflict:  # another writer came first: plan again from what it wrote
+            state.body = await self._kube.get(EVALUATIONS, namespace=key[0], name=key[1])
+            return True, None
+        state.body = claimed
+        state.body = await self._run(claimed, claim)
+        return True, None
+
+    async def _abandon(self, body: dict[str, Any], claim: Claim) -> dict[str, Any]:
+        """End a run that started MAX_ATTEMPTS times without ending: not run again, and said so."""
+        run = claim.run
+        message = (f"run {run.run_id} ({run.reason}) started {MAX_ATTEMPTS} times without ending (the operator "
+                   "running it stopped, or could not record its end: see the operator's log); it is not run again, "
+                   "the next spec change, slot, Agent generation or run-requested value runs it anew")  # fmt: skip
+        written = await self._end(body, run.run_id, lambda current: current.model_copy(update={
+            "conditions": _conditions(current, current.observed_generation, ready=("False", "RunAbandoned", message),
+                                      passed=None)}), attempt=run.attempt - 1)  # fmt: skip
+        await self._post_event(body, "Warning", "EvaluationAbandoned", message)
+        return written
 
     async def _wait(self, state: _State, until: datetime.datetime | None) -> None:
         waiters = [asyncio.ensure_future(state.changed.wait())]
@@ -241,8 +263,8 @@ class EvaluationRunner:
         evaluation = Evaluation.model_validate(body)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         run = claim.run
-        again = (f"; run {run.run_id} again (attempt {run.attempt}): the operator running it stopped before it "
-                 "ended" if claim.resumed else "")  # fmt: skip
+        again = (f"; run {run.run_id} again (attempt {run.attempt}): its last attempt did not end (the operator "
+                 "running it stopped, or could not record its end)" if claim.resumed else "")  # fmt: skip
         if claim.resumed:
             await self._post_event(body, "Normal", "EvaluationResumed", again.removeprefix("; "))
         try:

@@ -182,9 +182,10 @@ class ActiveEvaluationRun(Schema):
 class EvaluationRun(Schema):
     """One run of the whole Evaluation, as its trend keeps it."""
 
-    run_id: str = ""
+    run_id: str | None = Field(default=None, description="The operator's id of the run (status.active.runId).")
     reason: RunReason | None = None
-    attempts: int = Field(default=1, description="More than 1: run again after the operator running it stopped.")
+    attempts: int | None = Field(default=None, description="More than 1: run again after the operator running it "
+                                 "stopped.")  # fmt: skip
     start_time: datetime.datetime
     completion_time: datetime.datetime | None = None
     score: float = Field(description="The share of case runs that passed.")

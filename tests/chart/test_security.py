@@ -31,7 +31,7 @@ OPERATOR_RIGHTS = (
     expand("rockbot.dev", ["agents"], ["get", "list", "watch"])
     | expand("rockbot.dev", ["tools"], ["list", "watch"])
     | expand("rockbot.dev", ["scheduledtasks"], ["get", "list", "watch", "create", "patch", "delete"])
-    | expand("rockbot.dev", ["evaluations"], ["list", "watch"])
+    | expand("rockbot.dev", ["evaluations"], ["get", "list", "watch"])
     | expand("rockbot.dev", ["agents/status", "tools/status", "scheduledtasks/status", "evaluations/status"],
              ["patch"])
     | expand("apps", ["deployments"], ["get", "list", "watch", "create", "patch"])

@@ -14,7 +14,7 @@ from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import OPERATOR, AmqpBus, Principal
 from rockbot.clock import ManualClock, SystemClock
 from rockbot.kube import AGENTS, EVALUATIONS, EVENTS, SECRETS, KubeClient
-from rockbot.operator.evaluations import RUN_REQUESTED, EvaluationRunner
+from rockbot.operator.evaluations import MAX_ATTEMPTS, RUN_REQUESTED, EvaluationRunner
 from rockbot.operator.scheduling.firing import Scheduler
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.fixtures.llm import ScriptedLLM, Turn
@@ -187,5 +187,57 @@ async def test_a_schedule_fires_each_slot_once_across_two_runners_and_a_new_agen
         finally:
             for runner in runners:
                 await runner.stop()
+            await scheduler.stop()
+            await fake.stop()
+
+
+async def test_a_run_that_started_max_attempts_times_without_ending_is_given_up_and_said_so(
+    real_kube_client: KubeClient, kube_namespace: str, vhost: Vhost
+) -> None:
+    """A run left active at its last attempt (each operator that ran it stopped before its end) is not run again:
+    Ready False RunAbandoned, a Warning Event, nothing sent; the next spec runs anew."""
+    cluster = Cluster(kube=real_kube_client, namespace=kube_namespace)
+    kube, ns = cluster.kube, cluster.ns
+    await cluster.agent()
+    await kube.create(EVALUATIONS, namespace=ns, body=_watched())
+    active = {"runId": "20240501T102000Z-abcdef12", "reason": "Spec", "startTime": "2024-05-01T10:20:00Z",
+              "attempt": MAX_ATTEMPTS}  # fmt: skip
+    await kube.patch(EVALUATIONS, namespace=ns, name="nightly", subresource="status",
+                     body={"status": {"observedGeneration": 1, "active": active}})  # fmt: skip
+    agent = Principal.agent(namespace=ns, name="helper")
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
+    ):
+        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
+        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=ManualClock(START))
+        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=ManualClock(START), namespaces=[ns],
+                              other_replies=runner.take_reply)  # fmt: skip
+        await scheduler.start()
+        await runner.start()
+        try:
+
+            async def abandoned() -> dict[str, Any]:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+                assert not found.get("active"), found
+                return found
+
+            status = await eventually(abandoned, within=30)
+            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+            assert ready["status"] == "False" and ready["reason"] == "RunAbandoned", ready
+            assert f"run {active['runId']} (Spec) started {MAX_ATTEMPTS} times" in ready["message"]
+            assert not status.get("trend") and fake.received == []
+            await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationAbandoned")))
+
+            await kube.patch(EVALUATIONS, namespace=ns, name="nightly", body={"spec": {"repeat": 2}})
+
+            async def ran_anew() -> None:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+                assert [run["reason"] for run in found.get("trend", [])] == ["Spec"] and found["score"] == 1.0, found
+
+            await eventually(ran_anew, within=30)
+            assert len(fake.received) == 2
+        finally:
+            await runner.stop()
             await scheduler.stop()
             await fake.stop()
