@@ -10,7 +10,9 @@ tool argument the model wrote), or is the Agent's one shared memory (`scope: Age
 every request to this agent's own rows. A text is redacted (the agent's secrets, as in run records)
 before it is embedded or sent. Nothing here fails a turn: an embeddings endpoint or a console that
 fails or is slow is `MemoryUnavailable`, which the tools answer as an error and the automatic recall
-turns into a note in the turn saying that nothing was recalled and why.
+turns into a note in the turn saying that nothing was recalled and why. `remember` answers once the console has
+kept the text within its bounds, and embeds it afterwards (see docs/concepts/memory.md, "What `remember` waits
+for").
 
 The automatic recall (`auto_recall`) puts the caller's most relevant memories into the turn before the
 model is asked, as the result of a `recall` call (an assistant tool call and its tool message): models
@@ -21,7 +23,9 @@ quoted note that cannot close its quotes), within `max_tokens` (about four chara
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import secrets
 from typing import Any, Protocol
 
@@ -37,12 +41,17 @@ from rockbot.contracts.errors import ErrorCode, ErrorInfo
 from rockbot.contracts.memories import (
     MAX_DIMENSIONS,
     MAX_MEMORY_CHARS,
+    Embed,
     Forget,
     MemoryReply,
+    MemoryRequest,
+    Pending,
     Recall,
     RecalledMemory,
     Remember,
 )
+
+log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 #: The name the automatic recall's call carries in the turn (the tool the model may call itself).
@@ -66,7 +75,7 @@ class MemoryRefused(Exception):
 class MemoryDesk(Protocol):
     """Where memory requests are answered: the console over the bus, or `rockbot local`'s store in process."""
 
-    async def ask(self, request: Remember | Recall | Forget) -> MemoryReply: ...
+    async def ask(self, request: MemoryRequest) -> MemoryReply: ...
 
 
 class BusMemoryDesk:
@@ -76,7 +85,7 @@ class BusMemoryDesk:
         self._bus = bus
         self._timeout = timeout_seconds
 
-    async def ask(self, request: Remember | Recall | Forget) -> MemoryReply:
+    async def ask(self, request: MemoryRequest) -> MemoryReply:
         try:
             return await ask_console(self._bus, queue=CONSOLE_MEMORY, body=request, answer=MemoryReply,
                                      kind="memory", timeout_seconds=self._timeout)  # fmt: skip
@@ -92,10 +101,17 @@ class LongTermMemory:
         self._desk = desk
         self._redact = redact or Redactor()
         self._shared = config.scope == "Agent"
+        #: Embeddings of this process's remembered texts, under way (a recall waits for them: it reads its writes).
+        self._embedding: set[asyncio.Task[None]] = set()
+        #: Whether memories may be waiting for their embedding (an earlier pod's, or one that failed here).
+        self._left_pending = True
+        self._sweep: asyncio.Task[None] | None = None
 
     async def remember(self, *, caller: str, text: str, tags: list[str], run_id: str = "") -> str:
-        """Keep `text` (redacted) in the caller's scope; its id. `MemoryRefused` past a bound or for a text longer
-        than `MAX_MEMORY_CHARS`."""
+        """Keep `text` (redacted) in the caller's scope; its id, once the console has kept it within the scope's
+        bounds (`MemoryRefused` past one, or for a text longer than `MAX_MEMORY_CHARS`). It is embedded after that,
+        off the model's path: until then it is listed and searched by words, and a recall of this process waits
+        for it; when that fails, the next sweep embeds it (see `_sweep_pending`)."""
         text = self._redact(text.strip())
         if len(text) > MAX_MEMORY_CHARS:
             raise MemoryRefused(ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=(
@@ -104,15 +120,55 @@ class LongTermMemory:
         config = self.config
         reply = await self._ask(Remember(
             caller=caller, shared=self._shared, memory_id=f"m-{secrets.token_hex(8)}", text=text, tags=tags,
-            embedding=await self._embed(text), model=self._embedder.model, retention_days=config.retention_days,
-            max_items=config.max_items_per_scope, max_bytes=config.max_bytes_per_scope, run_id=run_id[:64],
+            model=self._embedder.model, retention_days=config.retention_days, max_items=config.max_items_per_scope,
+            max_bytes=config.max_bytes_per_scope, run_id=run_id[:64],
         ))  # fmt: skip
         assert reply.stored is not None
+        task = asyncio.create_task(self._embed_kept(reply.stored, text))
+        self._embedding.add(task)
+        task.add_done_callback(self._embedding.discard)
         return reply.stored
+
+    async def _embed_kept(self, memory_id: str, text: str) -> None:
+        """Embed a kept memory and give the console its embedding; on failure it stays pending for a sweep."""
+        try:
+            await self._ask(Embed(memory_id=memory_id, embedding=await self._embed(text), model=self._embedder.model))
+        except (MemoryUnavailable, MemoryRefused, ValidationError) as exc:
+            self._left_pending = True
+            log.warning("memory %s is kept but not embedded yet (%s): a later sweep embeds it", memory_id, exc)
+
+    def _sweep_if_left(self) -> None:
+        """After an embedding worked (the endpoint answers again, or for the first time in this process): embed what
+        may be waiting, in the background, unless a sweep runs."""
+        if self._left_pending and (self._sweep is None or self._sweep.done()):
+            self._left_pending = False
+            self._sweep = asyncio.create_task(self._sweep_pending())
+
+    async def _sweep_pending(self, *, rounds: int = 50) -> None:
+        """Embed this agent's pending memories (any pod's that stopped, or failed, before it embedded them), a page
+        at a time; what fails stays pending for the next sweep."""
+        try:
+            for _ in range(rounds):
+                page = (await self._ask(Pending())).memories
+                for memory in page:
+                    await self._ask(Embed(memory_id=memory.id, embedding=await self._embed(memory.text),
+                                          model=self._embedder.model))  # fmt: skip
+                if len(page) < Pending().limit:
+                    return
+        except (MemoryUnavailable, MemoryRefused, ValidationError) as exc:
+            log.warning("pending memories not embedded yet (%s): a later sweep embeds them", exc)
+        self._left_pending = True
+
+    async def _settled(self) -> None:
+        """Wait for this process's remembered texts to be embedded (bounded by the embeddings' and console's
+        timeouts), so that a recall finds what was just remembered."""
+        if self._embedding:
+            await asyncio.wait(set(self._embedding))
 
     async def recall(self, *, caller: str, query: str, k: int) -> list[RecalledMemory]:
         """The caller's `k` memories nearest to `query`, nearest first."""
         embedding = await self._embed(self._redact(query.strip())[:_QUERY_CHARS])
+        await self._settled()
         reply = await self._ask(Recall(caller=caller, shared=self._shared, embedding=embedding,
                                        model=self._embedder.model, k=k))  # fmt: skip
         return reply.memories
@@ -145,6 +201,11 @@ class LongTermMemory:
         ]  # fmt: skip
 
     async def close(self) -> None:
+        """Finish the embeddings under way (a memory left pending is embedded by a later sweep), then stop."""
+        await self._settled()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            await asyncio.gather(self._sweep, return_exceptions=True)
         await self._embedder.close()
 
     async def _embed(self, text: str) -> list[float]:
@@ -155,9 +216,10 @@ class LongTermMemory:
         if len(vector) > MAX_DIMENSIONS:
             raise MemoryUnavailable(f"the embeddings model {self._embedder.model!r} gives {len(vector)} numbers; "
                                     f"memory keeps embeddings of at most {MAX_DIMENSIONS}: choose a smaller model")
+        self._sweep_if_left()
         return vector
 
-    async def _ask(self, request: Remember | Recall | Forget) -> MemoryReply:
+    async def _ask(self, request: MemoryRequest) -> MemoryReply:
         if self._desk is None:
             raise MemoryUnavailable("no console keeps this agent's memories (the run store is not connected)")
         reply = await self._desk.ask(request)

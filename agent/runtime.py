@@ -21,6 +21,7 @@ and their model requests are admitted by the daily token budget (`budget`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Mapping
@@ -267,17 +268,22 @@ class AgentRuntime:
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
-            history = list(prior) if prior is not None else await self._history(
-                key=key, caller=caller, session_id=session_id, recorded=recorded)
-            history.append({"role": "user", "content": text})
+            recalled = self._auto_recall(caller=caller, text=text)  # meanwhile the history is read
             try:
-                return await self._turn(
-                    history=history, session_id=key, call_chain=call_chain, on_event=on_event,
-                    source=source, request_id=request_id, caller=caller, session=session_id,
-                    new_from=len(history) - 1, parent_run_id=parent_run_id, replay=replay,
-                )  # fmt: skip
+                history = list(prior) if prior is not None else await self._history(
+                    key=key, caller=caller, session_id=session_id, recorded=recorded)
+                history.append({"role": "user", "content": text})
+                try:
+                    return await self._turn(
+                        history=history, session_id=key, call_chain=call_chain, on_event=on_event,
+                        source=source, request_id=request_id, caller=caller, session=session_id,
+                        new_from=len(history) - 1, parent_run_id=parent_run_id, replay=replay, recalled=recalled,
+                    )  # fmt: skip
+                finally:
+                    self.conversations.save(key, _complete_turns(history))
             finally:
-                self.conversations.save(key, _complete_turns(history))
+                if recalled is not None:
+                    recalled.cancel()
 
     async def _history(self, *, key: str, caller: str, session_id: str,
                        recorded: HistoryReply | None) -> list[dict[str, Any]]:
@@ -342,16 +348,17 @@ class AgentRuntime:
         new_from: int = 0,
         parent_run_id: str | None = None,
         replay: Replay | None = None,
+        recalled: asyncio.Task[list[dict[str, Any]]] | None = None,
     ) -> ChatResult:
         """Run the loop in the turn's span and its recorded run (`history[new_from:]` are the turn's messages), and
-        count the turn by its outcome."""
+        count the turn by its outcome. `recalled`: the automatic recall, started already (else started here)."""
         with tracer.start_as_current_span(f"invoke_agent {self.config.name}"):
             if replay is not None:
                 source, parent_run_id = "replay", replay.of_run
             async with self.recorder.run(source=source, session_id=session, caller=caller,
                                          model=(replay and replay.model) or self.config.model.name,
                                          request_id=request_id or "", parent_run_id=parent_run_id) as run:
-                await self._recall_into(history, caller=caller)
+                await self._recall_into(history, caller=caller, recalled=recalled)
                 try:
                     result = await self._traced_turn(history=history, session_id=session_id, source=source,
                                                      on_event=on_event, call_chain=call_chain, request_id=request_id,
@@ -368,18 +375,24 @@ class AgentRuntime:
                     result.run_id = run.run_id
                 return result
 
-    async def _recall_into(self, history: list[dict[str, Any]], *, caller: str) -> None:
+    async def _recall_into(self, history: list[dict[str, Any]], *, caller: str,
+                           recalled: asyncio.Task[list[dict[str, Any]]] | None) -> None:  # fmt: skip
         """Put the caller's most relevant long-term memories after their message, when the Agent asks for it."""
+        if recalled is None and history and history[-1].get("role") == "user":
+            content = history[-1].get("content")
+            if isinstance(content, list):  # an OpenAI client's parts: their text
+                content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+            recalled = self._auto_recall(caller=caller, text=str(content or ""))
+        if recalled is not None:
+            history.extend(await recalled)
+
+    def _auto_recall(self, *, caller: str, text: str) -> asyncio.Task[list[dict[str, Any]]] | None:
+        """The automatic recall for a turn saying `text`, started (so it runs while the rest of the turn is made
+        ready), or None when the Agent does not ask for it."""
         memory = self.kit.long_term
-        if memory is None or memory.config.auto_recall is None or not caller or not history:
-            return
-        if history[-1].get("role") != "user":
-            return
-        content = history[-1].get("content")
-        if isinstance(content, list):  # an OpenAI client's parts: their text
-            content = " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-        if content:
-            history.extend(await memory.auto_recall(caller=caller, text=str(content)))
+        if memory is None or memory.config.auto_recall is None or not caller or not text:
+            return None
+        return asyncio.create_task(memory.auto_recall(caller=caller, text=text))
 
     async def _traced_turn(
         self,

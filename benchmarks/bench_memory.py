@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sqlalchemy import insert, text
 
+from rockbot.agent.embeddings import Embedder
 from rockbot.agent.long_term_memory import BusMemoryDesk
 from rockbot.agent.registry import ToolContext
 from rockbot.agent.runtime import AgentRuntime
@@ -70,9 +71,56 @@ def _load() -> str:
     return "load " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _tree_cpu(root: int | None) -> float:
+    """CPU seconds (user + system, with reaped children's) of process `root` and its descendants, from /proc;
+    0 for none."""
+    if root is None:
+        return 0.0
+    parents, used = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        used[pid] = sum(int(x) for x in fields[11:15])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | more, bool(more)
+    return sum(used.get(pid, 0) for pid in tree) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU spent between `start()` and `per(n)`: this process (`resource`), and the servers' process trees."""
+
+    def __init__(self, **servers: int | None) -> None:
+        self._servers = servers
+
+    def start(self) -> Cpu:
+        self._began = (time.process_time(), {name: _tree_cpu(pid) for name, pid in self._servers.items()})
+        return self
+
+    def per(self, count: int) -> str:
+        """CPU per operation, in ms, of this process and each server."""
+        own, servers = self._began
+        parts = [f"this process {(time.process_time() - own) / count * 1000:.2f}"]
+        parts += [f"{name} {(_tree_cpu(pid) - servers[name]) / count * 1000:.2f}"
+                  for name, pid in self._servers.items()]
+        return "CPU per call (ms): " + ", ".join(parts)
+
+
+def _postmaster(postgres: PostgresServer) -> int:
+    return int((postgres.data / "postmaster.pid").read_text().split()[0])
+
+
 async def _timed_recalls(memories: MemoryStore, *, namespace: str, agent: str, caller: str, shared: bool,
-                         rounds: int, rng: random.Random) -> list[float]:  # fmt: skip
+                         rounds: int, rng: random.Random, cpu: Cpu | None = None) -> list[float]:  # fmt: skip
+    """`rounds` recalls' times; `cpu` (started here) then says their CPU per call."""
     samples = []
+    if cpu is not None:
+        cpu.start()
     for _ in range(rounds):
         request = Recall(caller=caller, shared=shared, embedding=_vector(rng), model=EMBEDDING_MODEL, k=5)
         started = time.perf_counter()
@@ -149,18 +197,20 @@ async def postgres_recall(*, postgres: PostgresServer, total: int, hnsw: bool) -
     memories = MemoryStore(store=store)
     rng = random.Random(7)
     agent, who = last_caller(total)
+    cpu = Cpu(postgres=_postmaster(postgres))
     caller = await _timed_recalls(memories, namespace=agent.namespace, agent=agent.name, caller=who, shared=False,
-                                  rounds=300, rng=rng)  # fmt: skip
+                                  rounds=300, rng=rng, cpu=cpu)  # fmt: skip
     print(f"1. PostgreSQL, {total:,} memories: recall (k=5) in a caller's scope of {SCOPE:,} (compared whole; the "
-          f"plan uses the scope's index, never the HNSW) {_percentiles(caller)} ({_load()}; goal p95 <= 20 ms)",
-          flush=True)
+          f"plan uses the scope's index, never the HNSW) {_percentiles(caller)}; {cpu.per(len(caller))} ({_load()}; "
+          "goal p95 <= 20 ms)", flush=True)
     if not hnsw:
         await store.close()
         return
     built = await build_hnsw(store, definition)
     owner = shared_scope(total)
     shared = await _timed_recalls(memories, namespace=owner.namespace, agent=owner.name, caller="console:x",
-                                  shared=True, rounds=300, rng=rng)  # fmt: skip
+                                  shared=True, rounds=300, rng=rng, cpu=cpu)  # fmt: skip
+    shared_cpu = cpu.per(len(shared))
     hits = asked = 0
     for _ in range(30):  # the HNSW answer against the exact one (every memory of the scope compared)
         request = Recall(caller="console:x", shared=True, embedding=_vector(rng), model=EMBEDDING_MODEL, k=5)
@@ -173,8 +223,8 @@ async def postgres_recall(*, postgres: PostgresServer, total: int, hnsw: bool) -
     await store.close()
     path = "HNSW" if total // 10 > memory_store.EXACT_UP_TO else "exact"
     print(f"4. PostgreSQL, {total:,} memories, their HNSW index built in {built:.0f} s: recall in a shared scope of "
-          f"{total // 10:,} ({path}) {_percentiles(shared)}, recall@5 {hits / asked:.2f} against the exact answer "
-          f"({_load()}; goal p95 <= 20 ms)", flush=True)
+          f"{total // 10:,} ({path}) {_percentiles(shared)}; {shared_cpu}; recall@5 {hits / asked:.2f} against the "
+          f"exact answer ({_load()}; goal p95 <= 20 ms)", flush=True)
 
 
 async def sqlite_recall(*, total: int) -> None:
@@ -195,15 +245,18 @@ async def sqlite_recall(*, total: int) -> None:
             await connection.execute(text("ANALYZE"))
         print(f"   ({len(layout):,} SQLite memories seeded in {time.perf_counter() - started:.0f} s)", flush=True)
         memories = MemoryStore(store=store)
+        cpu = Cpu()
         caller = await _timed_recalls(memories, namespace="ns-0", agent="agent-0", shared=False, rounds=300,
-                                      caller=f"console:user-{total // SCOPE - 1}", rng=rng)  # fmt: skip
+                                      caller=f"console:user-{total // SCOPE - 1}", rng=rng, cpu=cpu)  # fmt: skip
+        caller_cpu = cpu.per(len(caller))
         wide = await _timed_recalls(memories, namespace="ns-1", agent="wide", caller="console:ten", shared=False,
                                     rounds=100, rng=rng)  # fmt: skip
         huge = await _timed_recalls(memories, namespace="ns-2", agent="huge", caller="console:hundred",
                                     shared=False, rounds=30, rng=rng)  # fmt: skip
         await store.close()
-    print(f"2. SQLite, {total:,} memories in scopes of {SCOPE:,}: recall {_percentiles(caller)}; one scope of 10,000 "
-          f"{_percentiles(wide)}; one of 100,000 {_percentiles(huge)} ({_load()}; goal p95 <= 20 ms)", flush=True)
+    print(f"2. SQLite, {total:,} memories in scopes of {SCOPE:,}: recall {_percentiles(caller)}, {caller_cpu}; "
+          f"one scope of 10,000 {_percentiles(wide)}; one of 100,000 {_percentiles(huge)} ({_load()}; goal p95 <= "
+          "20 ms)", flush=True)
 
 
 async def agent_turns(*, postgres: PostgresServer, total: int, turns: int) -> None:
@@ -225,7 +278,10 @@ async def agent_turns(*, postgres: PostgresServer, total: int, turns: int) -> No
                 answerer = MemoryAnswerer(memories=memories, bus=console)
                 await answerer.start()
                 bus = await AmqpBus.connect(url=await vhost.url(agent))
+                cpu = Cpu(postgres=_postmaster(postgres), rabbitmq=broker._server and broker._server.pid)
                 durations: list[float] = []
+                embeds = await _timed_embeds(llm.url, turns)
+                cpu_text: dict[str, str] = {}
                 asked: dict[str, list[float]] = {"off": [], "on": []}
                 for mode in ("off", "on", "off", "on"):
                     config = AgentConfig.model_validate({
@@ -240,15 +296,19 @@ async def agent_turns(*, postgres: PostgresServer, total: int, turns: int) -> No
                     if mode == "off":  # a remember call as the loop makes it (the registry's validation included)
                         context = ToolContext(session_id=runtime.conversation(caller=who,
                                                                               session_id="s").id)  # fmt: skip
+                        cpu.start()
                         for n in range(turns):
                             started = time.perf_counter()
                             outcome = await runtime.registry.invoke(
                                 "remember", {"text": f"fact {n} about deploys"}, context=context)
                             durations.append(time.perf_counter() - started)
                             assert outcome.error is None, outcome.error
+                        cpu_text.setdefault("remember", cpu.per(turns))
+                    cpu.start()
                     for n in range(turns):
                         llm.play(_stamp(asked[mode], time.perf_counter()))
                         await runtime.chat(f"s{n}", f"what about fact {n} and deploys?", caller=who)
+                    cpu_text[mode] = cpu.per(turns)
                     await runtime.close()
                 await answerer.stop()
                 await bus.close()
@@ -258,11 +318,23 @@ async def agent_turns(*, postgres: PostgresServer, total: int, turns: int) -> No
     await store.close()
     await llm.stop()
     off, on = statistics.median(asked["off"]), statistics.median(asked["on"])
-    print(f"3. through an agent on RabbitMQ, its database holding {total:,} memories: a remember call (embed, bus, "
-          f"insert; {turns} of them) {_percentiles(durations)} "
-          f"(goal p50 <= 5 ms); the model asked {off * 1000:.2f} ms after the turn started without the automatic "
-          f"recall, {on * 1000:.2f} ms with it: +{(on - off) * 1000:.2f} ms at p50 (goal <= 15 ms; {_load()})",
-          flush=True)
+    print(f"3. through an agent on RabbitMQ, its database holding {total:,} memories: a remember call ({turns} of "
+          f"them) {_percentiles(durations)} (goal p50 <= 5 ms), {cpu_text['remember']}; an embedding alone "
+          f"{_percentiles(embeds)}; the model asked {off * 1000:.2f} ms after the turn started without the automatic "
+          f"recall, {on * 1000:.2f} ms with it: +{(on - off) * 1000:.2f} ms at p50 (goal <= 15 ms); a turn's "
+          f"{cpu_text['off']} without, {cpu_text['on']} with it ({_load()})", flush=True)
+
+
+async def _timed_embeds(url: str, count: int) -> list[float]:
+    """`count` embeddings asked of the scripted endpoint, one after another: what each took."""
+    embedder = Embedder(base_url=url, model=EMBEDDING_MODEL)
+    samples = []
+    for n in range(count):
+        started = time.perf_counter()
+        await embedder.embed(f"fact {n} about deploys")
+        samples.append(time.perf_counter() - started)
+    await embedder.close()
+    return samples
 
 
 def _stamp(samples: list[float], sent: float):

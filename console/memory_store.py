@@ -16,7 +16,8 @@ pgvector's `<=>`, sqlite-vec's `vec_distance_cosine`). A scope of up to `EXACT_U
 compared whole, which finds the true nearest and, with the scope's index, costs a few milliseconds; a
 larger one on PostgreSQL goes through the HNSW index of its embedding size (pgvector's iterative scan,
 so the scope's filter still yields `k`). Expired memories are never recalled and are deleted by
-`delete_expired` (the console's retention sweep).
+`delete_expired` (the console's retention sweep). A `Remember` without an embedding is kept pending (`dims` 0: no
+recall compares it, no HNSW index holds it) until its agent's `Embed`; `pending` lists those an agent left.
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_models import MAX_PAGE, decode_cursor, encode_cursor
 from rockbot.console.store_schema import AGENT_TOTAL, INDEXED_DIMENSIONS, Embedding, memories, memory_usage
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
-from rockbot.contracts.memories import Forget, MemoryReply, Recall, RecalledMemory, Remember
+from rockbot.contracts.memories import (
+    Embed,
+    Forget,
+    MemoryReply,
+    MemoryRequest,
+    Pending,
+    Recall,
+    RecalledMemory,
+    Remember,
+)
 
 #: A scope of at most this many memories is compared whole; a larger one (PostgreSQL) through its HNSW index.
 EXACT_UP_TO = 20_000
@@ -125,16 +135,23 @@ class MemoryStore:
         self._store = store
         self._ceilings = ceilings or MemoryCeilings()
         self._postgres = store.dialect == "postgresql"
+        self._exact = self._recall_statement(held_to_exact=False)
+        self._exact_indexed = self._recall_statement(held_to_exact=True)
 
     # -- an agent's requests ----------------------------------------------------------------------
 
-    async def answer(self, *, namespace: str, agent: str, request: Remember | Recall | Forget) -> MemoryReply:
+    async def answer(self, *, namespace: str, agent: str, request: MemoryRequest) -> MemoryReply:
         """The reply to one of `agent`'s requests; bounds and bad input are errors in it, a database failure is
         `StoreUnavailable`."""
         if isinstance(request, Remember):
             return await self.remember(namespace=namespace, agent=agent, request=request)
         if isinstance(request, Recall):
             return MemoryReply(memories=await self.recall(namespace=namespace, agent=agent, request=request))
+        if isinstance(request, Embed):
+            embedded = await self.embed(namespace=namespace, agent=agent, request=request)
+            return MemoryReply(stored=request.memory_id if embedded else None)
+        if isinstance(request, Pending):
+            return MemoryReply(memories=await self.pending(namespace=namespace, agent=agent, limit=request.limit))
         forgotten = await self.forget(namespace=namespace, agent=agent, scope=scope_of(request),
                                       memory_id=request.memory_id)  # fmt: skip
         return MemoryReply(forgotten=forgotten)
@@ -149,7 +166,7 @@ class MemoryStore:
         row = {
             "id": request.memory_id, "namespace": namespace, "agent": agent, "scope": scope,
             "caller": request.caller, "text": request.text, "tags": list(request.tags), "bytes": size,
-            "model": request.model, "dims": len(request.embedding), "embedding": request.embedding,
+            "model": request.model, "dims": len(request.embedding or ()), "embedding": request.embedding,
             "run_id": request.run_id, "created_at": now,
             "expires_at": now + datetime.timedelta(days=request.retention_days),
         }  # fmt: skip
@@ -173,6 +190,29 @@ class MemoryStore:
         except BoundReached as exc:
             return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
         return MemoryReply(stored=request.memory_id)
+
+    async def embed(self, *, namespace: str, agent: str, request: Embed) -> bool:
+        """Give `agent`'s pending memory its embedding (once: an embedded one is left as it is); whether it was
+        pending."""
+        async with self._store._connection() as connection, connection.begin():
+            embedded = await connection.execute(
+                update(memories).where(memories.c.id == request.memory_id, memories.c.namespace == namespace,
+                                       memories.c.agent == agent, memories.c.dims == 0)
+                .values(embedding=request.embedding, dims=len(request.embedding), model=request.model)
+            )  # fmt: skip
+        return bool(embedded.rowcount)
+
+    async def pending(self, *, namespace: str, agent: str, limit: int,
+                      now: datetime.datetime | None = None) -> list[RecalledMemory]:  # fmt: skip
+        """`agent`'s memories (not expired) still waiting for their embedding, oldest first."""
+        now = now or datetime.datetime.now(datetime.UTC)
+        query = (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at)
+                 .where(memories.c.namespace == namespace, memories.c.agent == agent, memories.c.dims == 0,
+                        memories.c.expires_at > now)
+                 .order_by(memories.c.created_at).limit(limit))  # fmt: skip
+        rows = await self._store._read(lambda connection: _all(connection, query))
+        return [RecalledMemory(id=row.id, text=row.text, tags=row.tags, created_at=row.created_at, score=0.0)
+                for row in rows]  # fmt: skip
 
     async def _redelivered(self, connection: AsyncConnection, *, namespace: str, agent: str, scope: str,
                            memory_id: str) -> MemoryReply:  # fmt: skip
@@ -220,32 +260,47 @@ class MemoryStore:
     async def recall(
         self, *, namespace: str, agent: str, request: Recall, now: datetime.datetime | None = None
     ) -> list[RecalledMemory]:
-        """The scope's `k` memories nearest to the query (of the same embeddings model and size), nearest first."""
-        now = now or datetime.datetime.now(datetime.UTC)
-        scope = scope_of(request)
+        """The scope's `k` memories nearest to the query (of the same embeddings model and size), nearest first.
+
+        One statement and one round trip for a scope compared whole: built once, its values bound; on PostgreSQL
+        it is held to scopes of at most `EXACT_UP_TO` by a condition evaluated once before the scan, so a larger
+        scope (or an empty one) answers nothing and is then asked again through the HNSW index."""
         dims = len(request.embedding)
-        conditions = [
-            memories.c.namespace == namespace, memories.c.agent == agent, memories.c.scope == scope,
-            memories.c.model == request.model, memories.c.dims == dims, memories.c.expires_at > now,
-        ]  # fmt: skip
-        async with self._store._connection() as connection, connection.begin():
-            if self._postgres and dims in INDEXED_DIMENSIONS and await self._held(
-                connection, namespace=namespace, agent=agent, scope=scope) > EXACT_UP_TO:
-                rows = await self._approximate(connection, conditions, request=request)
-            else:
-                distance = self._distance(memories.c.embedding, request.embedding)
-                query = (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at,
-                                distance.label("distance"))
-                         .where(*conditions).order_by(distance).limit(request.k))  # fmt: skip
-                rows = (await connection.execute(query)).all()
+        indexed = self._postgres and dims in INDEXED_DIMENSIONS
+        values = {
+            "namespace": namespace, "agent": agent, "scope": scope_of(request), "model": request.model, "dims": dims,
+            "now": now or datetime.datetime.now(datetime.UTC), "query": request.embedding, "k": request.k,
+            "exact_up_to": EXACT_UP_TO,
+        }  # fmt: skip
+        statement = self._exact_indexed if indexed else self._exact
+        rows = await self._store._read(lambda connection: _all(connection, statement, values))
+        if not rows and indexed:
+            async with self._store._connection() as connection, connection.begin():
+                if await self._held(connection, namespace=namespace, agent=agent,
+                                    scope=values["scope"]) > EXACT_UP_TO:  # fmt: skip
+                    rows = await self._approximate(connection, values, request=request)
         return [
             RecalledMemory(id=row.id, text=row.text, tags=row.tags, created_at=row.created_at,
                            score=round(1.0 - float(row.distance), 6))
             for row in sorted(rows, key=lambda row: row.distance)
         ]  # fmt: skip
 
-    def _distance(self, column: Any, vector: list[float]) -> Any:
-        """Cosine distance between a stored embedding and `vector`, computed in the database."""
+    def _recall_statement(self, *, held_to_exact: bool) -> Any:
+        """The exact recall, its values bound by name (`_SCOPE_OF` and `query`, `k`, `exact_up_to`)."""
+        distance = self._distance(memories.c.embedding, None)
+        conditions = list(_scope_conditions())
+        if held_to_exact:
+            held = (select(func.coalesce(func.max(memory_usage.c.items_held), 0)).where(
+                memory_usage.c.namespace == bindparam("namespace"), memory_usage.c.agent == bindparam("agent"),
+                memory_usage.c.scope == bindparam("scope")).scalar_subquery())  # fmt: skip
+            conditions.append(held <= bindparam("exact_up_to"))
+        return (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at,
+                       distance.label("distance"))
+                .where(*conditions).order_by(distance).limit(bindparam("k")))  # fmt: skip
+
+    def _distance(self, column: Any, vector: list[float] | None) -> Any:
+        """Cosine distance between a stored embedding and `vector` (None: bound later as `query`), computed in the
+        database."""
         query = bindparam("query", vector, type_=Embedding())
         if self._postgres:
             return column.op("<=>", return_type=Float())(query)
@@ -256,7 +311,7 @@ class MemoryStore:
             memory_usage.c.namespace == namespace, memory_usage.c.agent == agent, memory_usage.c.scope == scope))
         return int(held or 0)
 
-    async def _approximate(self, connection: AsyncConnection, conditions: list[Any], *, request: Recall) -> Any:
+    async def _approximate(self, connection: AsyncConnection, values: dict[str, Any], *, request: Recall) -> Any:
         """The nearest through the HNSW index of the embedding's size: its expression and predicate spelt as the
         migration made them (the size a literal, so the planner matches the partial index)."""
         from pgvector.sqlalchemy import Vector
@@ -269,8 +324,9 @@ class MemoryStore:
             cast(bindparam("query", request.embedding, type_=Embedding()), sized))
         query = (select(memories.c.id, memories.c.text, memories.c.tags, memories.c.created_at,
                         distance.label("distance"))
-                 .where(text(f"memories.dims = {dims}"), *conditions).order_by(distance).limit(request.k))  # fmt: skip
-        return (await connection.execute(query)).all()
+                 .where(text(f"memories.dims = {dims}"), *_scope_conditions()).order_by(distance)
+                 .limit(request.k))  # fmt: skip
+        return (await connection.execute(query, {k: v for k, v in values.items() if k in _SCOPE_OF})).all()
 
     async def forget(self, *, namespace: str, agent: str, scope: str | None, memory_id: str) -> bool:
         """Delete a memory of `agent` (of `scope` when given: an agent forgets only in the scope it speaks for);
@@ -356,8 +412,18 @@ class MemoryStore:
                 return deleted
 
 
-async def _all(connection: AsyncConnection, query: Any) -> Sequence[Any]:
-    return (await connection.execute(query)).all()
+async def _all(connection: AsyncConnection, query: Any, values: dict[str, Any] | None = None) -> Sequence[Any]:
+    return (await connection.execute(query, values)).all()
+
+
+#: The values a recall's scope conditions are bound to.
+_SCOPE_OF = ("namespace", "agent", "scope", "model", "dims", "now")
+
+
+def _scope_conditions() -> tuple[Any, ...]:
+    """A recall's memories: the agent's, of the scope, of the same embeddings model and size, not expired (a pending
+    one has `dims` 0: never compared)."""
+    return (*(memories.c[name] == bindparam(name) for name in _SCOPE_OF[:5]), memories.c.expires_at > bindparam("now"))
 
 
 __all__ = ["BoundReached", "MemoryCeilings", "MemoryFilter", "MemoryPage", "MemoryStore", "StoreUnavailable",

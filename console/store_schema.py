@@ -12,7 +12,8 @@ Three tables:
 - `working_memory`: the chunks of large tool results a run stored (agent/memory.py), unique by (run,
   key). Whose they are is the run's conversation (its agent, caller and session), so a later turn of
   that conversation reads them by joining `runs`; each has its own, short expiry.
-- `memories`: what agents were told to remember (long-term memory), each with its embedding, by agent
+- `memories`: what agents were told to remember (long-term memory), each with its embedding (none, and
+  `dims` 0, while it waits for the agent to embed it: `remember` answers before that), by agent
   (`namespace`, `agent`, the broker-validated sender) and scope (the caller whose memory it is, or `""`
   for an Agent's one shared memory), with who told it (`caller`) and its own expiry. Runs never own them:
   deleting a run or a conversation leaves them, forgetting deletes them.
@@ -44,6 +45,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import LargeBinary, SmallInteger
@@ -168,13 +170,16 @@ memories = Table(
     Column("bytes", Integer(), nullable=False),
     Column("model", String(256), nullable=False),
     Column("dims", SmallInteger(), nullable=False),
-    Column("embedding", Embedding(), nullable=False),
+    #: None (and `dims` 0) while the memory waits for the agent to embed it.
+    Column("embedding", Embedding(), nullable=True),
     Column("run_id", String(64), nullable=False, server_default=""),
     Column("created_at", UtcDateTime(), nullable=False),
     Column("expires_at", UtcDateTime(), nullable=False),
     Index("memories_by_scope", "namespace", "agent", "scope", "created_at"),
     Index("memories_by_caller", "caller", "created_at"),
     Index("memories_by_expiry", "expires_at"),
+    Index("memories_pending", "namespace", "agent", "created_at", postgresql_where=text("dims = 0"),
+          sqlite_where=text("dims = 0")),
 )
 
 memory_usage = Table(

@@ -11,7 +11,7 @@ from rockbot.console.files import list_files, save_files
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Batch, Store, StoreUnavailable
 from rockbot.contracts.files import FilesListed, FilesSaved, ListFiles, SaveFiles
-from rockbot.contracts.memories import Forget, MemoryReply, Recall, Remember
+from rockbot.contracts.memories import MemoryReply, MemoryRequest
 from rockbot.contracts.recording import HistoryReply, RunEvents
 
 
@@ -49,7 +49,7 @@ class StoreMemoryDesk:
         self._namespace = namespace
         self._agent = agent
 
-    async def ask(self, request: Remember | Recall | Forget) -> MemoryReply:
+    async def ask(self, request: MemoryRequest) -> MemoryReply:
         try:
             return await self._memories.answer(namespace=self._namespace, agent=self._agent, request=request)
         except StoreUnavailable as exc:

@@ -62,12 +62,15 @@ class _Request(BaseModel):
 
 
 class Remember(_Request):
+    """Keep a text within the scope's bounds. Without `embedding` it is kept pending (found by words, not yet by
+    meaning) until an `Embed` gives it one: the agent answers the model once the text is kept, and embeds after."""
+
     kind: Literal["remember"] = "remember"
     memory_id: MemoryId
     text: Annotated[str, Field(min_length=1, max_length=MAX_MEMORY_CHARS)]
     tags: Annotated[list[Tag], Field(max_length=8)] = Field(default_factory=list)
-    embedding: Embedding
-    #: The embeddings model that made `embedding`: a recall compares only vectors of the same model.
+    embedding: Embedding | None = None
+    #: The embeddings model that made (or is to make) `embedding`: a recall compares only vectors of the same model.
     model: ModelName
     retention_days: Annotated[int, Field(ge=1, le=3650)]
     max_items: Annotated[int, Field(ge=1)]
@@ -88,7 +91,30 @@ class Forget(_Request):
     memory_id: MemoryId
 
 
-MemoryRequest = Annotated[Remember | Recall | Forget, Field(discriminator="kind")]
+class Embed(BaseModel):
+    """Give one of the agent's pending memories (kept by a `Remember` without an embedding) its embedding."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["embed"] = "embed"
+    memory_id: MemoryId
+    embedding: Embedding
+    model: ModelName
+
+
+class Pending(BaseModel):
+    """The agent's memories still waiting for their embedding (an agent that stopped before it embedded them), oldest
+    first: `MemoryReply.memories`, whose `score` means nothing."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["pending"] = "pending"
+    limit: Annotated[int, Field(ge=1, le=MAX_RECALL)] = MAX_RECALL
+
+
+MemoryRequest = Annotated[Remember | Recall | Forget | Embed | Pending, Field(discriminator="kind")]
 
 
 class RecalledMemory(BaseModel):

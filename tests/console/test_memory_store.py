@@ -13,7 +13,7 @@ from rockbot.console.memory_store import MemoryCeilings, MemoryFilter, MemorySto
 from rockbot.console.store import Store
 from rockbot.console.store_schema import AGENT_TOTAL, INDEXED_DIMENSIONS, memory_usage
 from rockbot.contracts.errors import ErrorCode
-from rockbot.contracts.memories import Forget, Recall, Remember
+from rockbot.contracts.memories import Embed, Forget, Pending, Recall, Remember
 from tests.fixtures.llm import EMBEDDING_MODEL, embed
 
 DIMS = 384
@@ -74,6 +74,32 @@ async def test_no_agent_reads_another_agents_memories(memories: MemoryStore) -> 
     (memory_id,) = await keep(memories, "a private fact", agent="triage")
     assert not await memories.forget(namespace="team-a", agent="other", scope="console:ann", memory_id=memory_id)
     assert await memories.get(memory_id) is not None
+
+
+async def test_a_pending_memory_is_bounded_listed_and_recalled_once_its_own_agent_embeds_it(
+        memories: MemoryStore) -> None:  # fmt: skip
+    kept = []
+    for fact in FACTS[:2]:  # kept without an embedding, within the scope's bound, as an agent remembers now
+        reply = await memories.answer(namespace="team-a", agent="triage",
+                                      request=remember(fact, max_items=2).model_copy(update={"embedding": None}))
+        kept.append(reply.stored)
+    refused = await memories.answer(namespace="team-a", agent="triage",
+                                    request=remember(FACTS[2], max_items=2).model_copy(update={"embedding": None}))
+    assert refused.error is not None and "holds 2 memories" in refused.error.message
+    assert [m.text for m in (await memories.list(filters=MemoryFilter())).memories] == FACTS[1::-1]
+    assert await memories.recall(namespace="team-a", agent="triage", request=recall("deploy")) == []
+    other = await memories.answer(namespace="team-a", agent="other", request=Pending())
+    assert other.memories == []
+    pending = await memories.answer(namespace="team-a", agent="triage", request=Pending())
+    assert [m.id for m in pending.memories] == kept
+    embedding = Embed(memory_id=kept[0], embedding=embed(FACTS[0], dimensions=DIMS), model=EMBEDDING_MODEL)
+    assert (await memories.answer(namespace="team-a", agent="other", request=embedding)).stored is None
+    assert (await memories.answer(namespace="team-a", agent="triage", request=embedding)).stored == kept[0]
+    assert (await memories.answer(namespace="team-a", agent="triage", request=embedding)).stored is None  # once
+    found = await memories.recall(namespace="team-a", agent="triage", request=recall("when does the team deploy?"))
+    assert [m.id for m in found] == kept[:1]
+    assert [m.id for m in (await memories.answer(namespace="team-a", agent="triage", request=Pending())).memories] \
+        == kept[1:]  # fmt: skip
 
 
 async def test_an_agent_scope_is_shared_by_every_caller_and_apart_from_theirs(memories: MemoryStore) -> None:
@@ -213,7 +239,7 @@ async def test_a_large_scope_is_searched_through_the_hnsw_index(
     found = await memories.recall(namespace="team-a", agent="triage",
                                   request=recall("deploy", caller="console:bob", shared=True, k=2), now=NOW)
     assert found[0].text == "note about deploy" and len(found) == 2
-    query = next(s for s in statements if "FROM memories" in s)
+    query = [s for s in statements if "FROM memories" in s][-1]  # the exact one first answered nothing: too large
     assert f"CAST(memories.embedding AS VECTOR({DIMS}))" in query and f"memories.dims = {DIMS}" in query
     vector = str(embed("deploy", dimensions=DIMS))
     async with store.engine.connect() as connection:  # the planner takes the partial index for that shape
