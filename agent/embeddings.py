@@ -75,6 +75,6 @@ def _vector(body: Any) -> list[float]:
         vector = [float(x) for x in body["data"][0]["embedding"]]
     except (KeyError, IndexError, TypeError, ValueError):
         raise EmbeddingsUnavailable(f"the embeddings endpoint answered no embedding: {str(body)[:200]}") from None
-    if not vector or not all(math.isfinite(x) for x in vector) or not any(vector):
+    if not vector or (not math.isfinite(sum(vector)) and not all(map(math.isfinite, vector))) or not any(vector):
         raise EmbeddingsUnavailable("the embeddings endpoint answered an empty, zero or non-finite vector")
     return vector

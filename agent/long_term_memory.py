@@ -58,6 +58,8 @@ Message = dict[str, Any]
 RECALL = "recall"
 _CHARS_PER_TOKEN = 4
 _QUERY_CHARS = 2000
+#: The longest a recall (or a stop) waits for this process's embeddings under way.
+SETTLE_SECONDS = 5.0
 
 
 class MemoryUnavailable(Exception):
@@ -106,6 +108,9 @@ class LongTermMemory:
         #: Whether memories may be waiting for their embedding (an earlier pod's, or one that failed here).
         self._left_pending = True
         self._sweep: asyncio.Task[None] | None = None
+        #: One embedding after the fact at a time: they never take more than one of the console's per-agent share
+        #: of requests answered at once (`MEMORY_PER_AGENT`), which the model's own calls need.
+        self._background = asyncio.Semaphore(1)
 
     async def remember(self, *, caller: str, text: str, tags: list[str], run_id: str = "") -> str:
         """Keep `text` (redacted) in the caller's scope; its id, once the console has kept it within the scope's
@@ -132,7 +137,9 @@ class LongTermMemory:
     async def _embed_kept(self, memory_id: str, text: str) -> None:
         """Embed a kept memory and give the console its embedding; on failure it stays pending for a sweep."""
         try:
-            await self._ask(Embed(memory_id=memory_id, embedding=await self._embed(text), model=self._embedder.model))
+            async with self._background:
+                await self._ask(Embed(memory_id=memory_id, embedding=await self._embed(text),
+                                      model=self._embedder.model))  # fmt: skip
         except (MemoryUnavailable, MemoryRefused, ValidationError) as exc:
             self._left_pending = True
             log.warning("memory %s is kept but not embedded yet (%s): a later sweep embeds it", memory_id, exc)
@@ -149,10 +156,12 @@ class LongTermMemory:
         at a time; what fails stays pending for the next sweep."""
         try:
             for _ in range(rounds):
-                page = (await self._ask(Pending())).memories
+                async with self._background:
+                    page = (await self._ask(Pending())).memories
                 for memory in page:
-                    await self._ask(Embed(memory_id=memory.id, embedding=await self._embed(memory.text),
-                                          model=self._embedder.model))  # fmt: skip
+                    async with self._background:
+                        await self._ask(Embed(memory_id=memory.id, embedding=await self._embed(memory.text),
+                                              model=self._embedder.model))  # fmt: skip
                 if len(page) < Pending().limit:
                     return
         except (MemoryUnavailable, MemoryRefused, ValidationError) as exc:
@@ -160,10 +169,10 @@ class LongTermMemory:
         self._left_pending = True
 
     async def _settled(self) -> None:
-        """Wait for this process's remembered texts to be embedded (bounded by the embeddings' and console's
-        timeouts), so that a recall finds what was just remembered."""
+        """Wait for this process's remembered texts to be embedded, so that a recall finds what was just remembered;
+        at most `SETTLE_SECONDS` (what is not embedded by then is recalled once it is)."""
         if self._embedding:
-            await asyncio.wait(set(self._embedding))
+            await asyncio.wait(set(self._embedding), timeout=SETTLE_SECONDS)
 
     async def recall(self, *, caller: str, query: str, k: int) -> list[RecalledMemory]:
         """The caller's `k` memories nearest to `query`, nearest first."""
@@ -203,9 +212,10 @@ class LongTermMemory:
     async def close(self) -> None:
         """Finish the embeddings under way (a memory left pending is embedded by a later sweep), then stop."""
         await self._settled()
-        if self._sweep is not None:
-            self._sweep.cancel()
-            await asyncio.gather(self._sweep, return_exceptions=True)
+        left = [*self._embedding, *([self._sweep] if self._sweep is not None else [])]
+        for task in left:  # their memories stay pending, for the next pod's sweep
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
         await self._embedder.close()
 
     async def _embed(self, text: str) -> list[float]:

@@ -41,7 +41,9 @@ ModelName = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 def _finite(vector: list[float]) -> list[float]:
-    if not all(math.isfinite(x) for x in vector):
+    # A finite sum means finite numbers (a NaN or an infinity makes the sum one); the sum is C's loop, each number's
+    # check Python's: this runs on every embedding the console reads.
+    if not math.isfinite(sum(vector)) and not all(map(math.isfinite, vector)):
         raise ValueError("an embedding holds finite numbers only (no NaN or infinity)")
     if not any(vector):
         raise ValueError("an embedding of zeros has no direction: nothing is near it")

@@ -247,3 +247,10 @@ async def test_a_large_scope_is_searched_through_the_hnsw_index(
             f"EXPLAIN SELECT id FROM memories WHERE memories.dims = {DIMS} AND scope = '' "
             f"ORDER BY CAST(memories.embedding AS VECTOR({DIMS})) <=> CAST('{vector}' AS VECTOR({DIMS})) LIMIT 2")))
     assert f"memories_hnsw_{DIMS}" in plan
+
+
+def test_an_embedding_with_a_nan_or_an_infinity_or_only_zeros_is_refused() -> None:
+    for bad in ([1.0, float("nan")], [float("inf"), -1.0], [float("inf"), float("-inf")], [0.0, 0.0]):
+        with pytest.raises(ValueError, match=r"no NaN or infinity|no direction"):
+            Recall(caller="console:ann", embedding=bad, model=EMBEDDING_MODEL)
+    assert Recall(caller="console:ann", embedding=[1e308, 1e308], model=EMBEDDING_MODEL).embedding[0] == 1e308
