@@ -12,6 +12,13 @@ budget, usage accounting and run record apply. The answer streams as chunks of t
 while the model writes it. The card is public, as A2A expects (it names the bearer scheme); it lists the
 tools the model is offered as the agent's skills (after `conversation`, the turn itself) and the endpoint
 as the request reached it.
+
+A client's `FilePart`s (bytes inline; a part by URL is refused, nothing is fetched) are kept by the console under
+the conversation (caller `a2a`, the contextId) before the turn, as a person's chat attachments are: the model
+reads their names, types and sizes after the message, and scripts find them under `/input`. At most
+`MAX_ATTACHED_PER_TURN` a message, `MAX_A2A_FILE_BYTES` each (one bus message carries one); over a bound, or
+with nowhere to keep them, the task fails saying so. The files the turn's scripts give back come with the answer
+as artifacts of their own (`file-1`, ...: the bytes, name and sniffed type).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from a2a.types.a2a_pb2 import (
     AgentInterface,
     AgentSkill,
     HTTPAuthSecurityScheme,
+    Message,
+    Part,
     Role,
     SecurityRequirement,
     SecurityScheme,
@@ -40,12 +49,16 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from aiohttp import web
 from aiohttp_asgi.resource import ASGIContext, ASGIResource
+from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
 
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import Event, TextDelta
+from rockbot.agent.file_keeping import collecting_artifacts
 from rockbot.agent.llm import LlmError
 from rockbot.agent.runtime import AgentRuntime
+from rockbot.contracts.files import MAX_ATTACHED_PER_TURN, FileContent, SavedFile, SaveFiles, attachment_note
+from rockbot.contracts.scripts import FileName
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +70,13 @@ A2A_CALLER = "a2a"
 ANSWER = "answer"
 #: How often a stream's end of the exchange looks whether its client went away.
 DISCONNECT_POLL_SECONDS = 1.0
+#: The largest file a client sends: one bus message (8 MiB) carries it to the console, base64 and all.
+MAX_A2A_FILE_BYTES = 5 * 1024 * 1024
+_FILE_NAME: TypeAdapter[str] = TypeAdapter(FileName)
+
+
+class Unattached(Exception):
+    """The message's files cannot be kept: the task fails with these words."""
 
 
 class TurnExecutor(AgentExecutor):
@@ -83,14 +103,49 @@ class TurnExecutor(AgentExecutor):
                 streamed = True
 
         try:
-            result = await self.runtime.chat(task.context_id, context.get_user_input(), caller=A2A_CALLER,
-                                             on_event=on_event, source="a2a", request_id=task.id)  # fmt: skip
-        except (BudgetExhausted, LlmError) as exc:
+            text = context.get_user_input() + await self._attached(context.message, context_id=task.context_id)
+            with collecting_artifacts() as made:
+                result = await self.runtime.chat(task.context_id, text, caller=A2A_CALLER, on_event=on_event,
+                                                 source="a2a", request_id=task.id)  # fmt: skip
+        except (BudgetExhausted, LlmError, Unattached) as exc:
             await updater.failed(self._said(str(exc), task=task))
             return
         if not streamed and result.answer:
             await updater.add_artifact([new_text_part(result.answer)], artifact_id=ANSWER, name=ANSWER)
+        for number, file in enumerate((m.artifact for m in made), start=1):
+            await updater.add_artifact([Part(raw=file.content, filename=file.name, media_type=file.media_type)],
+                                       artifact_id=f"file-{number}", name=file.name)  # fmt: skip
         await updater.complete()
+
+    async def _attached(self, message: Message | None, *, context_id: str) -> str:
+        """Keep the message's files under its conversation; what the model reads of them after the message."""
+        parts = [part for part in (message.parts if message else []) if part.WhichOneof("content") in ("raw", "url")]
+        if not parts:
+            return ""
+        if len(parts) > MAX_ATTACHED_PER_TURN:
+            raise Unattached(f"a message carries at most {MAX_ATTACHED_PER_TURN} files, not {len(parts)}")
+        keeper = getattr(self.runtime.kit.sandbox, "keeper", None)
+        recorder = self.runtime.recorder
+        if keeper is None or recorder.record != "Full":
+            raise Unattached("this agent keeps no files (it records no runs in Full, spec.runs.record): send the "
+                             "content as text")  # fmt: skip
+        saved: list[SavedFile] = []
+        for number, part in enumerate(parts, start=1):
+            if part.WhichOneof("content") == "url":
+                raise Unattached(f"file {number}: a file by URL is not fetched; send its bytes (raw)")
+            if len(part.raw) > MAX_A2A_FILE_BYTES:
+                raise Unattached(f"file {number}: {len(part.raw):,} bytes, over the bound of {MAX_A2A_FILE_BYTES:,}")
+            try:
+                name = _FILE_NAME.validate_python(part.filename or f"file-{number}")
+            except ValidationError as exc:
+                raise Unattached(f"file {number}: filename: {exc.errors()[0]['msg']}") from None
+            kept = await keeper.save(SaveFiles(origin="upload", caller=A2A_CALLER, session_id=context_id,
+                                               retention_days=recorder.retention_days,
+                                               files=[FileContent(name=name, content=part.raw)]))  # fmt: skip
+            if kept.error:
+                raise Unattached(f"file {number} ({name}) was not kept: {kept.error}")
+            saved += kept.files
+        return attachment_note(saved)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """The SDK has cancelled the turn's task already; say so on the task."""
@@ -122,8 +177,8 @@ def agent_card(runtime: AgentRuntime, *, url: str) -> AgentCard:
         security_schemes={"bearer": SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(
             scheme="Bearer", description="The token from the Secret the Agent's operator wires"))},
         security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})],
-        default_input_modes=["text/plain"],
-        default_output_modes=["text/plain"],
+        default_input_modes=["text/plain", "*/*"],
+        default_output_modes=["text/plain", "*/*"],
         skills=skills,
     )
 

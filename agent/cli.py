@@ -187,7 +187,8 @@ async def _serve(args: argparse.Namespace, *, config: AgentConfig, token: str | 
     readiness = Readiness()
     if bus is not None:
         readiness.waiting("inbox", "not consuming yet")
-    runner = web.AppRunner(build_app(runtime=runtime, token=token, readiness=readiness), access_log=None)
+    runner = web.AppRunner(build_app(runtime=runtime, token=token, readiness=readiness,
+                                     console_url=os.environ.get("ROCKBOT_CONSOLE_URL", "")), access_log=None)
     await runner.setup()
     await web.SockSite(runner, listener).start()  # closed with the runner
     if waiting is not None:

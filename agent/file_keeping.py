@@ -9,6 +9,10 @@ conversation's files for `/input` by id (`input_files`), as listed here: the scr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from rockbot.agent.console_requests import ask_console
@@ -16,7 +20,7 @@ from rockbot.agent.recording import Run
 from rockbot.bus import BusError
 from rockbot.bus.topology import CONSOLE_FILES
 from rockbot.contracts.files import FileContent, FilesListed, FilesSaved, ListFiles, SaveFiles
-from rockbot.contracts.scripts import MAX_INPUT_FILES, InputFiles, ScriptInvokeResponse
+from rockbot.contracts.scripts import MAX_INPUT_FILES, InputFiles, ScriptArtifact, ScriptInvokeResponse
 
 #: How long the console has to keep a call's files (at most one bus message of them).
 KEEP_TIMEOUT_SECONDS = 15.0
@@ -50,6 +54,35 @@ class BusFileKeeper:
             return FilesListed(error=f"the console (which keeps files) did not answer: {exc}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """A file a script of the turn gave back, and its id in the run store ("" when it was not kept)."""
+
+    artifact: ScriptArtifact
+    file_id: str = ""
+
+
+_made: contextvars.ContextVar[list[Made] | None] = contextvars.ContextVar("rockbot_made", default=None)
+
+
+@contextlib.contextmanager
+def collecting_artifacts() -> Iterator[list[Made]]:
+    """The files the scripts of a turn run inside the block give back (for an A2A answer's artifacts, the
+    OpenAI-compatible answer's links)."""
+    made: list[Made] = []
+    token = _made.set(made)
+    try:
+        yield made
+    finally:
+        _made.reset(token)
+
+
+def _collect(artifacts: tuple[ScriptArtifact, ...], ids: list[str]) -> None:
+    made = _made.get()
+    if made is not None:
+        made.extend(Made(artifact=a, file_id=ids[n] if n < len(ids) else "") for n, a in enumerate(artifacts))
+
+
 async def input_files(run: Run | None, *, keeper: FileKeeper | None) -> InputFiles | None:
     """The conversation's files a script sees under `/input` (the newest `MAX_INPUT_FILES`), by reference; None
     when it has none, or they cannot be listed (the script then sees an empty `/input`). Files are kept only with
@@ -66,10 +99,11 @@ async def input_files(run: Run | None, *, keeper: FileKeeper | None) -> InputFil
 
 async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keeper: FileKeeper | None
                          ) -> ScriptInvokeResponse:  # fmt: skip
-    """`answer` once its artifacts are kept with the run; what was not kept joins `artifacts_dropped`."""
+    """`answer` once its artifacts are kept with the run; what was not kept joins `artifacts_dropped`. Whoever
+    collects the turn's files (`collecting_artifacts`) gets them with their ids."""
     if not answer.artifacts:
         return answer
-    why = None
+    why, ids = None, []
     if keeper is None:
         why = "this agent has no run store to keep files in"
     elif run is None or run.recorder.record != "Full":
@@ -81,8 +115,11 @@ async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keepe
             files=[FileContent(name=artifact.name, content=artifact.content) for artifact in answer.artifacts],
         )  # fmt: skip
         saved = await keeper.save(request)
+        ids = [file.id for file in saved.files]
         if not saved.error:
+            _collect(answer.artifacts, ids)
             return answer
         why = saved.error
+    _collect(answer.artifacts, ids)
     note = f"the files were shown to the model but not kept for people: {why}"
     return answer.model_copy(update={"artifacts_dropped": (*answer.artifacts_dropped, note)})

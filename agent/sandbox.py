@@ -64,7 +64,8 @@ class ScriptSandbox:
         keeper: FileKeeper | None = None,
     ) -> None:
         self._bus = bus
-        self._keeper = keeper
+        #: Where this agent's conversation files are kept (a person's A2A files among them); None: nowhere.
+        self.keeper = keeper
         self._agent = agent
         self._cpu = cpu
         self._memory = memory
@@ -109,7 +110,7 @@ class ScriptSandbox:
                 cpu=self._cpu,
                 memory=self._memory,
                 session=session,
-                input_files=await input_files(run, keeper=self._keeper),
+                input_files=await input_files(run, keeper=self.keeper),
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))
@@ -126,7 +127,7 @@ class ScriptSandbox:
             )
             answer = reply.decode(SCRIPT_INVOKE_REPLY)
             if isinstance(answer, ScriptInvokeResponse):
-                answer = await keep_artifacts(answer, run=run, keeper=self._keeper)
+                answer = await keep_artifacts(answer, run=run, keeper=self.keeper)
             if isinstance(answer, ScriptInvokeResponse) and run is not None:
                 run.recorder.observe_script(
                     call_id=request_id, exit_code=answer.exit_code, stdout=answer.stdout, stderr=answer.stderr,

@@ -11,6 +11,10 @@ token, so two conversations that start with the same words share their working m
 header to keep them apart. While streaming, tool activity is sent as SSE comment lines
 (`: tool web_search started`), which OpenAI clients ignore and curl users can read.
 
+The files the turn's scripts give back (kept by the console with the run) are named after the answer, each with
+a link the console serves under its RBAC (`GET /api/files/ID`: whoever may read the Agent's runs), on the
+console's address when the agent knows it (`ROCKBOT_CONSOLE_URL`), else as a path on it.
+
 Answers carry `usage`: the tokens of every model request of the turn (a stream sends it as a last
 chunk without choices when the client asks with `stream_options.include_usage`, as OpenAI does). A
 turn the daily token budget refuses is answered 429 (`insufficient_quota`) with `Retry-After`.
@@ -38,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rockbot.agent import a2a_server
 from rockbot.agent.budget import BudgetExhausted
 from rockbot.agent.events import Event, TextDelta, ToolFinished, ToolStarted
+from rockbot.agent.file_keeping import Made, collecting_artifacts
 from rockbot.agent.llm import LlmAuthError, LlmError, Usage
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.health import Readiness
@@ -66,16 +71,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-def build_app(*, runtime: AgentRuntime, token: str | None, readiness: Readiness | None = None) -> web.Application:
+def build_app(*, runtime: AgentRuntime, token: str | None, readiness: Readiness | None = None,
+              console_url: str = "") -> web.Application:
     """The agent's routes; `/readyz` says 200 once the runtime is started and nothing in `readiness` is pending
-    (the process adds its inbox there: a pod is ready only once it takes work from every door)."""
+    (the process adds its inbox there: a pod is ready only once it takes work from every door). `console_url`:
+    where the links to a turn's files point (empty: a path on the console)."""
     readiness = readiness or Readiness()
     readiness.check(lambda: None if runtime.ready else "starting: installing tools")
     app = web.Application(middlewares=[server_spans(prefix="/v1/"), _bearer_auth(token)],
                           client_max_size=8 * 1024 * 1024)
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        return await _chat(request, runtime)
+        return await _chat(request, runtime, console_url=console_url.rstrip("/"))
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response(
@@ -121,7 +128,7 @@ def _bearer_auth(token: str | None):
     return middleware
 
 
-async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamResponse:
+async def _chat(request: web.Request, runtime: AgentRuntime, *, console_url: str) -> web.StreamResponse:
     try:
         data = await request.json()
     except ValueError as exc:
@@ -141,7 +148,8 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
     completion_id = f"chatcmpl-{secrets.token_hex(12)}"
     if not body.stream:
         try:
-            result = await runtime.complete(messages, session_id=session_id)
+            with collecting_artifacts() as made:
+                result = await runtime.complete(messages, session_id=session_id)
         except BudgetExhausted as exc:
             return _exhausted(exc)
         except LlmError as exc:
@@ -151,7 +159,8 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
+            "choices": [{"index": 0, "message": {"role": "assistant",
+                                                 "content": result.answer + files_note(made, console_url)},
                          "finish_reason": "stop"}],
             "usage": result.usage.openai(),
         })
@@ -190,7 +199,10 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
 
     await response.write(chunk({"role": "assistant", "content": ""}))
     try:
-        result = await runtime.complete(messages, session_id=session_id, on_event=on_event)
+        with collecting_artifacts() as made:
+            result = await runtime.complete(messages, session_id=session_id, on_event=on_event)
+        if note := files_note(made, console_url):
+            await response.write(chunk({"content": note}))
         await response.write(chunk({}, "stop"))
         if with_usage:
             await response.write(chunk(None, usage=result.usage))
@@ -202,6 +214,16 @@ async def _chat(request: web.Request, runtime: AgentRuntime) -> web.StreamRespon
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def files_note(made: list[Made], console_url: str) -> str:
+    """The kept files of the turn, named after the answer with the console's link to each."""
+    kept = [m for m in made if m.file_id]
+    if not kept:
+        return ""
+    lines = [f"- {m.artifact.name} ({m.artifact.media_type}, {m.artifact.size:,} bytes): "
+             f"{console_url}/api/files/{m.file_id}" for m in kept]  # fmt: skip
+    return "\n\nFiles (from the console, for whoever may read this agent's runs):\n" + "\n".join(lines)
 
 
 def conversation_session(messages: list[dict[str, Any]]) -> str:

@@ -20,7 +20,7 @@ import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from rockbot.console.store import Store
 from rockbot.console.store_models import Origin, StoredFile
@@ -77,6 +77,16 @@ class FileStore:
         query = select(*_LISTED).where(conversation_files.c.run_id == run_id).order_by(
             conversation_files.c.created_at, conversation_files.c.id)  # fmt: skip
         return [StoredFile.model_validate(dict(row)) for row in await self._rows(query)]
+
+    async def attach(self, file_ids: list[str], *, owner: FileOwner, run_id: str) -> None:
+        """Name `run_id` as the run that brought the conversation's files `file_ids` (a person's attachments, kept
+        before their turn had a run); files of another conversation or run are left as they are."""
+        if not file_ids:
+            return
+        query = update(conversation_files).where(conversation_files.c.id.in_(file_ids), *_owned(owner),
+                                                 conversation_files.c.run_id == "").values(run_id=run_id)  # fmt: skip
+        async with self._store._connection() as connection, connection.begin():
+            await connection.execute(query)
 
     async def read(self, file_id: str, *, owner: FileOwner) -> tuple[StoredFile, bytes] | None:
         """The file and its content if it is the conversation's; None otherwise, as for an id nobody holds."""

@@ -21,7 +21,16 @@ from rockbot.bus.topology import CONSOLE_FILES
 from rockbot.console.agent_requests import AgentRequests
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.store import StoreUnavailable
-from rockbot.contracts.files import MAX_REQUEST_BYTES, FilesListed, FilesSaved, ListFiles, SavedFile, SaveFiles
+from rockbot.contracts.files import (
+    MAX_FILES_PER_CONVERSATION,
+    MAX_REQUEST_BYTES,
+    MAX_UPLOAD_BYTES,
+    FilesListed,
+    FilesSaved,
+    ListFiles,
+    SavedFile,
+    SaveFiles,
+)
 from rockbot.contracts.recording import owns_run
 
 log = logging.getLogger(__name__)
@@ -50,15 +59,22 @@ class FileAnswerer(AgentRequests):
 
 
 async def save_files(files: FileStore, *, namespace: str, agent: str, request: SaveFiles) -> FilesSaved:
-    """Keep the files of one of the agent's own runs (the agent as validated, never a field of the request)."""
-    if not owns_run(request.run_id, namespace=namespace, agent=agent):
+    """Keep files under one of the agent's conversations (the agent as validated, never a field of the request): a
+    script's only with one of its own runs, a person's within the upload bounds."""
+    if request.run_id is not None and not owns_run(request.run_id, namespace=namespace, agent=agent):
         return FilesSaved(error=f"run {request.run_id} is not one of agent {namespace}/{agent}'s runs")
     owner = FileOwner(namespace=namespace, agent=agent, caller=request.caller, session_id=request.session_id)
     saved = []
     try:
+        if request.origin == "upload":
+            if (held := len(await files.conversation(owner=owner))) + len(request.files) > MAX_FILES_PER_CONVERSATION:
+                return FilesSaved(error=f"this conversation holds {held} files and may hold at most "
+                                  f"{MAX_FILES_PER_CONVERSATION}: start a new one")  # fmt: skip
+            if any(len(file.content) > MAX_UPLOAD_BYTES for file in request.files):
+                return FilesSaved(error=f"a file a person sends is at most {MAX_UPLOAD_BYTES:,} bytes")
         for file in request.files:
-            stored = await files.save(owner=owner, name=file.name, content=file.content, origin="script",
-                                      run_id=request.run_id, retention_days=request.retention_days)  # fmt: skip
+            stored = await files.save(owner=owner, name=file.name, content=file.content, origin=request.origin,
+                                      run_id=request.run_id or "", retention_days=request.retention_days)  # fmt: skip
             saved.append(SavedFile(id=stored.id, name=stored.name, media_type=stored.media_type, size=stored.size))
     except StoreUnavailable as exc:
         log.warning("cannot keep files of %s/%s: %s", namespace, agent, exc)

@@ -70,6 +70,7 @@ def build_app(
         chats = ChatPages(pages=views, relay=chat, store=store)
         app.router.add_get("/agents/{namespace}/{name}/chat", chats.page)
         app.router.add_post("/agents/{namespace}/{name}/chat", chats.send)
+        app.router.add_post("/agents/{namespace}/{name}/chat/files", chats.upload)
     if desk is not None:
         approvals = _Approvals(views=views, desk=desk)
         app.router.add_get("/approvals", approvals.list)

@@ -6,6 +6,12 @@ The page posts a turn with `fetch` (CSRF header) and reads the answer as Server-
 response; the browser's script writes everything with `textContent` (a model's text is hostile input), under
 the console's Content-Security-Policy (no inline script). A conversation is the session id in the page's
 address, kept under the caller `console:<user>`: nobody else can open or continue it, even knowing the id.
+
+A person attaches files to a turn: each is posted first (`POST .../chat/files?session=S`, the raw bytes, its name
+in `X-File-Name`) and kept in the run store under the conversation (`upload`), within `MAX_UPLOAD_BYTES` a file and
+`MAX_FILES_PER_CONVERSATION`; the turn then names them by id (at most `MAX_ATTACHED_PER_TURN`), only the
+conversation's own are taken (any other id is refused as one nobody holds), the model reads their names, types and
+sizes after the message, and the run the turn makes is named as the one that brought them.
 """
 
 from __future__ import annotations
@@ -13,21 +19,33 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.parse
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from rockbot.console.authorization import CHAT
 from rockbot.console.chat import ChatFailed, ChatRelay
+from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.store import Store, StoreUnavailable
-from rockbot.console.store_models import RunFilter
+from rockbot.console.store_models import RunFilter, StoredFile
 from rockbot.console.web.gate import IDENTITY
 from rockbot.console.web.pages import Pages
 from rockbot.contracts.conversations import console_caller
+from rockbot.contracts.files import (
+    MAX_ATTACHED_PER_TURN,
+    MAX_FILES_PER_CONVERSATION,
+    MAX_UPLOAD_BYTES,
+    NOT_FOUND,
+    SavedFile,
+    attachment_note,
+)
 from rockbot.contracts.inbox import InboxReply
 from rockbot.contracts.recording import HistoryReply
+from rockbot.contracts.scripts import FileId, FileName
+from rockbot.media import RASTER
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +63,11 @@ class ChatTurn(BaseModel):
 
     session: str = Field(pattern=SESSION_PATTERN)
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    #: Files of this conversation the person attached (posted before, by id).
+    files: Annotated[list[FileId], Field(max_length=MAX_ATTACHED_PER_TURN)] = []
+
+
+_FILE_NAME: TypeAdapter[str] = TypeAdapter(FileName)
 
 
 def new_session() -> str:
@@ -67,8 +90,10 @@ class ChatPages:
         if not _valid_session(session):
             raise web.HTTPBadRequest(text="session: lower-case letters, digits and '-', at most 64")
         messages = await self._history(namespace=namespace, name=name, caller=caller, session=session)
+        files = await self._shown_files(FileOwner(namespace=namespace, agent=name, caller=caller, session_id=session))
         return self._pages.render(request, "chat.html", namespace=namespace, name=name, session=session,
-                                  messages=messages, new_session=new_session())
+                                  messages=messages, new_session=new_session(), files=files, raster=RASTER,
+                                  files_on=self._store is not None)  # fmt: skip
 
     async def send(self, request: web.Request) -> web.StreamResponse:
         """Stream the answer to a posted turn. The person's conversation is read from the run store while RBAC is
@@ -85,21 +110,76 @@ class ChatPages:
                                                      session_id=turn.session)
         try:
             await self._pages.require(request, namespace=namespace, action=CHAT)
-            return await self._stream(request, namespace=namespace, name=name, turn=turn, conversation=conversation)
+            owner = FileOwner(namespace=namespace, agent=name, caller=_caller(request), session_id=turn.session)
+            attached = await self._attached(owner, turn.files)
+            return await self._stream(request, namespace=namespace, name=name, turn=turn, conversation=conversation,
+                                      owner=owner, attached=attached)  # fmt: skip
         finally:
             conversation.cancel()  # a refused turn's read is not waited for (done: nothing happens)
 
+    async def upload(self, request: web.Request) -> web.Response:
+        """Keep a file the person attaches to their next turn in this conversation; its id, name, type and size."""
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        await self._pages.require(request, namespace=namespace, action=CHAT)
+        session = request.query.get("session", "")
+        if not _valid_session(session):
+            raise web.HTTPBadRequest(text="session: lower-case letters, digits and '-', at most 64")
+        files = self._files()
+        try:
+            file_name = _FILE_NAME.validate_python(urllib.parse.unquote(request.headers.get("X-File-Name", "")))
+        except ValidationError as exc:
+            raise web.HTTPBadRequest(text=f"X-File-Name: {exc.errors()[0]['msg']} (send the file's name, "
+                                     "percent-encoded)") from exc  # fmt: skip
+        content = await _bounded_body(request)
+        owner = FileOwner(namespace=namespace, agent=name, caller=_caller(request), session_id=session)
+        try:
+            if len(await files.conversation(owner=owner)) >= MAX_FILES_PER_CONVERSATION:
+                raise web.HTTPRequestEntityTooLarge(
+                    max_size=MAX_FILES_PER_CONVERSATION, actual_size=MAX_FILES_PER_CONVERSATION + 1,
+                    text=f"this conversation holds {MAX_FILES_PER_CONVERSATION} files already: start a new one")
+            stored = await files.save(owner=owner, name=file_name, content=content, origin="upload")
+        except StoreUnavailable as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"the run store is unavailable; the file was not kept: {exc}") from exc
+        saved = SavedFile(id=stored.id, name=stored.name, media_type=stored.media_type, size=stored.size)
+        return web.json_response(text=saved.model_dump_json())
+
+    def _files(self) -> FileStore:
+        if self._store is None:
+            raise web.HTTPServiceUnavailable(text="this console keeps no run store, so it keeps no files")
+        return FileStore(store=self._store)
+
+    async def _attached(self, owner: FileOwner, ids: list[str]) -> list[SavedFile]:
+        """The turn's attachments, when each is the conversation's own; a 400 naming the first that is not."""
+        if not ids:
+            return []
+        try:
+            held = {file.id: file for file in await self._files().conversation(owner=owner)}
+        except StoreUnavailable as exc:
+            raise web.HTTPServiceUnavailable(
+                text=f"the run store is unavailable; the files cannot be attached: {exc}") from exc
+        for index, file_id in enumerate(ids):
+            if file_id not in held:
+                raise web.HTTPBadRequest(text=f"files[{index}]: {NOT_FOUND}")
+        return [SavedFile(id=f.id, name=f.name, media_type=f.media_type, size=f.size) for f in map(held.get, ids)
+                if f is not None]
+
     async def _stream(self, request: web.Request, *, namespace: str, name: str, turn: ChatTurn,
-                      conversation: asyncio.Task[HistoryReply | None]) -> web.StreamResponse:
+                      conversation: asyncio.Task[HistoryReply | None], owner: FileOwner,
+                      attached: list[SavedFile]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                                "X-Accel-Buffering": "no"})  # fmt: skip
         await response.prepare(request)
         try:
             async for step in self._relay.turn(namespace=namespace, agent=name, user=request[IDENTITY].username,
-                                               session_id=turn.session, content=turn.message,
+                                               session_id=turn.session,
+                                               content=turn.message + attachment_note(attached),
                                                conversation=conversation):  # fmt: skip
                 if isinstance(step, InboxReply):
-                    await _event(response, "answer" if step.error is None else "error", _reply(step))
+                    if attached and step.run_id:
+                        await self._bring(owner, attached, run_id=step.run_id)
+                    await _event(response, "answer" if step.error is None else "error",
+                                 {**_reply(step), "files": await self._made(step.run_id)})
                 else:
                     await _event(response, step.kind, step.model_dump(mode="json"))
         except ChatFailed as exc:
@@ -109,6 +189,35 @@ class ChatPages:
             return response
         await response.write_eof()
         return response
+
+    async def _made(self, run_id: str | None) -> list[dict[str, Any]]:
+        """What the run's scripts gave back (kept by the console before the agent answered), for the answer."""
+        if self._store is None or not run_id:
+            return []
+        try:
+            made = await FileStore(store=self._store).of_run(run_id)
+        except StoreUnavailable as exc:
+            log.warning("the files of run %s are not shown: %s", run_id, exc)
+            return []
+        return [SavedFile(id=f.id, name=f.name, media_type=f.media_type, size=f.size).model_dump()
+                for f in made if f.origin == "script"]
+
+    async def _shown_files(self, owner: FileOwner) -> list[StoredFile]:
+        if self._store is None:
+            return []
+        try:
+            return await FileStore(store=self._store).conversation(owner=owner)
+        except StoreUnavailable as exc:
+            log.warning("the files of conversation %s are not shown: %s", owner.session_id, exc)
+            return []
+
+    async def _bring(self, owner: FileOwner, attached: list[SavedFile], *, run_id: str) -> None:
+        """Name the turn's run as the one that brought its attachments (shown on its page); a store that does not
+        answer leaves them the conversation's only."""
+        try:
+            await self._files().attach([file.id for file in attached], owner=owner, run_id=run_id)
+        except StoreUnavailable as exc:
+            log.warning("the attachments of run %s are not named on it: %s", run_id, exc)
 
     async def _latest(self, namespace: str, name: str, caller: str) -> str:
         if self._store is not None:
@@ -139,6 +248,22 @@ class ChatPages:
             if role in ("user", "assistant") and (message.get("content") or calls):
                 shown.append({"role": role, "content": str(message.get("content") or ""), "tools": calls})
         return shown
+
+
+async def _bounded_body(request: web.Request) -> bytes:
+    """The request's body, refused (413, naming the bound) as soon as it passes `MAX_UPLOAD_BYTES`."""
+    too_large = web.HTTPRequestEntityTooLarge(
+        max_size=MAX_UPLOAD_BYTES, actual_size=request.content_length or MAX_UPLOAD_BYTES + 1,
+        text=f"a file attached to a chat is at most {MAX_UPLOAD_BYTES:,} bytes: send a smaller one",
+    )  # fmt: skip
+    if (request.content_length or 0) > MAX_UPLOAD_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > MAX_UPLOAD_BYTES:
+            raise too_large
+    return bytes(body)
 
 
 def _caller(request: web.Request) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rockbot.contracts.recording import Id, Label
 from rockbot.contracts.scripts import AGENT_NAME_PATTERN, ConversationPart, FileId, FileName
@@ -29,6 +29,10 @@ CHUNK_BYTES = 4 * 1024 * 1024
 MAX_READ_BYTES = 4096
 #: What the console answers for a file that is not the conversation's, whether or not it exists elsewhere.
 NOT_FOUND = "no such file in this conversation"
+#: Bounds on what people (console, A2A) attach: bytes a file, files a turn, files a conversation keeps.
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024
+MAX_ATTACHED_PER_TURN = 10
+MAX_FILES_PER_CONVERSATION = 100
 
 
 class FileContent(BaseModel):
@@ -39,15 +43,25 @@ class FileContent(BaseModel):
 
 
 class SaveFiles(BaseModel):
+    """Keep files under a conversation: a run's script artifacts (`script`, with the run, which must be the
+    sender's), or what a person sent with a turn (`upload`: an A2A client's `FilePart`s, before the turn's run)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["save"] = "save"
     schema_version: Literal[1] = SCHEMA_VERSION
-    run_id: Id
+    origin: Literal["script", "upload"] = "script"
+    run_id: Id | None = None
     caller: Annotated[str, Field(min_length=1, max_length=256)]
     session_id: Annotated[str, Field(min_length=1, max_length=256)]
     files: Annotated[list[FileContent], Field(min_length=1, max_length=100)]
     retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+
+    @model_validator(mode="after")
+    def _scripts_name_their_run(self) -> SaveFiles:
+        if self.origin == "script" and self.run_id is None:
+            raise ValueError("run_id: a script's files are kept with the run they came with")
+        return self
 
 
 class ListFiles(BaseModel):
@@ -125,3 +139,12 @@ class FileChunk(BaseModel):
     offset: Annotated[int, Field(ge=0)] = 0
     content: bytes = b""
     error: Annotated[str, Field(max_length=1000)] = ""
+
+
+def attachment_note(files: list[SavedFile]) -> str:
+    """What the model reads of a turn's attachments, after the person's message: each file's name, type and size,
+    and where a script finds it."""
+    if not files:
+        return ""
+    listed = "; ".join(f"{file.name} ({file.media_type}, {file.size:,} bytes)" for file in files)
+    return f"\n\n[attached, read-only for scripts under /input: {listed}]"

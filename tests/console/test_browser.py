@@ -42,7 +42,8 @@ async def browser(chromium: str) -> AsyncIterator[Browser]:
 #: Shots the documentation shows, by the name of their picture in docs/images: every run writes them anew, so a
 #: picture of the console is never older than the last run of its test.
 DOCUMENTED = {"approvals": "console-approvals", "run": "console-run", "chat": "console-chat",
-              "local-chat": "console-local-chat", "memories": "console-memories", "run-replay": "console-replay"}
+              "local-chat": "console-local-chat", "memories": "console-memories", "run-replay": "console-replay",
+              "chat-files": "console-chat-files"}
 DOCS_IMAGES = REPOSITORY / "docs" / "images"
 
 

@@ -11,6 +11,8 @@
   var session = form.querySelector("input[name=session]").value;
   var box = form.querySelector("textarea[name=message]");
   var button = form.querySelector("button[type=submit]");
+  var picker = form.querySelector("input[name=files]");
+  var RASTER = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
   function element(tag, className, text) {
     var node = document.createElement(tag);
@@ -88,10 +90,59 @@
         link.href = "/runs/" + encodeURIComponent(data.run_id);
         this.item.appendChild(link);
       }
+      if (data.files && data.files.length) {  // what the turn's scripts gave back
+        this.item.appendChild(fileList(data.files));
+      }
     } else if (kind === "error") {
       this.item.appendChild(element("div", "error", data.message));
     }
   };
+
+  // A file as the run page shows it: a raster image (its sniffed type) inline, anything else as a download.
+  function fileItem(file) {
+    var item = element("li", "file");
+    var link = element("a", null, file.name);
+    link.href = "/api/files/" + encodeURIComponent(file.id);
+    link.setAttribute("download", file.name.split("/").pop());
+    var about = " (" + file.media_type + ", " + file.size.toLocaleString("en") + " bytes)";
+    if (RASTER.indexOf(file.media_type) >= 0) {
+      var figure = element("figure");
+      var image = element("img");
+      image.src = link.href;
+      image.alt = file.name;
+      var caption = element("figcaption");
+      caption.appendChild(link);
+      caption.appendChild(document.createTextNode(about));
+      figure.appendChild(image);
+      figure.appendChild(caption);
+      item.appendChild(figure);
+    } else {
+      item.appendChild(link);
+      item.appendChild(document.createTextNode(about));
+    }
+    return item;
+  }
+
+  function fileList(files) {
+    var list = element("ul", "files");
+    files.forEach(function (file) {
+      list.appendChild(fileItem(file));
+    });
+    return list;
+  }
+
+  async function upload(file) {
+    var response = await fetch(form.action + "/files?session=" + encodeURIComponent(session), {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "X-CSRF-Token": csrf, "X-File-Name": encodeURIComponent(file.name) },
+      body: file
+    });
+    if (!response.ok) {
+      throw new Error(file.name + ": " + response.status + ": " + (await response.text()));
+    }
+    return response.json();
+  }
 
   function parse(block) {
     var kind = "message";
@@ -106,14 +157,22 @@
     return { kind: kind, data: data ? JSON.parse(data) : {} };
   }
 
-  async function send(text) {
-    message("user").appendChild(element("div", "text", text));
+  async function send(text, chosen) {
+    var mine = message("user");
+    mine.appendChild(element("div", "text", text));
+    var attached = [];
+    for (var i = 0; i < chosen.length; i++) {
+      attached.push(await upload(chosen[i]));
+    }
+    if (attached.length) {
+      mine.appendChild(fileList(attached));
+    }
     var turn = new Turn(message("assistant"));
     var response = await fetch(form.action, {
       method: "POST",
       credentials: "same-origin",
       headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf, "Accept": "text/event-stream" },
-      body: JSON.stringify({ session: session, message: text })
+      body: JSON.stringify({ session: session, message: text, files: attached.map(function (f) { return f.id; }) })
     });
     if (!response.ok) {
       turn.on("error", { message: response.status + ": " + (await response.text()) });
@@ -143,10 +202,14 @@
     if (!text || button.disabled) {
       return;
     }
+    var chosen = picker ? Array.prototype.slice.call(picker.files) : [];
     box.value = "";
+    if (picker) {
+      picker.value = "";
+    }
     button.disabled = true;
     form.setAttribute("data-busy", "true");
-    send(text).catch(function (failure) {
+    send(text, chosen).catch(function (failure) {
       message("assistant").appendChild(element("div", "error", String(failure)));
     }).finally(function () {
       button.disabled = false;
