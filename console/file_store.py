@@ -20,11 +20,11 @@ import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from rockbot.console.store import Store
 from rockbot.console.store_models import Origin, StoredFile
-from rockbot.console.store_schema import conversation_files
+from rockbot.console.store_schema import conversation_files, runs
 from rockbot.media import sniff
 
 
@@ -80,11 +80,14 @@ class FileStore:
 
     async def attach(self, file_ids: list[str], *, owner: FileOwner, run_id: str) -> None:
         """Name `run_id` as the run that brought the conversation's files `file_ids` (a person's attachments, kept
-        before their turn had a run); files of another conversation or run are left as they are."""
+        before their turn had a run), and keep them for the run's retention (the Agent's `spec.runs.retentionDays`)
+        when the run is recorded already; files of another conversation or run are left as they are."""
         if not file_ids:
             return
+        expiry = select(runs.c.expires_at).where(runs.c.run_id == run_id).scalar_subquery()
         query = update(conversation_files).where(conversation_files.c.id.in_(file_ids), *_owned(owner),
-                                                 conversation_files.c.run_id == "").values(run_id=run_id)  # fmt: skip
+                                                 conversation_files.c.run_id == "").values(
+            run_id=run_id, expires_at=func.coalesce(expiry, conversation_files.c.expires_at))  # fmt: skip
         async with self._store._connection() as connection, connection.begin():
             await connection.execute(query)
 

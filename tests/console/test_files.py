@@ -86,6 +86,22 @@ async def test_files_go_with_their_retention(store: Store, files: FileStore) -> 
     assert await files.read(old.id, owner=ANN) is None
 
 
+async def test_a_persons_attachments_take_their_turns_run_and_its_retention(store: Store, files: FileStore) -> None:
+    events = typical_run(at=T0, retention_days=400, caller="console:ann")
+    run_id = events[0].run_id
+    await store.write(batches=[Batch(namespace="team-a", agent="triage", events=events)])
+    mine = await files.save(owner=ANN, name="sales.csv", content=b"a\n", origin="upload", now=T0)
+    bobs = await files.save(owner=BOB, name="b.csv", content=b"b\n", origin="upload", now=T0)
+    unrecorded = await files.save(owner=ANN, name="c.csv", content=b"c\n", origin="upload", now=T0)
+    await files.attach([mine.id, bobs.id], owner=ANN, run_id=run_id)
+    await files.attach([unrecorded.id], owner=ANN, run_id="not-recorded-yet")
+    by_id = {f.id: f for f in [*await files.conversation(owner=ANN), *await files.conversation(owner=BOB)]}
+    assert (by_id[mine.id].run_id, by_id[mine.id].expires_at) == (run_id, T0 + datetime.timedelta(days=400))
+    assert (by_id[bobs.id].run_id, by_id[bobs.id].expires_at) == ("", bobs.expires_at)  # not ann's: untouched
+    assert (by_id[unrecorded.id].run_id, by_id[unrecorded.id].expires_at) == ("not-recorded-yet",
+                                                                              unrecorded.expires_at)
+
+
 async def test_the_console_shows_only_raster_images_inline_and_everything_else_downloads(
     store: Store, files: FileStore, api: str
 ) -> None:
