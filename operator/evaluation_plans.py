@@ -8,7 +8,8 @@ Due, in this order:
 - a slot of `spec.schedule`: the cursor is `status.nextRunTime`, kept as a ScheduledTask's nextScheduleTime is (the
   shared `CronSchedule`): of several slots passed while no operator ran, only the latest runs; a new spec re-bases
   the cursor on now, so applying never runs a slot from the past;
-- a generation of the Agent under test other than the one the last run ran against (`agentGeneration`).
+- a generation of the Agent under test other than the one the last run ran against (`agentGeneration`; none when
+  the last run was refused because the Agent did not exist, so its appearance starts a run).
 
 The operator writes the returned status (the run `active`) before it sends the first case, conditionally on the
 resourceVersion planned from: of two replicas planning the same object, one write wins and the other plans again
@@ -88,7 +89,7 @@ def plan(*, body: dict[str, Any], agent_generation: int | None, now: datetime.da
     elif schedule is not None and current.next_run_time is not None and current.next_run_time <= now:
         reason = "Schedule"
         slot, status.next_run_time = schedule.due(cursor=current.next_run_time, now=now)
-    elif current.agent_generation is not None and agent_generation not in (None, current.agent_generation):
+    elif agent_generation not in (None, current.agent_generation):
         reason = "AgentChanged"
     if reason is None:
         return None

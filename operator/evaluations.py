@@ -240,9 +240,12 @@ class EvaluationRunner:
         message = (f"run {run.run_id} ({run.reason}) started {MAX_ATTEMPTS} times without ending (the operator "
                    "running it stopped, or could not record its end: see the operator's log); it is not run again, "
                    "the next spec change, slot, Agent generation or run-requested value runs it anew")  # fmt: skip
+        known = await self._agent_generation(body["metadata"]["namespace"], _agent_of(body))
         written = await self._end(body, run.run_id, lambda current: current.model_copy(update={
             "conditions": _conditions(current, current.observed_generation, ready=("False", "RunAbandoned", message),
-                                      passed=None)}), attempt=run.attempt - 1)  # fmt: skip
+                                      passed=None),
+            "agent_generation": current.agent_generation if known is None else known}),
+            attempt=run.attempt - 1)  # fmt: skip
         await self._post_event(body, "Warning", "EvaluationAbandoned", message)
         return written
 
@@ -267,6 +270,7 @@ class EvaluationRunner:
                  "running it stopped, or could not record its end)" if claim.resumed else "")  # fmt: skip
         if claim.resumed:
             await self._post_event(body, "Normal", "EvaluationResumed", again.removeprefix("; "))
+        agent: dict[str, Any] = {}
         try:
             agent = await self._agent(namespace, evaluation.spec.agent_ref.name)
             keys = await self._judge_keys(namespace, evaluation)
@@ -276,9 +280,12 @@ class EvaluationRunner:
         else:
             refusal = None
         if refusal is not None:
+            # The Agent's generation is kept (when there is one): the refused run is not started again for it, and
+            # an Agent that appears later starts a run (AgentChanged).
             ready = ("False", refusal.reason, str(refusal))
             written = await self._end(body, run.run_id, lambda current: current.model_copy(update={
-                "conditions": _conditions(current, current.observed_generation, ready=ready, passed=None)}),
+                "conditions": _conditions(current, current.observed_generation, ready=ready, passed=None),
+                "agent_generation": (agent.get("metadata") or {}).get("generation", current.agent_generation)}),
                 attempt=run.attempt)  # fmt: skip
             await self._post_event(body, "Warning", refusal.reason, str(refusal))
             return written
@@ -332,6 +339,13 @@ class EvaluationRunner:
                                          conditional=True)  # fmt: skip
             except Conflict:
                 continue
+
+    async def _agent_generation(self, namespace: str, name: str) -> int | None:
+        """The Agent's generation as the watch shows it, or as the API does when the watch has not shown it yet."""
+        if (namespace, name) not in self._agent_generations:
+            with contextlib.suppress(NotFound):
+                self._agent_seen(await self._kube.get(AGENTS, namespace=namespace, name=name))
+        return self._agent_generations.get((namespace, name))
 
     async def _agent(self, namespace: str, name: str) -> dict[str, Any]:
         try:

@@ -241,3 +241,43 @@ async def test_a_run_that_started_max_attempts_times_without_ending_is_given_up_
             await runner.stop()
             await scheduler.stop()
             await fake.stop()
+
+
+async def test_an_evaluation_applied_before_its_agent_runs_when_the_agent_appears(
+    real_kube_client: KubeClient, kube_namespace: str, vhost: Vhost
+) -> None:
+    cluster = Cluster(kube=real_kube_client, namespace=kube_namespace)
+    kube, ns = cluster.kube, cluster.ns
+    agent = Principal.agent(namespace=ns, name="helper")
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
+    ):
+        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
+        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=ManualClock(START))
+        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=ManualClock(START), namespaces=[ns],
+                              other_replies=runner.take_reply)  # fmt: skip
+        await scheduler.start()
+        await runner.start()
+        try:
+            await kube.create(EVALUATIONS, namespace=ns, body=_watched())
+
+            async def refused() -> None:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+                ready = next((c for c in found.get("conditions", []) if c["type"] == "Ready"), {})
+                assert ready.get("reason") == "AgentNotFound" and not found.get("active"), found
+
+            await eventually(refused, within=30)
+            await cluster.agent()
+
+            async def ran() -> None:
+                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+                assert [run["reason"] for run in found.get("trend", [])] == ["AgentChanged"], found
+                assert found["agentGeneration"] == 1 and found["score"] == 1.0, found
+
+            await eventually(ran, within=30)
+            assert len(fake.received) == 1
+        finally:
+            await runner.stop()
+            await scheduler.stop()
+            await fake.stop()

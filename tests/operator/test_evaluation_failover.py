@@ -59,7 +59,7 @@ async def _kill_the_leader_mid_run(kube: KubeClient, ns: str, *, leader: Any, st
         assert status.get("active") and len(agent.held) == CASES, (status, len(agent.held))
         return status["active"]
 
-    active = await eventually(in_flight, within=30)
+    active = await eventually(in_flight, within=60)
     assert active["attempt"] == 1 and active["reason"] == "Spec", active
     leader.process.kill()  # SIGKILL: the Lease is not released, the run's end is never written
     agent.hold = False  # the new leader's cases are answered; the held ones never are
@@ -73,7 +73,7 @@ async def _kill_the_leader_mid_run(kube: KubeClient, ns: str, *, leader: Any, st
         assert status.get("trend") and not status.get("active"), status
         return status
 
-    status = await eventually(ended, within=60)
+    status = await eventually(ended, within=120)
     assert [(run["runId"], run["attempts"], run["passed"]) for run in status["trend"]] == [
         (active["runId"], 2, True)
     ], status["trend"]
