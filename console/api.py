@@ -37,8 +37,9 @@ from rockbot.console.chat import ChatFailed
 from rockbot.console.file_store import FileStore
 from rockbot.console.replay import Replayer, ReplayOptions, ReplayRefused
 from rockbot.console.store import Store, StoreUnavailable
-from rockbot.console.store_models import MAX_PAGE, BadCursor, RunDetail, RunFilter
+from rockbot.console.store_models import MAX_PAGE, BadCursor, RunDetail, RunFilter, StoredFile
 from rockbot.console.web.gate import IDENTITY
+from rockbot.contracts.conversations import console_caller
 from rockbot.media import RASTER
 
 STORE = web.AppKey("run_store", Store)
@@ -186,10 +187,20 @@ async def get_file(request: web.Request) -> web.Response:
         found = await request.app[FILES].read_any(file_id)
     except StoreUnavailable as exc:
         raise _unreachable(exc) from exc
-    if found is None or not await _may_read(request, found[0].namespace):
+    if found is None or not await _may_read_file(request, found[0]):
         raise web.HTTPNotFound(text=f"no file {file_id!r} that you may read")
     stored, content = found
     return file_response(name=stored.name, media_type=stored.media_type, content=content)
+
+
+async def _may_read_file(request: web.Request, stored: StoredFile) -> bool:
+    """Whoever may read the namespace's runs, and the person whose own chat it is while they may chat there (a
+    chat page shows its files to someone who may chat but not list runs)."""
+    if await _may_read(request, stored.namespace):
+        return True
+    identity = request[IDENTITY]
+    return stored.caller == console_caller(identity.username) and await request.app[AUTHORIZER].allowed(
+        identity=identity, namespace=stored.namespace, action=CHAT)
 
 
 def file_response(*, name: str, media_type: str, content: bytes) -> web.Response:

@@ -17,6 +17,7 @@ from rockbot.cli import main
 from rockbot.console.api import add_file_routes, add_run_routes
 from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
+from rockbot.console.authorization import CHAT, Action
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.store import Batch, Store
 from rockbot.console.web.gate import Gate
@@ -138,6 +139,32 @@ async def test_a_file_of_a_namespace_the_person_may_not_read_is_as_missing_as_on
     assert refused[0] == missing[0] == 404
     assert refused[2].replace(hidden.id.encode(), b"ID") == missing[2].replace(b"f" + b"0" * 32, b"ID")
     assert b"secret" not in refused[2]
+
+
+class ChatsIn:
+    """An authorizer that lets the user chat in one namespace, and nothing else (no reading its runs)."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    async def allowed(self, *, identity: Identity, namespace: str, action: Action) -> bool:
+        return namespace == self.namespace and action == CHAT
+
+
+async def test_a_person_who_may_only_chat_reads_their_own_chats_files_and_nobody_elses(
+    store: Store, files: FileStore
+) -> None:
+    app = web.Application(middlewares=[Gate(tokens=None, sessions=Sessions(),
+                                            local_identity=Identity(username="ann")).middleware()])  # fmt: skip
+    add_file_routes(app, store=store, authorizer=ChatsIn("team-b"))
+    in_b = {"namespace": "team-b"}
+    own = await files.save(owner=ANN.model_copy(update=in_b), name="a.csv", content=b"mine", origin="upload")
+    bobs = await files.save(owner=BOB.model_copy(update=in_b), name="b.csv", content=b"his", origin="upload")
+    elsewhere = await files.save(owner=ANN, name="c.csv", content=b"team-a", origin="upload")  # may not chat there
+    async with serving(app) as url:
+        assert (await _get(f"{url}/api/files/{own.id}"))[::2] == (200, b"mine")
+        assert (await _get(f"{url}/api/files/{bobs.id}"))[0] == 404
+        assert (await _get(f"{url}/api/files/{elsewhere.id}"))[0] == 404
 
 
 async def test_rockbot_runs_files_saves_a_runs_files_under_their_last_name_and_never_through_a_link(
