@@ -7,11 +7,7 @@ guessed one."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import secrets
-import sys
-import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,8 +18,7 @@ from playwright.async_api import Browser
 from rockbot.contracts.files import MAX_UPLOAD_BYTES
 from tests.console.test_browser import browser, chromium, screenshot  # noqa: F401 (fixtures)
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
-from tests.local.test_local import model_env
-from tests.local.test_terminal import Chat
+from tests.local.test_terminal import local_console_of
 from tests.waiting import eventually
 
 ANALYST = """
@@ -55,22 +50,8 @@ CLEAN = "month,revenue\n2026-01,10\n2026-03,9\n2026-04,15\n"
 @pytest.fixture
 async def analyst_console(scripted_llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[str]:
     (tmp_path / "analyst.yaml").write_text(ANALYST)
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("OPENAI_")}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rockbot.cli", "local", "-f", str(tmp_path / "analyst.yaml"), "--console-port", "0",
-        "--runs-database", str(tmp_path / "runs.db"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**clean, "XDG_STATE_HOME": tempfile.mkdtemp(prefix="rockbot-local-state-"), **model_env(scripted_llm)})
-    chat = Chat(process)
-    try:
-        await chat.wait_for("[type a message", seconds=60)
-        url = re.search(r"\[console: (http://127\.0\.0\.1:\d+) \(no login", chat.stderr)
-        assert url is not None, chat.stderr
-        yield url.group(1)
-    finally:
-        if process.returncode is None:
-            process.stdin.close()
-        await asyncio.wait_for(process.wait(), 30)
+    async with local_console_of(scripted_llm, tmp_path / "analyst.yaml", tmp_path / "runs.db") as (url, _):
+        yield url
 
 
 async def test_a_person_uploads_a_csv_and_gets_a_chart_inline_and_the_cleaned_csv(
