@@ -34,6 +34,11 @@ what it started are gone, the runner reads the folder with the same code as the 
 source the pod's command puts before this file's) within the job's bounds, and writes each file as base64, one at a
 time. The job also brings the matplotlib backend whose `plt.show()` saves figures there (backends/figures.py).
 
+A session's pod (backends/pod_sessions.py) gets a job carrying kernel.py's source instead of a script: the
+runner ends the interpreter it started, says the job started and execs the kernel's supervisor in its place
+(still PID 1, which makes itself non-dumpable again before any script runs); the pod then takes the session's
+calls on its stdin until the manager's attach session ends.
+
 The result also carries when each step happened on the pod's clock (`times`, seconds since the
 epoch: the runner's process start, its first instruction, the job read, the script handed over and
 its end), for the manager's traces and the benchmarks' phase breakdown.
@@ -344,6 +349,28 @@ def _run(job, workdir, child, times, woken):
     }
 
 
+def _become_kernel(job, child):
+    """A session's first job (pod_sessions.py): this pod keeps an interpreter for its conversation's calls.
+
+    The job carries kernel.py's source; the interpreter started for a single script is ended, the runner says the
+    job started, then becomes the kernel's supervisor (execve: still PID 1, non-dumpable again before the kernel
+    starts). From then on the pod's stdin brings kernel.py's calls and its stdout and stderr are the kernel's.
+    """
+    os.close(child.path)  # it reads no path: it exits, if still waiting
+    try:  # noqa: SIM105 (as in _Interpreter.kill)
+        os.kill(child.pid, 9)  # its own pid, not its group: it may not have made its session yet
+    except OSError:
+        pass
+    child.wait()
+    path = os.path.join(JOB_DIR, "kernel.py")
+    with open(path, "w") as source:
+        source.write(job["kernel"])
+    _say(**{STARTED_KEY: job["nonce"]})
+    os.chdir("/tmp")
+    env = {key: value for key, value in _ENV.items() if key != "MPLBACKEND"}  # its module is a single script's
+    os.execve(sys.executable, [sys.executable, "-s", path], env)
+
+
 def main():
     _refuse_ptrace()
     times = {"process": _process_start(), "main": time.time()}
@@ -361,6 +388,8 @@ def main():
         return 65
     times["job"] = time.time()
     os.mkdir(JOB_DIR, 0o700)  # the pod's own /tmp, which held nothing before this one job (left for the pod's end)
+    if isinstance(job.get("kernel"), str):
+        _become_kernel(job, child)
     result = _run(job, JOB_DIR, child, times, woken)
     files, drops = _output(job)
     _say_result({RESULT_KEY: job["nonce"], **result}, files, drops)

@@ -13,6 +13,7 @@ The client (`ScriptSandbox`) is passed to the runtime as `sandbox=`; anything wi
 # local values that must be evaluated when the function is defined.
 import json
 import secrets
+from collections import OrderedDict
 from typing import Annotated, Any, Protocol
 
 from pydantic import Field
@@ -60,6 +61,27 @@ class Sandbox(Protocol):
     ) -> ScriptInvokeResponse | ScriptInvokeError: ...
 
 
+class SessionsSeen:
+    """The conversations whose script session answered this agent before (the most recent 4,096).
+
+    A scripts-manager that never held a conversation's session says `new` for it; the session it had may have
+    been at another one, one that died or another replica (see docs/concepts/script-sessions.md). Such a `new`
+    is told as `restarted`: the model must not take the earlier variables for kept.
+    """
+
+    def __init__(self, most: int = 4096) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._most = most
+
+    def said(self, session: str, said: str) -> str:
+        known = session in self._seen
+        self._seen[session] = None
+        self._seen.move_to_end(session)
+        while len(self._seen) > self._most:
+            self._seen.popitem(last=False)
+        return "restarted" if said == "new" and known else said
+
+
 async def run_script(
     kit: ToolKit,
     *,
@@ -69,9 +91,10 @@ async def run_script(
     timeout_seconds: float,
     pip_packages: tuple[str, ...],
     conversation: str | None = None,
+    sessions: SessionsSeen | None = None,
 ) -> str:
     """Run one script; `conversation` (the call's conversation key) picks the conversation's own sandbox when
-    the Agent's `scriptSessions.mode` is PerConversation."""
+    the Agent's `scriptSessions.mode` is PerConversation (`sessions`: those this agent had answers from)."""
     if kit.sandbox is None:
         raise ToolFailure(
             "this agent cannot run scripts: it has no sandbox, since no scripts-manager is in reach (it has no bus, or "
@@ -89,7 +112,10 @@ async def run_script(
     )
     if isinstance(reply, ScriptInvokeError):
         raise ToolFailure(reply.error.message, code=reply.error.code, retryable=reply.error.retryable)
-    return format_response(reply, asked_session=session is not None)
+    if session is not None and sessions is not None and reply.session:
+        reply = reply.model_copy(update={"session": sessions.said(session, reply.session)})
+    return format_response(reply)
+
 
 
 def _per_conversation(kit: ToolKit) -> bool:
@@ -103,11 +129,9 @@ SESSION_NOTES = {
     "restarted": "the session was restarted; earlier variables are gone (and its files): recreate what you need",
     "ended": "this script ended the session; its variables are gone: the next script starts afresh",
 }
-#: A session asked of a scripts-manager whose backend keeps none (the pod backend, so far): never silently.
-NO_SESSION_NOTE = "this scripts-manager keeps no session: every script starts afresh, with no earlier variables"
 
 
-def format_response(reply: ScriptInvokeResponse, *, asked_session: bool = False) -> str:
+def format_response(reply: ScriptInvokeResponse) -> str:
     ended = f"exit code {reply.exit_code}" if reply.exit_code is not None else "killed before it exited"
     notes = [
         note
@@ -120,8 +144,6 @@ def format_response(reply: ScriptInvokeResponse, *, asked_session: bool = False)
     ]
     if reply.session:
         notes.append(SESSION_NOTES[reply.session])
-    elif asked_session:
-        notes.append(NO_SESSION_NOTE)
     header = f"{ended} after {reply.duration_seconds:.2f} s" + (f" ({'; '.join(notes)})" if notes else "")
     return f"{header}\n--- stdout ---\n{reply.stdout}\n--- stderr ---\n{reply.stderr}" + describe_artifacts(reply)
 
@@ -140,6 +162,7 @@ def describe_artifacts(reply: ScriptInvokeResponse) -> str:
 
 async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
     limits = kit.config.script_limits
+    sessions = SessionsSeen()
 
     @tool(
         name="execute_python_script",
@@ -163,6 +186,7 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
             timeout_seconds=timeout_seconds,
             pip_packages=tuple(pip_packages),
             conversation=context.session_id,
+            sessions=sessions,
         )
 
     registry.register(execute_python_script)

@@ -7,13 +7,14 @@ namespace and everything left in it. A kernel killed by a script (`os.kill(os.ge
 memory limit or by its own `os._exit` thus ends the session, and the manager sees how it ended; PID 1 itself
 would ignore a SIGKILL sent from inside.
 
-The kernel reads one JSON line per call on its stdin: the script, its input and a marker. It runs the script
-with `sys.stdin` reading the input, then writes the marker on stderr and the marker plus a JSON line (the exit
-code) on stdout, which tells the manager the call's output is complete. `sys.exit(n)` in a script ends the call
-with exit code n and keeps the session; an uncaught exception prints its traceback and gives exit code 1; an
-uncaught MemoryError ends the session (exit 137, as an OOM kill would), since the interpreter may be left
-half-changed. The script runs in the kernel's process, so it could write a marker itself: that only confuses
-its own session's answers, never another's (a session is one conversation's, in a sandbox of its own).
+The kernel reads one JSON line per call on its stdin (blank lines, keepalives, are skipped): the script, its input
+and a marker. It runs the script with `sys.stdin` reading the input, then writes the marker on stderr and the
+marker plus a JSON line (the exit code) on stdout, which tells the manager the call's output is complete.
+`sys.exit(n)` in a script ends the call with exit code n and keeps the session; an uncaught exception prints its
+traceback and gives exit code 1; an uncaught MemoryError ends the session (exit 137, as an OOM kill would), since
+the interpreter may be left half-changed. The script runs in the kernel's process, so it could write a marker
+itself: that only confuses its own session's answers, never another's (a session is one conversation's, in a
+sandbox of its own).
 """
 
 import contextlib
@@ -61,6 +62,8 @@ def serve() -> int:
     sys.path[0] = os.getcwd()
     number = 0
     while line := calls.readline():
+        if not line.strip():  # a keepalive of the stream the calls come on (the pod backend's attach session)
+            continue
         number += 1
         call = json.loads(line)
         sys.stdin = io.StringIO(call.get("input") or "")

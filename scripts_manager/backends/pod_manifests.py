@@ -56,6 +56,8 @@ MANAGER_LABEL = "rockbot.dev/manager"
 REQUEST_LABEL = "rockbot.dev/request"
 ASKER_ANNOTATION = "rockbot.dev/asker"
 REQUEST_ANNOTATION = "rockbot.dev/request-id"
+#: A session pod's conversation (`session_key`): another manager finds, and ends, a session it does not hold.
+SESSION_LABEL = "rockbot.dev/session"
 #: When the pod is certainly finished; the sweeper deletes a pod of no known manager past it plus a grace.
 DEADLINE_ANNOTATION = "rockbot.dev/deadline"
 #: Seconds a pod may live past the script's timeout before the kubelet stops it (the runner stops
@@ -76,9 +78,14 @@ def pod_name(job: ScriptJob) -> str:
     return f"rockbot-script-{digest}-{secrets.token_hex(3)}"
 
 
+def job_bound(job: ScriptJob) -> float:
+    """How long a job's pod must live once running: its script's timeout, or a session's maxSeconds."""
+    return job.timeout_seconds if job.session is None else max(job.session.max_seconds, job.timeout_seconds)
+
+
 def job_deadline_seconds(*, job: ScriptJob, settings: ScriptsManagerSettings) -> int:
-    """A cold pod's lifetime cap: start-up allowance, the script's timeout and slack (see above)."""
-    return math.ceil(settings.scripts_pod_start_seconds + job.timeout_seconds) + DEADLINE_SLACK_SECONDS
+    """A cold pod's lifetime cap: start-up allowance, the script's timeout (a session's life) and slack (see above)."""
+    return math.ceil(settings.scripts_pod_start_seconds + job_bound(job)) + DEADLINE_SLACK_SECONDS
 
 
 def build_pod(
@@ -138,14 +145,36 @@ def request_key(*, user: str, request_id: str) -> str:
     return hashlib.sha256(f"{user}\0{request_id}".encode()).hexdigest()[:40]
 
 
+def session_key(key: str) -> str:
+    """A session's key (sender and conversation digest) as a label value."""
+    return hashlib.sha256(f"session\0{key}".encode()).hexdigest()[:40]
+
+
 def job_marks(job: ScriptJob, *, manager: str) -> tuple[dict[str, str], dict[str, str]]:
     """The labels and annotations that make a pod `job`'s, answerable by the instance `manager`."""
-    labels = {STATE_LABEL: CLAIMED, MANAGER_LABEL: manager}
-    annotations = {REQUEST_ANNOTATION: job.request_id}
+    labels = {STATE_LABEL: CLAIMED, MANAGER_LABEL: manager, **call_marks(job)[0]}
+    if job.session is not None:
+        labels[SESSION_LABEL] = session_key(job.session.key)
+    return labels, call_marks(job)[1]
+
+
+def call_marks(job: ScriptJob) -> tuple[dict[str, str], dict[str, str]]:
+    """The marks of the request a pod runs now (a session pod's change with each call): its key, who waits."""
+    labels, annotations = {}, {REQUEST_ANNOTATION: job.request_id}
     if job.asker is not None:
         labels[REQUEST_LABEL] = request_key(user=job.asker.user, request_id=job.request_id)
         annotations[ASKER_ANNOTATION] = job.asker.model_dump_json()
     return labels, annotations
+
+
+def call_marks_patch(job: ScriptJob | None) -> K8sObject:
+    """A merge patch marking a session pod with the call it runs now, or (None) with no call: between calls nobody
+    waits on it, so a reaper answers nobody."""
+    if job is None:
+        return {"metadata": {"labels": {REQUEST_LABEL: None},
+                             "annotations": {REQUEST_ANNOTATION: None, ASKER_ANNOTATION: None}}}
+    labels, annotations = call_marks(job)
+    return {"metadata": {"labels": labels, "annotations": annotations}}
 
 
 def asker_of(pod: K8sObject) -> Asker | None:
@@ -202,6 +231,8 @@ def claim_patch(*, pod: K8sObject, job: ScriptJob, now: datetime, manager: str) 
     deadline = math.ceil(max(age, 0) + job.timeout_seconds) + DEADLINE_SLACK_SECONDS
     if deadline > current:  # too old for this job: the API never raises a deadline
         return None
+    # A session keeps the pod up to its maxSeconds, or for what the pod has left (it ends earlier then, and says so).
+    deadline = min(math.ceil(max(age, 0) + job_bound(job)) + DEADLINE_SLACK_SECONDS, current)
     state = f"/metadata/labels/{json_pointer(STATE_LABEL)}"
     labels, annotations = job_marks(job, manager=manager)
     annotations[DEADLINE_ANNOTATION] = (now + timedelta(seconds=deadline - age)).isoformat()

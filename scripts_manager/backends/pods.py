@@ -1,4 +1,5 @@
-"""The Kubernetes backend: every script runs in a pod of its own, used once and deleted.
+"""The Kubernetes backend: every script runs in a pod of its own, used once and deleted (a session's calls, in
+the conversation's own pod: pod_sessions.py).
 
 Warm path: when the job's limits match a class of the warm pool (pool.py), claim an idle pod of that
 class, write the job on the attach session the pool opened to it while it was idle (or attach now, if it
@@ -77,6 +78,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
     now_utc,
     request_key,
 )
+from rockbot.scripts_manager.backends.pod_sessions import PodSessions
 from rockbot.scripts_manager.backends.pool import GIVE_BACK_SECONDS, WarmPool
 from rockbot.scripts_manager.backends.reaping import Reaper
 from rockbot.scripts_manager.metrics import ScriptMetrics
@@ -124,6 +126,7 @@ class PodBackend:
         pooled = any(pool.size > 0 for pool in settings.scripts_pool)
         self.pool = WarmPool(kube=kube, settings=settings, metrics=metrics, owner=self.reaper.instance,
                              ready=self.reaper.held) if pooled else None
+        self.sessions = PodSessions(backend=self, settings=settings)
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.reaper.run(), name="hold the Lease, reap dead instances"))
@@ -132,6 +135,7 @@ class PodBackend:
             self._tasks.append(asyncio.create_task(self.pool.run(), name="keep the warm pool"))
 
     async def close(self) -> None:
+        await self.sessions.close()
         await cancel_and_wait(*self._tasks)
         if self._deleting:
             await asyncio.wait(self._deleting)
@@ -155,6 +159,8 @@ class PodBackend:
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
         started = time.monotonic()
         await self._held()
+        if job.session is not None:
+            return await self.sessions.run(job)
         if self.pool is not None:
             async with contextlib.aclosing(self.pool.claims(job)) as claims:
                 while (name := await _claimed(claims)) is not None:
@@ -458,6 +464,26 @@ class PodBackend:
                     await asyncio.sleep(_DELETE_RETRY_SECONDS * 2**attempt)
             finally:
                 self.reaper.in_use.discard(name)
+
+    # What the session pods (pod_sessions.py) use of this backend.
+    @property
+    def kube(self) -> KubeClient:
+        return self._kube
+
+    async def create_pod(self, pod: K8sObject) -> K8sObject:
+        return await self._create(pod)
+
+    async def started(self, pod: K8sObject) -> K8sObject:
+        return await self._started(pod)
+
+    async def warm_started(self, name: str) -> K8sObject | None:
+        return await self._warm_started(name)
+
+    def delete_soon(self, name: str) -> None:
+        self._delete_soon(name)
+
+    async def follow_to_end(self, name: str, *, limit: float) -> K8sObject:
+        return await self._follow(name=name, resource_version=None, until=_finished, limit=limit)
 
     async def sweep(self, *, now: datetime | None = None) -> int:
         """Clean up after dead instances and delete pods past their deadline now (reaping.py); returns how many."""

@@ -183,8 +183,8 @@ async def test_execute_python_script_goes_through_the_sandbox_client(scripted_ll
 
 async def test_a_per_conversation_agent_names_each_conversations_session_and_the_model_hears_of_restarts(
         scripted_llm):
-    sandbox = RecordingSandbox(script_result(session="new"), script_result(session="restarted"), script_result(),
-                               script_result())
+    sandbox = RecordingSandbox(script_result(session="new"), script_result(session="restarted"),
+                               script_result(session="new"), script_result(session="new"), script_result())
     sessions = {"mode": "PerConversation", "idle_seconds": 300, "max_seconds": 3600}
     config = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"], script_limits={"sessions": sessions})
     async with AgentRuntime.from_config(config, env={}, sandbox=sandbox) as agent:
@@ -193,18 +193,22 @@ async def test_a_per_conversation_agent_names_each_conversations_session_and_the
                                             context=ToolContext(session_id=ann))
         again = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
                                             context=ToolContext(session_id=ann))
-        # A manager whose backend keeps no session (pods, so far) answers without one: the model is told.
-        sessionless = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
-                                                  context=ToolContext(session_id=bob))
+        others = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
+                                             context=ToolContext(session_id=bob))
+        # A manager that never held ann's session (another replica, or one started after the holder died) says new.
+        elsewhere = await agent.registry.invoke("execute_python_script", {"script": "print(x)"},
+                                                context=ToolContext(session_id=ann))
     per_call = agent_config(llm_url=scripted_llm.url, builtin_tools=["scripts"])
     async with AgentRuntime.from_config(per_call, env={}, sandbox=sandbox) as agent:
         plain = await agent.registry.invoke("execute_python_script", {"script": "x"},
                                             context=ToolContext(session_id=ann))
     named = [request["session"] for request in sandbox.requests]
-    assert named[0] == named[1] and len(named[0]) == 32 and named[2] not in (named[0], None) and named[3] is None
+    assert named[0] == named[1] == named[3] and len(named[0]) == 32 and named[2] not in (named[0], None)
+    assert named[4] is None
     assert "a new session" in first.content
     assert "the session was restarted; earlier variables are gone" in again.content
-    assert "keeps no session: every script starts afresh" in sessionless.content
+    assert "a new session" in others.content
+    assert "the session was restarted; earlier variables are gone" in elsewhere.content
     assert "session" not in plain.content
 
 

@@ -1,0 +1,113 @@
+"""Script sessions on the real node: the pod backend's PerConversation calls against the rig of ../shared/k8s.
+
+The real pod backend runs in this process with the rig's admin kubeconfig, in a namespace of its own named
+`*-scripts` with Pod Security `restricted` (as bench_pods.py). Figures are request to answer as the
+scripts-manager sees it (the bus round trip to an agent adds ~2 ms, see bench_scripts.py):
+
+- a session's first call: a new conversation each time, on a warm pod (the pool let refill between calls):
+  the claim, the runner becoming the kernel, the call;
+- a session's later call: `x += 1` in one conversation's kept interpreter, one after another (the call's mark
+  on the pod, one line on the open attach session, the answer).
+
+It prints the p50 and p95 of each, and where the first calls' time went (the backend's span events, as
+bench_pods.py prints them). Needs the rig up (`$K8SREAL/up.sh && $K8SREAL/node-up.sh`, or scripts/e2e-real).
+
+    python -m benchmarks.bench_pod_sessions [--runs 50] [--firsts 10] [--cpu 250m] [--memory 128Mi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import secrets
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from benchmarks.bench_pods import K8SREAL, REQUEST, SPANS, idle, report
+from rockbot.kube import NAMESPACES, KubeClient, NotFound
+from rockbot.scripts_manager.backends import ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends.pods import PodBackend
+from rockbot.scripts_manager.metrics import ScriptMetrics
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+tracer = trace.get_tracer(__name__)
+
+
+def terms(conversation: str) -> SessionTerms:
+    return SessionTerms(owner="agent.bench.analyst", session=conversation.ljust(32, "0"), idle_seconds=300,
+                        max_seconds=3000)  # fmt: skip
+
+
+async def timed(backend: PodBackend, job: ScriptJob, samples: list[float]) -> str:
+    with tracer.start_as_current_span(REQUEST):
+        started = time.perf_counter()
+        result = await backend.run(job)
+        samples.append(time.perf_counter() - started)
+    assert result.exit_code == 0, result
+    return f"{result.session}:{result.stdout.strip()}"
+
+
+async def main(*, runs: int, firsts: int, cpu: str, memory: str) -> None:
+    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    trace.set_tracer_provider(provider)
+    namespace = f"bench-{secrets.token_hex(3)}-scripts"
+    async with await KubeClient.from_environment() as kube:
+        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        settings = ScriptsManagerSettings(
+            scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
+            scripts_pool=f"{cpu}/{memory}=2", scripts_package_cache=Path(tempfile.mkdtemp()),
+        )  # fmt: skip
+        backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
+                             metrics=ScriptMetrics(backend="pods"))  # fmt: skip
+        await backend.start()
+        try:
+            print(f"script sessions on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
+                  f"pool 2:", flush=True)
+            first: list[float] = []
+            for number in range(firsts):
+                await idle(backend, 2)
+                said = await timed(backend, ScriptJob(
+                    request_id=f"first-{number}", script="x = 0\nprint(x)", input_data=None, timeout_seconds=10,
+                    session=terms(f"first{number}"),
+                ), first)  # fmt: skip
+                assert said == "new:0", said
+            report("first call (warm pod)", first, 0)
+            await idle(backend, 2)
+            later: list[float] = []
+            conversation = terms("later")
+            await backend.run(ScriptJob(request_id="later-0", script="x = 0", input_data=None, timeout_seconds=10,
+                                        session=conversation))  # fmt: skip
+            for number in range(1, runs + 1):
+                said = await timed(backend, ScriptJob(
+                    request_id=f"later-{number}", script="x += 1\nprint(x)", input_data=None, timeout_seconds=10,
+                    session=conversation,
+                ), later)  # fmt: skip
+                assert said == f"kept:{number}", said
+            report("later call (x += 1)", later, 0)
+            print(f"  later calls: mean {statistics.mean(later) * 1000:.1f} ms, max {max(later) * 1000:.1f} ms",
+                  flush=True)
+        finally:
+            await backend.close()
+            with contextlib.suppress(NotFound):
+                await kube.delete(NAMESPACES, name=namespace)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--firsts", type=int, default=10)
+    parser.add_argument("--cpu", default="250m", help="the script pods' CPU (requests = limits)")
+    parser.add_argument("--memory", default="128Mi")
+    arguments = parser.parse_args()
+    asyncio.run(main(runs=arguments.runs, firsts=arguments.firsts, cpu=arguments.cpu, memory=arguments.memory))

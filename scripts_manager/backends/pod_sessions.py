@@ -1,0 +1,384 @@
+"""A conversation's pod kept between calls (`scriptSessions: PerConversation`), in the pod backend.
+
+A session is one script pod, the same as a single script's (network-less, the Agent's `scriptLimits`, Pod Security
+`restricted`), whose runner became kernel.py (the local sandbox's persistent interpreter): the session's first call
+takes a warm pod (or makes one, cold) and writes the runner a job carrying kernel.py's source; the runner says the
+job started and execs the kernel's supervisor (still PID 1, non-dumpable). The attach session that wrote that job
+stays open for the session's life: each later call is one line written on it and the output read back up to the
+call's marker, with no pod start and no new attach. Between calls the session gets a blank line every
+_KEEPALIVE_SECONDS (the kernel skips it) so that a kubelet's idle-stream timeout never closes it.
+
+Since the pod's stdin is `stdinOnce`, the attach session is the session: whatever ends it (the manager stops, the
+stream breaks) ends the kernel and the pod. The session's end (sessions.py) deletes its pod. A script that ends its
+interpreter (`os._exit`, a signal to itself or to every process it may signal), the memory limit and the call's
+timeout (on the manager's clock; the pod is deleted, a session cannot be interrupted halfway and kept) end it too,
+and that call says `ended`; the pod's end state tells an OOM kill. A session lives its Agent's `maxSeconds`, or what
+its warm pod had left of ROCKBOT_SCRIPTS_POOL_POD_LIFETIME_SECONDS when claimed if that is less.
+
+Crash safety is the pod backend's own (reaping.py): the pod carries this manager instance's id, and while a call
+runs, the request's key and its asker (patched on at each call's start, taken off after it), so that when this
+instance dies, whoever is alive deletes the pod and answers the call, and a copy of the request the broker
+redelivers is not run again. One manager holds a session (the one whose attach it is). With more than one replica,
+a call of the conversation that reaches another replica finds the session's pod by its label (`SESSION_LABEL`,
+from the sender and the conversation digest), deletes it and opens a new session, which says `restarted`: never
+two live sessions of one conversation, never silently fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.kube import PODS, ApiError, NotFound
+from rockbot.kube.attach import STDOUT, AttachSession
+from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends.pod_jobs import OutputTooLarge, RunnerOutput, new_nonce, output_limit
+from rockbot.scripts_manager.backends.pod_manifests import (
+    CONTAINER,
+    DEADLINE_ANNOTATION,
+    DEADLINE_SLACK_SECONDS,
+    SANDBOX_SELECTOR,
+    SESSION_LABEL,
+    call_marks_patch,
+    job_pod,
+    now_utc,
+    session_key,
+)
+from rockbot.scripts_manager.backends.pool import Held
+from rockbot.scripts_manager.backends.sessions import (
+    KERNEL,
+    KernelStream,
+    Session,
+    Sessions,
+    call_line,
+    kernel_answer,
+)
+from rockbot.scripts_manager.settings import ScriptsManagerSettings
+
+if TYPE_CHECKING:
+    from rockbot.scripts_manager.backends.pods import PodBackend
+
+log = logging.getLogger(__name__)
+
+K8sObject = dict[str, Any]
+#: A held session's keepalive, as the warm pool's (pool.py).
+_KEEPALIVE_SECONDS = 60.0
+#: How long the pod's end state is awaited after its kernel died (the kubelet reports it on its next relist).
+_END_STATE_SECONDS = 5.0
+_OOM_EXIT_CODE = 137
+
+
+class _NeverStarted(Exception):
+    """The pod's runner did not become a session's kernel: the first call may go to another pod."""
+
+
+class _PodSession(Session):
+    def __init__(
+        self, *, terms: SessionTerms, shape: tuple[object, ...], life: float, name: str,
+        attach: AttachSession, reading: asyncio.Task[None], out: KernelStream, err: KernelStream,
+    ) -> None:  # fmt: skip
+        super().__init__(terms=terms, shape=shape, max_seconds=life)
+        self.name = name
+        self.attach = attach
+        self.reading = reading  # reads the attach session until it ends: done, the session is gone
+        self.out, self.err = out, err
+        self.writing = asyncio.Lock()
+        self.written = time.monotonic()
+        self.unmarking: asyncio.Task[None] | None = None
+        self.stopped = False
+        self.pod_ends = self.started + life  # its pod's deadline, less the slack
+
+    def gone(self) -> bool:
+        return self.reading.done()
+
+    def lasts(self, job: ScriptJob) -> bool:
+        return time.monotonic() + job.timeout_seconds < self.pod_ends
+
+
+class PodSessions(Sessions[_PodSession]):
+    """The pod backend's sessions: one pod per (sender, conversation), kept between calls on one attach session."""
+
+    def __init__(self, *, backend: PodBackend, settings: ScriptsManagerSettings) -> None:
+        super().__init__(settings=settings)
+        self._backend = backend
+        self._namespace = settings.scripts_namespace
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        await super().close()
+        if self._background:
+            await asyncio.wait(self._background)
+
+    async def _open(self, job: ScriptJob, *, shape: tuple[object, ...]) -> tuple[_PodSession, bool]:
+        backend = self._backend
+        terms = job.session
+        assert terms is not None
+        replaced = await self._end_elsewhere(terms)
+        if backend.pool is not None:
+            async with contextlib.aclosing(backend.pool.claims(job)) as claims:
+                async for name in claims:
+                    try:
+                        return await self._start(name=name, job=job, shape=shape, warm=True), replaced
+                    except _NeverStarted as exc:
+                        log.info("warm pod %s did not start a session (%s); trying another", name, exc)
+        pod = job_pod(job=job, settings=self._settings, now=now_utc(), manager=backend.reaper.instance)
+        name = pod["metadata"]["name"]
+        backend.reaper.in_use.add(name)
+        try:
+            created = await backend.create_pod(pod)
+        except BaseException:
+            backend.reaper.in_use.discard(name)
+            raise
+        try:
+            return await self._start(name=name, job=job, shape=shape, warm=False, pod=created), replaced
+        except _NeverStarted as exc:
+            backend.delete_soon(name)
+            raise SandboxFailure(f"the session pod {name} did not start its interpreter: {exc}") from None
+        except BaseException:
+            backend.delete_soon(name)
+            raise
+
+    async def _end_elsewhere(self, terms: SessionTerms) -> bool:
+        """Delete this conversation's session pods that another manager (or an earlier instance) holds; True if any
+        was: the conversation's session is restarted, not new."""
+        try:
+            listed = await self._backend.kube.list(
+                PODS, namespace=self._namespace,
+                label_selector=f"{SANDBOX_SELECTOR},{SESSION_LABEL}={session_key(terms.key)}",
+            )  # fmt: skip
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            raise SandboxUnavailable(f"the Kubernetes API did not answer: {exc}") from exc
+        for pod in listed.items:
+            log.info("ending session pod %s of %s, held elsewhere: its conversation's call came here",
+                     pod["metadata"]["name"], terms.owner)  # fmt: skip
+            with contextlib.suppress(NotFound):
+                await self._backend.kube.delete(PODS, namespace=self._namespace, name=pod["metadata"]["name"],
+                                                grace_period_seconds=0)  # fmt: skip
+        return bool(listed.items)
+
+    async def _start(
+        self, *, name: str, job: ScriptJob, shape: tuple[object, ...], warm: bool, pod: K8sObject | None = None
+    ) -> _PodSession:
+        """Turn the runner of pod `name` (claimed, or made for this job) into the session's kernel."""
+        backend = self._backend
+        terms = job.session
+        assert terms is not None
+        backend.reaper.in_use.add(name)
+        held: Held | None = None
+        try:
+            if warm:
+                assert backend.pool is not None
+                pod = await backend.warm_started(name)
+                if pod is None or not _running(pod):
+                    raise _NeverStarted("it ended, or went, before its runner started")
+                held = await backend.pool.take(name)
+            else:
+                assert pod is not None
+                pod = await backend.started(pod)
+                if not _running(pod):
+                    raise _NeverStarted("it ended before it ran")
+        except BaseException:
+            if warm:
+                backend.delete_soon(name)
+            raise
+        out, err = KernelStream(), KernelStream()
+        limit = output_limit(self._settings.scripts_max_output_bytes, job.output_bounds)
+        handshake = RunnerOutput(nonce=new_nonce(), limit=limit)
+        opened: asyncio.Future[AttachSession] = asyncio.get_running_loop().create_future()
+        took = asyncio.Event()
+        reading = asyncio.create_task(self._read(name=name, held=held, opened=opened, handshake=handshake, took=took,
+                                                 out=out, err=err), name=f"read session pod {name}")  # fmt: skip
+        try:
+            async with asyncio.timeout(self._settings.scripts_pod_start_seconds):
+                await asyncio.wait({opened, reading}, return_when=asyncio.FIRST_COMPLETED)
+                if not opened.done():
+                    raise _NeverStarted(f"attach refused: {_failure(reading)}")
+                attach = opened.result()
+                await attach.write(json.dumps({
+                    "nonce": handshake.nonce, "kernel": KERNEL, "script": "", "input": "",
+                    "timeout_seconds": job.timeout_seconds,
+                    "max_output_bytes": self._settings.scripts_max_output_bytes,
+                }).encode() + b"\n")  # fmt: skip
+                waiting = asyncio.ensure_future(took.wait())
+                await asyncio.wait({waiting, reading}, return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+            if not handshake.started or handshake.result is not None:  # an older runner ran the empty script
+                raise _NeverStarted(f"its runner did not take the session ({_failure(reading) or 'it ran a job'})")
+        except (TimeoutError, ApiError, aiohttp.ClientError, OSError, _NeverStarted) as exc:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reading
+            backend.delete_soon(name)
+            if isinstance(exc, _NeverStarted):
+                raise
+            raise _NeverStarted(f"{type(exc).__name__}: {exc}") from None
+        except BaseException:
+            reading.cancel()
+            backend.delete_soon(name)
+            raise
+        return _PodSession(terms=terms, shape=shape, life=_life_left(pod), name=name, attach=attach,
+                           reading=reading, out=out, err=err)  # fmt: skip
+
+    async def _read(
+        self, *, name: str, held: Held | None, opened: asyncio.Future[AttachSession], handshake: RunnerOutput,
+        took: asyncio.Event, out: KernelStream, err: KernelStream,
+    ) -> None:  # fmt: skip
+        """Read the pod's attach session (the one the pool held to it, or a new one) until it ends: first the
+        runner's word that it took the session, then the kernel's two streams."""
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                if held is not None and held.session is not None:
+                    attach = held.session
+                else:
+                    attach = await stack.enter_async_context(
+                        self._backend.kube.attach(namespace=self._namespace, name=name, container=CONTAINER))
+                opened.set_result(attach)
+                async for piece in attach:
+                    if not took.is_set():
+                        if piece.channel == STDOUT:
+                            handshake.feed(piece.data)
+                            if handshake.started:
+                                took.set()
+                        continue
+                    (out if piece.channel == STDOUT else err).feed(piece.data)
+        except (ApiError, aiohttp.ClientError, OSError, OutputTooLarge) as exc:
+            log.info("the session pod %s's attach session ended: %r", name, exc)
+            if not opened.done():
+                opened.set_exception(exc)
+        finally:
+            if held is not None:
+                held.released.set()
+            out.closed.set()
+            err.closed.set()
+
+    async def _call(self, session: _PodSession, job: ScriptJob) -> ScriptInvokeResponse:
+        if session.answered:  # the first call's marks came with the pod's claim or creation
+            await self._mark(session, job)
+        cap = self._settings.scripts_max_output_bytes
+        line, marker = call_line(job)
+        session.out.begin(marker=marker, cap=cap, trailer=True)
+        session.err.begin(marker=marker, cap=cap, trailer=False)
+        started = time.monotonic()
+        answered = asyncio.ensure_future(asyncio.gather(session.out.ended.wait(), session.err.ended.wait()))
+        try:
+            await self._write(session, line)
+        except (aiohttp.ClientError, ConnectionError) as exc:  # the stream broke: the session is gone
+            log.info("writing a call to session pod %s failed: %r", session.name, exc)
+        done, _ = await asyncio.wait({answered, session.reading}, timeout=job.timeout_seconds,
+                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        duration = time.monotonic() - started
+        timed_out = not done
+        exit_code, oom = None, False
+        if answered in done:
+            exit_code = session.out.exit_code()
+        else:
+            answered.cancel()
+            answered.add_done_callback(lambda gathered: gathered.cancelled() or gathered.exception())
+            if not timed_out:  # the kernel died (its script, the memory limit): its pod's end state says how
+                exit_code, oom = await self._how_it_ended(session.name)
+            self._stop(session)
+            with contextlib.suppress(asyncio.CancelledError):
+                await session.reading
+        self._unmark_soon(session)
+        self._backend.metrics.pod_duration.labels("session").observe(time.monotonic() - started)
+        return kernel_answer(job, out=session.out, err=session.err, exit_code=exit_code, timed_out=timed_out,
+                             oom_killed=oom, duration_seconds=round(duration, 4), backend=self._backend.name,
+                             pod=session.name)  # fmt: skip
+
+    async def _write(self, session: _PodSession, data: bytes) -> None:
+        async with session.writing:
+            await session.attach.write(data)
+            session.written = time.monotonic()
+
+    async def _mark(self, session: _PodSession, job: ScriptJob) -> None:
+        """Mark the pod with this call before it starts (see the module's docstring), after the last call's unmark."""
+        if session.unmarking is not None:
+            await asyncio.gather(session.unmarking, return_exceptions=True)
+        await self._patch(session.name, call_marks_patch(job))
+
+    def _unmark_soon(self, session: _PodSession) -> None:
+        session.unmarking = self._spawn(self._patch(session.name, call_marks_patch(None), quiet=True),
+                                        name=f"unmark session pod {session.name}")  # fmt: skip
+
+    async def _patch(self, name: str, patch: K8sObject, *, quiet: bool = False) -> None:
+        try:
+            await self._backend.kube.patch(PODS, namespace=self._namespace, name=name, body=patch)
+        except NotFound:
+            return  # the pod is gone: the call finds its session gone
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            if quiet:
+                log.warning("could not unmark session pod %s (%s)", name, exc)
+                return
+            raise SandboxUnavailable(f"the Kubernetes API did not take the session pod's mark ({exc}); the script "
+                                     "did not run: try again") from exc
+
+    async def _how_it_ended(self, name: str) -> tuple[int | None, bool]:
+        """The exit code of a pod whose kernel died, and whether the memory limit killed it."""
+        try:
+            pod = await self._backend.follow_to_end(name, limit=_END_STATE_SECONDS)
+        except (SandboxFailure, SandboxUnavailable, ApiError, aiohttp.ClientError, OSError) as exc:
+            log.info("how session pod %s ended is unknown: %s", name, exc)
+            return None, False
+        terminated = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {}).get(
+            "terminated") or {}
+        code = terminated.get("exitCode")
+        return code, terminated.get("reason") == "OOMKilled" or code == _OOM_EXIT_CODE
+
+    def _stop(self, session: _PodSession) -> None:
+        if session.stopped:
+            return
+        session.stopped = True
+        session.reading.cancel()
+        self._backend.delete_soon(session.name)
+
+    async def _clean(self, session: _PodSession) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await session.reading
+        if session.unmarking is not None:
+            await asyncio.gather(session.unmarking, return_exceptions=True)
+
+    async def _tend(self) -> None:
+        now = time.monotonic()
+        for session in list(self._live.values()):
+            if not session.busy and not session.gone() and now - session.written >= _KEEPALIVE_SECONDS:
+                with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+                    await self._write(session, b"\n")
+
+    def _spawn(self, work: Any, *, name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+
+def _running(pod: K8sObject) -> bool:
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any((status.get("state") or {}).get("running") for status in statuses)
+
+
+def _life_left(pod: K8sObject) -> float:
+    """Seconds the pod may still run a session: to its deadline (the annotation every script pod carries), less the
+    slack its last call needs."""
+    stamp = (pod["metadata"].get("annotations") or {}).get(DEADLINE_ANNOTATION)
+    try:
+        left = (datetime.fromisoformat(stamp.replace("Z", "+00:00")) - now_utc()).total_seconds()
+    except (AttributeError, TypeError, ValueError):
+        return math.inf
+    return left - DEADLINE_SLACK_SECONDS
+
+
+def _failure(task: asyncio.Task[None]) -> str:
+    if not task.done() or task.cancelled():
+        return ""
+    return repr(task.exception()) if task.exception() is not None else "the attach session ended"
