@@ -94,6 +94,13 @@ class _State:
     loop: asyncio.Task[None] | None = None
     #: Whether the next planning may take over a run held active (the loop is new, or its own run failed).
     recovering: bool = True
+    #: Bodies the watch delivered: what a write returned is kept only if the watch delivered nothing since (else
+    #: the watch's is as new, and overwriting it with the write's could lose a change made meanwhile).
+    seen: int = 0
+
+    def keep(self, written: dict[str, Any], *, seen: int) -> None:
+        if self.seen == seen:
+            self.body = written
 
 
 class EvaluationRunner:
@@ -165,6 +172,7 @@ class EvaluationRunner:
         else:
             state.body = body
             state.changed.set()
+        state.seen += 1
         if state.loop is None or state.loop.done():
             state.loop = asyncio.create_task(self._loop(key, state), name=f"evaluation {key[0]}/{key[1]}")
 
@@ -216,22 +224,23 @@ class EvaluationRunner:
 
     async def _step(self, key: Key, state: _State) -> tuple[bool, datetime.datetime | None]:
         """Plan; record the run; run it. Returns (plan again at once, else when to wake at the latest)."""
-        body = state.body
+        body, seen = state.body, state.seen
         agent = self._agent_generations.get((key[0], _agent_of(body)))
         claim = plan(body=body, agent_generation=agent, now=self._clock.now(), recovering=state.recovering)
         state.recovering = False
         if claim is None:
             return False, wake_at(body)
         if claim.run.attempt > MAX_ATTEMPTS:
-            state.body = await self._abandon(body, claim)
+            state.keep(await self._abandon(body, claim), seen=seen)
             return True, None
         try:
             claimed = await self._write(body, claim.status, conditional=True)
         except Conflict:  # another writer came first: plan again from what it wrote
-            state.body = await self._kube.get(EVALUATIONS, namespace=key[0], name=key[1])
+            state.keep(await self._kube.get(EVALUATIONS, namespace=key[0], name=key[1]), seen=seen)
             return True, None
-        state.body = claimed
-        state.body = await self._run(claimed, claim)
+        state.keep(claimed, seen=seen)
+        seen = state.seen
+        state.keep(await self._run(claimed, claim), seen=seen)
         return True, None
 
     async def _abandon(self, body: dict[str, Any], claim: Claim) -> dict[str, Any]:
