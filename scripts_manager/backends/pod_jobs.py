@@ -103,13 +103,22 @@ def new_nonce() -> str:
     return secrets.token_urlsafe(24)
 
 
-def job_line(*, job: ScriptJob, nonce: str, max_output_bytes: int) -> bytes:
+def job_line(*, job: ScriptJob, nonce: str, max_output_bytes: int, kernel: str | None = None) -> bytes:
+    """The runner's job; with `kernel` (kernel.py's source) the runner becomes a session's kernel (pod_sessions.py)."""
     return json.dumps({
+        **({"kernel": kernel} if kernel is not None else {}),
         "nonce": nonce, "script": job.script, "input": job.input_data or "",
         "timeout_seconds": job.timeout_seconds, "max_output_bytes": max_output_bytes,
         "output_bounds": list(job.output_bounds), "figures_hook": FIGURES_MODULE_SOURCE,
         "input_files": [[file.name, len(file.content)] for file in job.files],
     }, ensure_ascii=False).encode() + b"\n"  # fmt: skip
+
+
+async def write_files(session: AttachSession, job: ScriptJob) -> None:
+    """The job's files, as raw bytes after its line in the sizes it names (runner.py: _receive_inputs)."""
+    for file in job.files:
+        for start in range(0, len(file.content), INPUT_CHUNK_BYTES):
+            await session.write(file.content[start:start + INPUT_CHUNK_BYTES])
 
 
 async def run_job(
@@ -133,9 +142,7 @@ async def run_job(
         span.add_event("attached")
         try:
             await session.write(job_line(job=job, nonce=nonce, max_output_bytes=max_output_bytes))
-            for file in job.files:  # raw bytes after the line, in the sizes it names (runner.py: _receive_inputs)
-                for start in range(0, len(file.content), INPUT_CHUNK_BYTES):
-                    await session.write(file.content[start:start + INPUT_CHUNK_BYTES])
+            await write_files(session, job)
             span.add_event("job written")
             async for piece in session:
                 if piece.channel != STDOUT:  # the runner's own stderr: the answer is on stdout only

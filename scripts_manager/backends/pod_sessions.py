@@ -16,7 +16,8 @@ and that call says `ended`; the pod's end state tells an OOM kill. A session liv
 its warm pod had left of ROCKBOT_SCRIPTS_POOL_POD_LIFETIME_SECONDS when claimed if that is less.
 
 Crash safety is the pod backend's own (reaping.py): the pod carries this manager instance's id, and while a call
-runs, the request's key and its asker (patched on at each call's start, taken off after it), so that when this
+runs, the request's key and its asker (patched on at each call's start, taken off 2 s after its answer unless the
+next call's marks replace them first), so that when this
 instance dies, whoever is alive deletes the pod and answers the call, and a copy of the request the broker
 redelivers is not run again. One manager holds a session (the one whose attach it is). With more than one replica,
 a call of the conversation that reaches another replica finds the session's pod by its label (`SESSION_LABEL`,
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -37,11 +37,18 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from rockbot.contracts.scripts import ScriptInvokeResponse
+from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, ScriptInvokeResponse
 from rockbot.kube import PODS, ApiError, NotFound
 from rockbot.kube.attach import STDOUT, AttachSession
 from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, SessionTerms
-from rockbot.scripts_manager.backends.pod_jobs import OutputTooLarge, RunnerOutput, new_nonce, output_limit
+from rockbot.scripts_manager.backends.pod_jobs import (
+    OutputTooLarge,
+    RunnerOutput,
+    job_line,
+    new_nonce,
+    output_limit,
+    write_files,
+)
 from rockbot.scripts_manager.backends.pod_manifests import (
     CONTAINER,
     DEADLINE_ANNOTATION,
@@ -75,6 +82,8 @@ _KEEPALIVE_SECONDS = 60.0
 #: How long the pod's end state is awaited after its kernel died (the kubelet reports it on its next relist).
 _END_STATE_SECONDS = 5.0
 _OOM_EXIT_CODE = 137
+#: How long after its answer a call's marks stay on the pod (a dead manager's reaper would answer it again).
+_UNMARK_SECONDS = 2.0
 
 
 class _NeverStarted(Exception):
@@ -85,8 +94,10 @@ class _PodSession(Session):
     def __init__(
         self, *, terms: SessionTerms, shape: tuple[object, ...], life: float, name: str,
         attach: AttachSession, reading: asyncio.Task[None], out: KernelStream, err: KernelStream,
+        files: frozenset[tuple[str, int]],
     ) -> None:  # fmt: skip
         super().__init__(terms=terms, shape=shape, max_seconds=life)
+        self.files = files  # what its /input holds: the first call's files
         self.name = name
         self.attach = attach
         self.reading = reading  # reads the attach session until it ends: done, the session is gone
@@ -94,6 +105,7 @@ class _PodSession(Session):
         self.writing = asyncio.Lock()
         self.written = time.monotonic()
         self.unmarking: asyncio.Task[None] | None = None
+        self.unmark_sent = False
         self.stopped = False
         self.pod_ends = self.started + life  # its pod's deadline, less the slack
 
@@ -203,11 +215,12 @@ class PodSessions(Sessions[_PodSession]):
                 if not opened.done():
                     raise _NeverStarted(f"attach refused: {_failure(reading)}")
                 attach = opened.result()
-                await attach.write(json.dumps({
-                    "nonce": handshake.nonce, "kernel": KERNEL, "script": "", "input": "",
-                    "timeout_seconds": job.timeout_seconds,
-                    "max_output_bytes": self._settings.scripts_max_output_bytes,
-                }).encode() + b"\n")  # fmt: skip
+                # The first call's files go under /input with the job, as a single script's do; its script and input
+                # are the first call's, sent to the kernel once it runs.
+                await attach.write(job_line(job=job.model_copy(update={"script": "", "input_data": None}),
+                                            nonce=handshake.nonce, kernel=KERNEL,
+                                            max_output_bytes=self._settings.scripts_max_output_bytes))  # fmt: skip
+                await write_files(attach, job)
                 waiting = asyncio.ensure_future(took.wait())
                 await asyncio.wait({waiting, reading}, return_when=asyncio.FIRST_COMPLETED)
                 waiting.cancel()
@@ -226,7 +239,8 @@ class PodSessions(Sessions[_PodSession]):
             backend.delete_soon(name)
             raise
         return _PodSession(terms=terms, shape=shape, life=_life_left(pod), name=name, attach=attach,
-                           reading=reading, out=out, err=err)  # fmt: skip
+                           reading=reading, out=out, err=err,
+                           files=frozenset((file.name, len(file.content)) for file in job.files))  # fmt: skip
 
     async def _read(
         self, *, name: str, held: Held | None, opened: asyncio.Future[AttachSession], handshake: RunnerOutput,
@@ -292,7 +306,7 @@ class PodSessions(Sessions[_PodSession]):
         self._backend.metrics.pod_duration.labels("session").observe(time.monotonic() - started)
         return kernel_answer(job, out=session.out, err=session.err, exit_code=exit_code, timed_out=timed_out,
                              oom_killed=oom, duration_seconds=round(duration, 4), backend=self._backend.name,
-                             pod=session.name)  # fmt: skip
+                             pod=session.name, artifacts_dropped=_not_carried(session, job))  # fmt: skip
 
     async def _write(self, session: _PodSession, data: bytes) -> None:
         async with session.writing:
@@ -300,14 +314,25 @@ class PodSessions(Sessions[_PodSession]):
             session.written = time.monotonic()
 
     async def _mark(self, session: _PodSession, job: ScriptJob) -> None:
-        """Mark the pod with this call before it starts (see the module's docstring), after the last call's unmark."""
+        """Mark the pod with this call before it starts (see the module's docstring). The last call's unmark, if not
+        sent yet, is not sent at all (this mark replaces its marks); if sent, it is waited for."""
         if session.unmarking is not None:
+            if not session.unmark_sent:
+                session.unmarking.cancel()
             await asyncio.gather(session.unmarking, return_exceptions=True)
         await self._patch(session.name, call_marks_patch(job))
 
     def _unmark_soon(self, session: _PodSession) -> None:
-        session.unmarking = self._spawn(self._patch(session.name, call_marks_patch(None), quiet=True),
-                                        name=f"unmark session pod {session.name}")  # fmt: skip
+        """Take the call's marks off the pod after _UNMARK_SECONDS, unless the next call's replace them first (a
+        conversation's calls often come back to back: one PATCH each, not two)."""
+        session.unmark_sent = False
+
+        async def unmark() -> None:
+            await asyncio.sleep(_UNMARK_SECONDS)
+            session.unmark_sent = True
+            await self._patch(session.name, call_marks_patch(None), quiet=True)
+
+        session.unmarking = self._spawn(unmark(), name=f"unmark session pod {session.name}")
 
     async def _patch(self, name: str, patch: K8sObject, *, quiet: bool = False) -> None:
         try:
@@ -343,7 +368,8 @@ class PodSessions(Sessions[_PodSession]):
     async def _clean(self, session: _PodSession) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await session.reading
-        if session.unmarking is not None:
+        if session.unmarking is not None:  # the pod is being deleted: no unmark to send
+            session.unmarking.cancel()
             await asyncio.gather(session.unmarking, return_exceptions=True)
 
     async def _tend(self) -> None:
@@ -358,6 +384,16 @@ class PodSessions(Sessions[_PodSession]):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
+
+
+def _not_carried(session: _PodSession, job: ScriptJob) -> tuple[str, ...]:
+    """What a session pod does not do yet, said with each answer: files given after its first call are not under
+    /input, and nothing is given back from /output (a single script's pod does both)."""
+    said = [f"{OUTPUT_DIR}: a session pod gives no files back yet (a single script's pod does): print what you need"]
+    later = sorted(name for name, size in {(file.name, len(file.content)) for file in job.files} - session.files)
+    if later:
+        said.append(f"{INPUT_DIR}: these files came after the session started and are not there: {', '.join(later)}")
+    return tuple(said)
 
 
 def _running(pod: K8sObject) -> bool:

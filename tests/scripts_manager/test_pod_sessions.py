@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from rockbot.kube import PODS, KubeClient
-from rockbot.scripts_manager.backends import Asker, ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends import Asker, InputFile, ScriptJob, SessionTerms
 from rockbot.scripts_manager.backends.pod_manifests import (
     ASKER_ANNOTATION,
     REQUEST_ANNOTATION,
@@ -32,10 +32,11 @@ ANN = SessionTerms(owner="agent.team.helper", session="a" * 32, idle_seconds=300
 BOB = ANN.model_copy(update={"session": "b" * 32})
 
 
-def call(script: str, *, session: SessionTerms = ANN, timeout: float = 10.0, memory: str | None = None) -> ScriptJob:
+def call(script: str, *, session: SessionTerms = ANN, timeout: float = 10.0, memory: str | None = None,
+         files: tuple[InputFile, ...] = ()) -> ScriptJob:
     request_id = uuid.uuid4().hex
     return ScriptJob(request_id=request_id, script=textwrap.dedent(script), input_data="in", timeout_seconds=timeout,
-                     session=session, memory=memory,
+                     session=session, memory=memory, files=files,
                      asker=Asker(user=session.owner, reply_to="agent.team.helper.replies.1",
                                  correlation_id=request_id))  # fmt: skip
 
@@ -203,3 +204,19 @@ async def test_a_call_that_reaches_another_manager_ends_the_first_ones_session_a
     assert first.session == "new"
     assert (elsewhere.session, elsewhere.stdout) == ("restarted", "None\n"), elsewhere
     assert (back.session, back.stdout) == ("restarted", "None\n"), back
+
+
+async def test_the_first_calls_files_are_under_input_and_what_a_session_pod_does_not_carry_is_said(
+    warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    sales = InputFile(name="sales.csv", content=b"month,revenue\n1,10\n")
+    later = InputFile(name="later.csv", content=b"x\n")
+    async with node(kube_api, kube):
+        await the_idle_pod(kube, warm)
+        first = await warm.run(call("print(open('/input/sales.csv').read().splitlines()[1])", files=(sales,)))
+        second = await warm.run(call("import os; print(sorted(os.listdir('/input')))", files=(sales, later)))
+    assert (first.session, first.stdout) == ("new", "1,10\n"), first
+    assert (second.session, second.stdout) == ("kept", "['sales.csv']\n"), second
+    assert any("gives no files back" in said for said in first.artifacts_dropped)
+    assert any("later.csv" in said for said in second.artifacts_dropped)
+    assert not any("later.csv" in said for said in first.artifacts_dropped)
