@@ -109,6 +109,14 @@ def test_image_tag_defaults_to_the_chart_app_version(render: Render) -> None:
     assert env_of(operator)["ROCKBOT_AGENT_IMAGE"] == image
 
 
+def test_the_script_image_is_the_charts_data_image_of_the_same_tag_unless_set(render: Render) -> None:
+    def script_image(values: dict[str, object]) -> str:
+        return env_of(find(render(values), "Deployment", "rockbot-scripts-manager"))["ROCKBOT_SCRIPTS_IMAGE"]
+
+    assert script_image({"image": {"repository": "reg.local/rb", "tag": "e2e-1"}}) == "reg.local/rb-scripts:e2e-1"
+    assert script_image({"scripts": {"image": "python:3.12-slim"}}) == "python:3.12-slim"
+
+
 def test_image_digest_pins_every_rockbot_container(render: Render) -> None:
     digest = "sha256:" + "b" * 64
     manifests = render({"image": {"digest": digest, "tag": "ignored"}, "openrouterMcp": {"enabled": True}})
@@ -319,7 +327,7 @@ def test_scripts_manager_env_follows_the_settings_contract(render: Render) -> No
         "ROCKBOT_SCRIPTS_AGENT_LIMITS": "agents",  # each agent's scripts get its own Agent's scriptLimits
         "ROCKBOT_NAMESPACES": "rockbot",  # the Agents it follows are those the operator watches
         "ROCKBOT_SCRIPTS_CONCURRENCY": "4",
-        "ROCKBOT_SCRIPTS_IMAGE": "python:3.12-slim",
+        "ROCKBOT_SCRIPTS_IMAGE": "ghcr.io/rockbot-dev/rockbot-scripts:0.1.0",  # Dockerfile.scripts, the chart's version
         "ROCKBOT_SCRIPTS_ISOLATION_ENFORCE": "true",
         "ROCKBOT_SCRIPTS_ISOLATION_INTERVAL_SECONDS": "600",
         "ROCKBOT_SCRIPTS_ISOLATION_DEBOUNCE_SECONDS": "5",

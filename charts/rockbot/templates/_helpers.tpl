@@ -55,6 +55,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
+{{/* The script pods' image: scripts.image, or the chart's data-science image of the same repository and tag. */}}
+{{- define "rockbot.scriptsImage" -}}
+{{- .Values.scripts.image | default (printf "%s-scripts:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag)) -}}
+{{- end -}}
+
 {{/* Namespaces where Agents run: the release namespace, then agentNamespaces, without repeats. */}}
 {{- define "rockbot.agentNamespaces" -}}
 {{- prepend .Values.agentNamespaces .Release.Namespace | uniq | toJson -}}
