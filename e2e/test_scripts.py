@@ -55,3 +55,30 @@ def test_a_chat_runs_the_models_script_in_a_pod_without_network(
     assert events, f"no pod {pod} was scheduled in {release.scripts_namespace}"
     until(f"script pod {pod} gone", lambda: not kubectl.run(
         "get", "pod", pod, "-n", release.scripts_namespace, "--ignore-not-found", "-o", "name"), within=60)
+
+
+#: What a data-analysis agent runs on the chart's default script image (Dockerfile.scripts): pandas, then a chart.
+ANALYSIS = """
+import matplotlib.pyplot as plt
+import pandas as pd
+sales = pd.DataFrame({"month": ["2026-01", "2026-02", "2026-03"], "revenue": [10, 12, 9]})
+sales.to_csv("/output/clean.csv", index=False)
+sales.plot(x="month", y="revenue")
+plt.show()
+print("pandas", pd.__version__)
+"""
+
+
+def test_the_charts_default_script_image_runs_pandas_and_matplotlib_and_gives_files_back(
+    agent: Agent, model: ScriptedLLM
+) -> None:
+    model.play(
+        {"tool_calls": [{"name": "execute_python_script", "arguments": {"script": ANALYSIS}}]},
+        {"text": "Charted."},
+    )  # fmt: skip
+
+    assert agent.chat("Chart revenue by month.") == "Charted."
+    (result,) = [m["content"] for m in model.requests[-1].messages if m.get("role") == "tool"]
+    assert "exit code 0" in result and "pandas " in result, result
+    assert re.search(r"- clean\.csv \(text/csv, 46 bytes\)\n    month,revenue", result), result
+    assert re.search(r"- figure-1\.png \(image/png, [0-9,]+ bytes\)", result), result
