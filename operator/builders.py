@@ -196,6 +196,8 @@ def build_deployment(
         for item in resolution.secret_env
     ]
     env += telemetry_env(agent, settings)
+    if settings.agent_console_url:  # where the links to a turn's files point (agent/server.py)
+        env.append({"name": "ROCKBOT_CONSOLE_URL", "value": settings.agent_console_url})
     env += [entry.to_wire() for entry in spec.env]
     resources = spec.resources.to_wire() if spec.resources is not None else DEFAULT_RESOURCES
     container = {

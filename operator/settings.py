@@ -71,6 +71,11 @@ class OperatorSettings(BaseSettings):
         description="OTLP/HTTP endpoint agent pods export their traces to (their OTEL_EXPORTER_OTLP_ENDPOINT); "
         "none: agents export no traces.",
     )
+    agent_console_url: str | None = Field(
+        default=None,
+        description="The console's address as people reach it (agent pods' ROCKBOT_CONSOLE_URL): the links an "
+        "agent's OpenAI-compatible answers give to a turn's files; none: a path on the console.",
+    )
     agent_capture_content: bool = Field(
         default=False,
         description="Let agents put prompts, answers and tool arguments and results into their spans.",

@@ -112,7 +112,10 @@ def test_one_value_sends_every_process_traces_to_the_collector_and_opens_the_way
         assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318", name
     operator = env_of(find(manifests, "Deployment", "rockbot-operator"))
     assert operator["ROCKBOT_AGENT_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318"  # for the agents' pods
-    assert "ROCKBOT_AGENT_CAPTURE_CONTENT" not in operator
+    assert "ROCKBOT_AGENT_CAPTURE_CONTENT" not in operator and "ROCKBOT_AGENT_CONSOLE_URL" not in operator
+    linked = render({"console": {"publicUrl": "https://console.example.com"}})
+    assert env_of(find(linked, "Deployment", "rockbot-operator"))["ROCKBOT_AGENT_CONSOLE_URL"] == (
+        "https://console.example.com")  # for the links in agents' answers to a turn's files
     opted_in = render({"telemetry": {**TELEMETRY["telemetry"], "captureContent": True}})
     assert env_of(find(opted_in, "Deployment", "rockbot-operator"))["ROCKBOT_AGENT_CAPTURE_CONTENT"] == "true"
     for policy in (find(manifests, "NetworkPolicy", "rockbot-agent-egress"),

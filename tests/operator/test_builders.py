@@ -221,3 +221,11 @@ def test_agent_pods_export_traces_only_when_the_operator_is_given_a_collector():
     opted_in = traced.model_copy(update={"agent_capture_content": True})
     env = env_names(builders.build_deployment(the_agent, resolution, opted_in, text, token_checksum=TOKEN_CHECKSUM))
     assert env["OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"] == "true"
+
+
+def test_agent_pods_link_a_turns_files_to_the_console_only_when_the_operator_knows_its_address():
+    the_agent, resolution, text, deployment = build()
+    assert "ROCKBOT_CONSOLE_URL" not in env_names(deployment)  # settled Agents stay unchanged
+    linked = SETTINGS.model_copy(update={"agent_console_url": "https://console.example.com"})
+    env = env_names(builders.build_deployment(the_agent, resolution, linked, text, token_checksum=TOKEN_CHECKSUM))
+    assert env["ROCKBOT_CONSOLE_URL"] == "https://console.example.com"
