@@ -168,7 +168,7 @@ class LongTermMemory:
             log.warning("pending memories not embedded yet (%s): a later sweep embeds them", exc)
         self._left_pending = True
 
-    async def _settled(self) -> None:
+    async def settled(self) -> None:
         """Wait for this process's remembered texts to be embedded, so that a recall finds what was just remembered;
         at most `SETTLE_SECONDS` (what is not embedded by then is recalled once it is)."""
         if self._embedding:
@@ -177,7 +177,7 @@ class LongTermMemory:
     async def recall(self, *, caller: str, query: str, k: int) -> list[RecalledMemory]:
         """The caller's `k` memories nearest to `query`, nearest first."""
         embedding = await self._embed(self._redact(query.strip())[:_QUERY_CHARS])
-        await self._settled()
+        await self.settled()
         reply = await self._ask(Recall(caller=caller, shared=self._shared, embedding=embedding,
                                        model=self._embedder.model, k=k))  # fmt: skip
         return reply.memories
@@ -211,7 +211,7 @@ class LongTermMemory:
 
     async def close(self) -> None:
         """Finish the embeddings under way (a memory left pending is embedded by a later sweep), then stop."""
-        await self._settled()
+        await self.settled()
         left = [*self._embedding, *([self._sweep] if self._sweep is not None else [])]
         for task in left:  # their memories stay pending, for the next pod's sweep
             task.cancel()

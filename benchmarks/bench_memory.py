@@ -303,6 +303,7 @@ async def agent_turns(*, postgres: PostgresServer, total: int, turns: int) -> No
                                 "remember", {"text": f"fact {n} about deploys"}, context=context)
                             durations.append(time.perf_counter() - started)
                             assert outcome.error is None, outcome.error
+                            await runtime.kit.long_term.settled()  # its embedding, as before the model's next call
                         cpu_text.setdefault("remember", cpu.per(turns))
                     cpu.start()
                     for n in range(turns):
