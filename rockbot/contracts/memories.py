@@ -1,11 +1,12 @@
 """Long-term memory requests an agent sends to the console on `console.memory`, and the console's reply.
 
 An agent never holds database credentials: it embeds a text with its own embeddings endpoint and asks
-the console to keep it (`Remember`), to find the nearest of what it kept (`Recall`) or to delete one
-(`Forget`). Which agent asks is never a field: the console takes it from the broker-validated sender,
-so no agent reads or writes another's memories. Within the agent, whose memory it is comes from the
-conversation's caller (the broker-validated sender of the turn, `console:<user>` for a person in the
-console), which the agent names in `caller`; `shared` (the Agent's `scope: Agent`) puts every caller's
+the console to keep it (`Remember`; since the agent answers the model before it embeds, usually without the
+embedding, given afterwards by `Embed`, and `Pending` lists what it left unembedded), to find the nearest of what
+it kept (`Recall`) or to delete one (`Forget`). Which agent asks is never a field: the console takes it from the
+broker-validated sender, so no agent reads or writes another's memories. Within the agent, whose memory it is
+comes from the conversation's caller (the broker-validated sender of the turn, `console:<user>` for a person in
+the console), which the agent names in `caller`; `shared` (the Agent's `scope: Agent`) puts every caller's
 memories in one. The agent's policy (`retention_days`, the per-scope bounds) travels with each
 `Remember`, and the console holds it to its own ceilings, so a hostile agent gains nothing by lying.
 """
