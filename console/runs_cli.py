@@ -22,6 +22,7 @@ import asyncio
 import datetime
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -151,7 +152,13 @@ async def _main(args: argparse.Namespace) -> int:
             if run is None:
                 print(f"rockbot runs: no run {args.run_id!r}", file=sys.stderr)
                 return 1
-            print(run.model_dump_json(indent=2) if args.json else describe(run))
+            if args.json:
+                print(run.model_dump_json(indent=2))
+                return 0
+            print(describe(run))
+            files, _ = await _run_files(source, args.run_id)
+            if files:  # what the run brought: `rockbot runs files RUN --out DIR` saves them
+                print(f"\nfiles (rockbot runs files {args.run_id} --out DIR saves them):\n{_listed(files)}")
             return 0
         filters = RunFilter(
             namespace=args.namespace, agent=args.agent, source=args.source, outcome=args.outcome,
@@ -167,29 +174,38 @@ async def _main(args: argparse.Namespace) -> int:
         await source.close()
 
 
-async def _files(source: RunSource, *, run_id: str, out: str | None, as_json: bool) -> int:
+async def _run_files(source: RunSource, run_id: str
+                     ) -> tuple[list[StoredFile] | None, Callable[[str], Awaitable[bytes]]]:  # fmt: skip
+    """The run's files (None: no such run) and how to fetch one's bytes, from the console or the local store."""
     if isinstance(source, HttpRuns):
-        files, fetch = await source.run_files(run_id), source.file_content
-    else:
-        from rockbot.console.file_store import FileStore
+        return await source.run_files(run_id), source.file_content
+    from rockbot.console.file_store import FileStore
 
-        kept = FileStore(store=source)  # type: ignore[arg-type]
-        files = None if await source.get_run(run_id) is None else await kept.of_run(run_id)
+    kept = FileStore(store=source)  # type: ignore[arg-type]
+    files = None if await source.get_run(run_id) is None else await kept.of_run(run_id)
 
-        async def fetch(file_id: str) -> bytes:
-            found = await kept.read_any(file_id)
-            if found is None:
-                raise RuntimeError(f"file {file_id} is gone")
-            return found[1]
+    async def fetch(file_id: str) -> bytes:
+        found = await kept.read_any(file_id)
+        if found is None:
+            raise RuntimeError(f"file {file_id} is gone")
+        return found[1]
 
+    return files, fetch
+
+
+def _listed(files: list[StoredFile]) -> str:
+    return "\n".join(f"{file.id}  {file.size:>10,}  {file.media_type:28} {file.name}" for file in files)
+
+
+async def _files(source: RunSource, *, run_id: str, out: str | None, as_json: bool) -> int:
+    files, fetch = await _run_files(source, run_id)
     if files is None:
         print(f"rockbot runs: no run {run_id!r}", file=sys.stderr)
         return 1
     if as_json:
         print(_FILES.dump_json({"files": files}, indent=2).decode())
-    else:
-        for file in files:
-            print(f"{file.id}  {file.size:>10,}  {file.media_type:28} {file.name}")
+    elif files:
+        print(_listed(files))
     if out is not None:
         folder = Path(out)
         await asyncio.to_thread(folder.mkdir, parents=True, exist_ok=True)

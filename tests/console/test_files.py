@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -183,6 +184,9 @@ async def test_rockbot_runs_files_saves_a_runs_files_under_their_last_name_and_n
     code = await asyncio.to_thread(main, ["runs", "--url", api, "files", run_id, "--out", str(out)])
     listed = capsys.readouterr().out
     assert code == 0 and "charts/chart.png" in listed and "image/png" in listed
+    code = await asyncio.to_thread(main, ["runs", "--url", api, "show", run_id])
+    shown = capsys.readouterr().out
+    assert code == 0 and "charts/chart.png" in shown.partition("\nfiles (rockbot runs files")[2], shown
     assert not elsewhere.exists()
     assert (out / "chart-2.png").read_bytes() == PNG
     assert {(out / "x.csv").read_bytes(), (out / "x-2.csv").read_bytes()} == {b"a\n", b"b\n"}
@@ -209,3 +213,7 @@ async def test_rockbot_runs_files_reads_a_local_sqlite_store(
                                           str(tmp_path / "got")])  # fmt: skip
     assert code == 0 and "clean.csv" in capsys.readouterr().out
     assert (tmp_path / "got" / "clean.csv").read_bytes() == b"x\n"
+    code = await asyncio.to_thread(main, ["runs", "--database", str(database), "show", events[0].run_id])
+    shown = capsys.readouterr().out
+    assert code == 0 and f"files (rockbot runs files {events[0].run_id} --out DIR saves them):" in shown
+    assert re.search(r"^f[0-9a-f]{32}\s+2\s+text/csv\s+clean\.csv$", shown, re.M), shown
