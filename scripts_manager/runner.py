@@ -211,13 +211,14 @@ def _read_job():
 
 def _receive_inputs(job):
     """The conversation's files, which follow the job line on stdin as raw bytes in the order and sizes the job
-    names, written under /input before the script exists; then files and folders are made read-only (0444, 0555:
-    a write fails with EACCES; the script runs as the runner's user, so this is its own copy it could chmod, never
-    the stored file)."""
+    names, written under /input before the script exists, read-only (files 0444, the folders made for them 0555: a
+    write fails with EACCES). /input itself is the kubelet's emptyDir (root's, mode 0777), which no pod user may
+    chmod, so a script can add new names beside them; and it runs as the runner's user, so the copies are its own
+    to chmod: never the stored files, never another call's."""
     named = job.get("input_files") or []
     if not named:
         return
-    stream, folders = sys.stdin.buffer, [INPUT_DIR]
+    stream, folders = sys.stdin.buffer, []
     for name, size in named:
         parts = name.split("/")
         if name.startswith("/") or any(part in ("", ".", "..") for part in parts) or int(size) < 0:
@@ -225,7 +226,7 @@ def _receive_inputs(job):
         folder = INPUT_DIR
         for part in parts[:-1]:
             folder = os.path.join(folder, part)
-            if folder not in folders:
+            if folder not in folders:  # made here, in the order of names: a folder before what it holds
                 os.mkdir(folder, 0o755)
                 folders.append(folder)
         fd = os.open(os.path.join(folder, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)

@@ -93,7 +93,8 @@ async def test_the_conversations_files_are_under_input_read_only_and_come_back_c
         print(sorted(os.listdir(source)), (source / "p.png").stat().st_size)
     """, files=(InputFile(name="data/sales.csv", content=sales), InputFile(name="p.png", content=PNG))))
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == f"refused 13\nrefused 13\nrefused 13\n['data', 'p.png'] {len(PNG)}\n"
+    # /input itself is the kubelet's emptyDir (root's, 0777): a new name there is the script's own
+    assert result.stdout == f"refused 13\nwrote /input/new.txt\nrefused 13\n['data', 'new.txt', 'p.png'] {len(PNG)}\n"
     assert named(result) == {"clean.csv": sales.upper()}
 
 
