@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Float, and_, bindparam, case, cast, delete, func, select, text, update
+from sqlalchemy import BigInteger, Float, Integer, and_, bindparam, case, cast, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from rockbot.console.store import Store, StoreUnavailable
@@ -137,6 +137,7 @@ class MemoryStore:
         self._postgres = store.dialect == "postgresql"
         self._exact = self._recall_statement(held_to_exact=False)
         self._exact_indexed = self._recall_statement(held_to_exact=True)
+        self._counting: dict[int, Any] = {}
 
     # -- an agent's requests ----------------------------------------------------------------------
 
@@ -230,21 +231,16 @@ class MemoryStore:
         """Add one memory of `size` bytes to the usage rows of `bounds` in one upsert, each only while within its
         bound; `BoundReached` naming the first it would pass (the caller's transaction is then rolled back)."""
         items, held_bytes, scope = memory_usage.c.items_held, memory_usage.c.bytes_held, memory_usage.c.scope
-        max_items = case(*((scope == b.scope, b.items) for b in bounds))
-        max_bytes = case(*((scope == b.scope, b.bytes) for b in bounds))
         fits = all(size <= b.bytes for b in bounds)  # else not even a first memory fits: no row is made
         counted = set()
         if fits:
-            statement = self._store._insert(memory_usage).values([
-                {"namespace": namespace, "agent": agent, "scope": b.scope, "items_held": 1, "bytes_held": size}
-                for b in bounds
-            ])  # fmt: skip
-            statement = statement.on_conflict_do_update(
-                index_elements=["namespace", "agent", "scope"],
-                set_={"items_held": items + 1, "bytes_held": held_bytes + size},
-                where=(items + 1 <= max_items) & (held_bytes + size <= max_bytes),
-            )
-            counted = {row.scope for row in await connection.execute(statement.returning(scope))}
+            values: dict[str, Any] = {"namespace": namespace, "agent": agent, "size": size}
+            for n, bound in enumerate(bounds):
+                values |= {f"scope_{n}": bound.scope, f"items_{n}": bound.items, f"bytes_{n}": bound.bytes}
+            statement = self._counting.get(len(bounds))
+            if statement is None:
+                statement = self._counting[len(bounds)] = self._count_statement(len(bounds))
+            counted = {row.scope for row in await connection.execute(statement, values)}
         for bound in bounds:
             if (bound.scope not in counted) if fits else (size > bound.bytes):
                 held = (await connection.execute(select(items, held_bytes).where(
@@ -256,6 +252,27 @@ class MemoryStore:
                     "bytes); forget some (recall them, then forget(id)) or ask the Agent's author to raise "
                     "spec.memory.longTerm.maxItemsPerScope / maxBytesPerScope"
                 )
+
+    def _count_statement(self, bounds: int) -> Any:
+        """`_count`'s upsert for `bounds` usage rows, built once, its values bound by name (`namespace`, `agent`,
+        `size`, and `scope_<n>`, `items_<n>`, `bytes_<n>` for each row): built anew, it cost each remember a
+        compile."""
+        items, held_bytes, scope = memory_usage.c.items_held, memory_usage.c.bytes_held, memory_usage.c.scope
+        size = bindparam("size", type_=Integer())
+        max_items = case(*((scope == bindparam(f"scope_{n}"), bindparam(f"items_{n}", type_=Integer()))
+                           for n in range(bounds)))  # fmt: skip
+        max_bytes = case(*((scope == bindparam(f"scope_{n}"), bindparam(f"bytes_{n}", type_=BigInteger()))
+                           for n in range(bounds)))  # fmt: skip
+        statement = self._store._insert(memory_usage).values([
+            {"namespace": bindparam("namespace"), "agent": bindparam("agent"), "scope": bindparam(f"scope_{n}"),
+             "items_held": 1, "bytes_held": size}
+            for n in range(bounds)
+        ])  # fmt: skip
+        return statement.on_conflict_do_update(
+            index_elements=["namespace", "agent", "scope"],
+            set_={"items_held": items + 1, "bytes_held": held_bytes + size},
+            where=(items + 1 <= max_items) & (held_bytes + size <= max_bytes),
+        ).returning(scope)
 
     async def recall(
         self, *, namespace: str, agent: str, request: Recall, now: datetime.datetime | None = None
