@@ -35,8 +35,8 @@ source the pod's command puts before this file's) within the job's bounds, and w
 time. The job also brings the matplotlib backend whose `plt.show()` saves figures there (backends/figures.py).
 
 A session's pod (backends/pod_sessions.py) gets a job carrying kernel.py's source instead of a script: the
-runner ends the interpreter it started, says the job started and execs the kernel's supervisor in its place
-(still PID 1, which makes itself non-dumpable again before any script runs); the pod then takes the session's
+runner ends the interpreter it started, says the job started and runs kernel.py's supervisor itself (still PID 1,
+non-dumpable), which starts the kernel, the one interpreter a session starts; the pod then takes the session's
 calls on its stdin until the manager's attach session ends.
 
 The result also carries when each step happened on the pod's clock (`times`, seconds since the
@@ -354,8 +354,9 @@ def _become_kernel(job, child):
     """A session's first job (pod_sessions.py): this pod keeps an interpreter for its conversation's calls.
 
     The job carries kernel.py's source; the interpreter started for a single script is ended, the runner says the
-    job started, then becomes the kernel's supervisor (execve: still PID 1, non-dumpable again before the kernel
-    starts). From then on the pod's stdin brings kernel.py's calls and its stdout and stderr are the kernel's.
+    job started, then is the kernel's supervisor itself (kernel.py's `supervise`, run here: still PID 1 and
+    non-dumpable, with no interpreter start of its own), whose child, the kernel, reads the session's calls on the
+    pod's stdin and writes on its stdout and stderr. Returns the kernel's exit status, the pod's.
     """
     os.close(child.path)  # it reads no path: it exits, if still waiting
     try:  # noqa: SIM105 (as in _Interpreter.kill)
@@ -366,10 +367,15 @@ def _become_kernel(job, child):
     path = os.path.join(JOB_DIR, "kernel.py")
     with open(path, "w") as source:
         source.write(job["kernel"])
-    _say(**{STARTED_KEY: job["nonce"]})
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+    os.environ.clear()  # what the kernel starts with: a script's environment, but its figures module (a script's)
+    os.environ.update({key: value for key, value in _ENV.items() if key != "MPLBACKEND"})
     os.chdir("/tmp")
-    env = {key: value for key, value in _ENV.items() if key != "MPLBACKEND"}  # its module is a single script's
-    os.execve(sys.executable, [sys.executable, "-s", path], env)
+    kernel = {"__name__": "rockbot_kernel", "__file__": path}
+    exec(compile(job["kernel"], path, "exec"), kernel)  # its definitions only (it runs as __main__ elsewhere)
+    _say(**{STARTED_KEY: job["nonce"]})
+    return kernel["supervise"]()
 
 
 def main():
@@ -390,7 +396,7 @@ def main():
     times["job"] = time.time()
     os.mkdir(JOB_DIR, 0o700)  # the pod's own /tmp, which held nothing before this one job (left for the pod's end)
     if isinstance(job.get("kernel"), str):
-        _become_kernel(job, child)
+        return _become_kernel(job, child)
     result = _run(job, JOB_DIR, child, times, woken)
     files, drops = _output(job)
     _say_result({RESULT_KEY: job["nonce"], **result}, files, drops)

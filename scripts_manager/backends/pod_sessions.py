@@ -3,10 +3,10 @@
 A session is one script pod, the same as a single script's (network-less, the Agent's `scriptLimits`, Pod Security
 `restricted`), whose runner became kernel.py (the local sandbox's persistent interpreter): the session's first call
 takes a warm pod (or makes one, cold) and writes the runner a job carrying kernel.py's source; the runner says the
-job started and execs the kernel's supervisor (still PID 1, non-dumpable). The attach session that wrote that job
-stays open for the session's life: each later call is one line written on it and the output read back up to the
-call's marker, with no pod start and no new attach. Between calls the session gets a blank line every
-_KEEPALIVE_SECONDS (the kernel skips it) so that a kubelet's idle-stream timeout never closes it.
+job started and runs kernel.py's supervisor itself (still PID 1, non-dumpable), which starts the kernel. The attach
+session that wrote that job stays open for the session's life: each later call is one line written on it and the
+output read back up to the call's marker, with no pod start and no new attach. Between calls the session gets a
+blank line every _KEEPALIVE_SECONDS (the kernel skips it) so that a kubelet's idle-stream timeout never closes it.
 
 Since the pod's stdin is `stdinOnce`, the attach session is the session: whatever ends it (the manager stops, the
 stream breaks) ends the kernel and the pod. The session's end (sessions.py) deletes its pod. A script that ends its
