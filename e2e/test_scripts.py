@@ -77,7 +77,10 @@ def test_the_charts_default_script_image_runs_pandas_and_matplotlib_and_gives_fi
         {"text": "Charted."},
     )  # fmt: skip
 
-    assert agent.chat("Chart revenue by month.") == "Charted."
+    answer = agent.chat("Chart revenue by month.")
+    assert answer.startswith("Charted."), answer  # then the kept files, each with its link on the console
+    assert re.search(r"- clean\.csv \(text/csv, 46 bytes\): /api/files/f[0-9a-f]{32}\n", answer), answer
+    assert re.search(r"- figure-1\.png \(image/png, [0-9,]+ bytes\): /api/files/f[0-9a-f]{32}", answer), answer
     (result,) = [m["content"] for m in model.requests[-1].messages if m.get("role") == "tool"]
     assert "exit code 0" in result and "pandas " in result, result
     assert re.search(r"- clean\.csv \(text/csv, 46 bytes\)\n    month,revenue", result), result
