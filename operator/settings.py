@@ -74,7 +74,7 @@ class OperatorSettings(BaseSettings):
     agent_console_url: str | None = Field(
         default=None,
         description="The console's address as people reach it (agent pods' ROCKBOT_CONSOLE_URL): the links an "
-        "agent's OpenAI-compatible answers give to a turn's files; none: a path on the console.",
+        "agent's answers on its OpenAI endpoint give to a turn's files; none: a path on the console.",
     )
     agent_capture_content: bool = Field(
         default=False,

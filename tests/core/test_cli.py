@@ -13,7 +13,9 @@ from rockbot.operator.settings import OperatorSettings
 
 
 def rockbot(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rockbot.cli", *args], capture_output=True, text=True, timeout=60)
+    """`rockbot ARGS` at a fixed width: argparse wraps help to $COLUMNS, and may break a word at its hyphen."""
+    return subprocess.run([sys.executable, "-m", "rockbot.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "100"})
 
 
 def test_help_lists_every_process():
