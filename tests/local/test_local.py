@@ -25,6 +25,7 @@ from rockbot.local.manifests import load
 from rockbot.resources import ScheduledTask
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from tests.fixtures.llm import ScriptedCall, Turn
+from tests.waiting import eventually
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 SUM = "import json, sys\nprint(sum(json.load(sys.stdin)))\n"
@@ -193,9 +194,14 @@ async def test_over_rabbitmq_a_prompt_runs_a_script_and_shows_progress_while_the
     finished = next(i for i, line in enumerate(lines) if line.startswith("  ✓ execute_python_script ("))
     assert started < finished < lines.index("[tools called: execute_python_script]")
     assert lines[finished].endswith(" s) ok")
-    # The request and its answer crossed the broker: its queues exist in the test's vhost, drained.
-    queues = await asyncio.to_thread(vhost.queues)
-    assert queues["script.invoke"] == (0, 0)
+    # The request and its answer crossed the broker: its queues exist in the test's vhost, drained (the broker's
+    # counts follow the manager's ack, sent after its answer, a moment later).
+    async def drained() -> dict[str, tuple[int, int]]:
+        queues = await asyncio.to_thread(vhost.queues)
+        assert queues["script.invoke"] == (0, 0), queues
+        return queues
+
+    queues = await eventually(drained, within=30)
     assert "agent.local.analyst.replies.0" in queues, queues  # the reply slot the analyst claimed
     # Each part logged in as itself: a user per agent, the scripts-manager and the local scheduler.
     users = await vhost.admin.users(tag="rockbot-agent") | await vhost.admin.users(tag="rockbot-service")
