@@ -199,6 +199,11 @@ async def test_a_call_that_reaches_another_manager_ends_the_first_ones_session_a
             pod_backend(pooled(make_settings, 1)) as two:  # fmt: skip
         first = await one.run(call("x = 1"))
         elsewhere = await two.run(call("print(globals().get('x')); x = 2"))
+
+        async def first_pod_gone() -> None:  # the second's delete ends the first's stream once the kubelet kills it
+            assert all(session.gone() for session in one.sessions._live.values())
+
+        await eventually(first_pod_gone)  # a call sent before then is in a dying pod: it says `ended` instead
         back = await one.run(call("print(globals().get('x'))"))
         assert len(await session_pods(kube)) == 1  # never two live sessions of one conversation
     assert first.session == "new"
