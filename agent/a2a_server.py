@@ -57,7 +57,14 @@ from rockbot.agent.events import Event, TextDelta
 from rockbot.agent.file_keeping import collecting_artifacts
 from rockbot.agent.llm import LlmError
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.contracts.files import MAX_ATTACHED_PER_TURN, FileContent, SavedFile, SaveFiles, attachment_note
+from rockbot.contracts.files import (
+    MAX_ATTACHED_PER_TURN,
+    MAX_SENT_FILE_BYTES,
+    FileContent,
+    SavedFile,
+    SaveFiles,
+    attachment_note,
+)
 from rockbot.contracts.scripts import FileName
 
 log = logging.getLogger(__name__)
@@ -70,8 +77,8 @@ A2A_CALLER = "a2a"
 ANSWER = "answer"
 #: How often a stream's end of the exchange looks whether its client went away.
 DISCONNECT_POLL_SECONDS = 1.0
-#: The largest file a client sends: one bus message (8 MiB) carries it to the console, base64 and all.
-MAX_A2A_FILE_BYTES = 5 * 1024 * 1024
+#: The largest file a client sends: one bus message carries it to the console.
+MAX_A2A_FILE_BYTES = MAX_SENT_FILE_BYTES
 _FILE_NAME: TypeAdapter[str] = TypeAdapter(FileName)
 
 

@@ -97,18 +97,37 @@ async def input_files(run: Run | None, *, keeper: FileKeeper | None) -> InputFil
     return InputFiles(caller=caller, session_id=session_id, ids=ids)
 
 
+def not_kept_because(run: Run | None, *, keeper: FileKeeper | None) -> str | None:
+    """Why no file of `run` can be kept for its conversation, or None when they can (runs recorded in `Full`)."""
+    if keeper is None:
+        return "this agent has no run store to keep files in"
+    if run is None or run.recorder.record != "Full":
+        return "this Agent does not record its runs in Full (spec.recording), so files are not kept"
+    return None
+
+
+async def keep_tool_result(text: str, *, name: str, run: Run | None, keeper: FileKeeper | None) -> FilesSaved:
+    """Keep a tool's result as a file of the run's conversation (origin `tool`), for scripts to read under /input."""
+    why = not_kept_because(run, keeper=keeper)
+    if why is not None:
+        return FilesSaved(error=why)
+    assert run is not None and keeper is not None
+    return await keeper.save(SaveFiles(
+        origin="tool", run_id=run.run_id, caller=run.caller or "-", session_id=run.session_id or "-",
+        retention_days=run.recorder.retention_days, files=[FileContent(name=name, content=text.encode())],
+    ))  # fmt: skip
+
+
 async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keeper: FileKeeper | None
                          ) -> ScriptInvokeResponse:  # fmt: skip
     """`answer` once its artifacts are kept with the run; what was not kept joins `artifacts_dropped`. Whoever
     collects the turn's files (`collecting_artifacts`) gets them with their ids."""
     if not answer.artifacts:
         return answer
-    why, ids = None, []
-    if keeper is None:
-        why = "this agent has no run store to keep files in"
-    elif run is None or run.recorder.record != "Full":
-        why = "this Agent does not record its runs in Full (spec.recording), so files are not kept"
-    else:
+    ids: list[str] = []
+    why = not_kept_because(run, keeper=keeper)
+    if why is None:
+        assert run is not None and keeper is not None
         request = SaveFiles(
             run_id=run.run_id, caller=run.caller or "-", session_id=run.session_id or "-",
             retention_days=run.recorder.retention_days,

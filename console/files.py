@@ -66,12 +66,13 @@ async def save_files(files: FileStore, *, namespace: str, agent: str, request: S
     owner = FileOwner(namespace=namespace, agent=agent, caller=request.caller, session_id=request.session_id)
     saved = []
     try:
-        if request.origin == "upload":
-            if (held := len(await files.conversation(owner=owner))) + len(request.files) > MAX_FILES_PER_CONVERSATION:
-                return FilesSaved(error=f"this conversation holds {held} files and may hold at most "
-                                  f"{MAX_FILES_PER_CONVERSATION}: start a new one")  # fmt: skip
-            if any(len(file.content) > MAX_UPLOAD_BYTES for file in request.files):
-                return FilesSaved(error=f"a file a person sends is at most {MAX_UPLOAD_BYTES:,} bytes")
+        # What people and models add is bounded per conversation; a script's output per call (its bounds).
+        held = 0 if request.origin == "script" else len(await files.conversation(owner=owner))
+        if held + len(request.files) > MAX_FILES_PER_CONVERSATION and request.origin != "script":
+            return FilesSaved(error=f"this conversation holds {held} files and may hold at most "
+                              f"{MAX_FILES_PER_CONVERSATION}: start a new one")  # fmt: skip
+        if request.origin == "upload" and any(len(file.content) > MAX_UPLOAD_BYTES for file in request.files):
+            return FilesSaved(error=f"a file a person sends is at most {MAX_UPLOAD_BYTES:,} bytes")
         for file in request.files:
             stored = await files.save(owner=owner, name=file.name, content=file.content, origin=request.origin,
                                       run_id=request.run_id or "", retention_days=request.retention_days)  # fmt: skip

@@ -110,7 +110,7 @@ def decode_cursor(cursor: str) -> tuple[datetime.datetime, str]:
 
 
 #: Where a conversation's file came from: a person attached it, or a script wrote it under /output.
-Origin = Literal["upload", "script"]
+Origin = Literal["upload", "script", "tool"]
 
 
 class StoredFile(BaseModel):

@@ -19,12 +19,16 @@ from typing import Annotated, Any, Protocol
 from pydantic import Field
 
 from rockbot.agent.defining import tool
-from rockbot.agent.registry import ToolContext, ToolFailure, ToolRegistry
+from rockbot.agent.file_keeping import FileKeeper, keep_tool_result
+from rockbot.agent.memory import MAX_CHUNKS
+from rockbot.agent.recording import current_run
+from rockbot.agent.registry import Tool, ToolContext, ToolFailure, ToolRegistry
 from rockbot.agent.sandbox import LONGEST_EXTRA_SECONDS, session_digest
 from rockbot.agent.toolsets.kit import Guide, ToolKit, catalogue_description
 from rockbot.contracts.agent_config import ResolvedTool, ScriptBackend
 from rockbot.contracts.errors import ErrorCode
-from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, ScriptInvokeError, ScriptInvokeResponse
+from rockbot.contracts.files import MAX_SENT_FILE_BYTES
+from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, FileName, ScriptInvokeError, ScriptInvokeResponse
 
 #: The client waits at most the script's limit plus its acceptance and start-up bounds; the tool waits a little
 #: longer, so the client's clearer error (not taken, no answer) is the one the model sees.
@@ -41,13 +45,19 @@ GUIDE = Guide(
         "non-zero exit code means the script failed: read stderr, fix the script and try again.\n\n"
         f"The conversation's files are in `{INPUT_DIR}` (read-only). Files the script writes under `{OUTPUT_DIR}` "
         "(charts, cleaned data) are given to the user, and you get their names, types, sizes and first lines; "
-        "`plt.show()` saves each open matplotlib figure there as a PNG.\n"
+        "`plt.show()` saves each open matplotlib figure there as a PNG.\n\n"
+        "A tool result too long for your context is kept in working memory as chunks (an index of keys); "
+        f"`save_result_as_file(key, name)` saves that whole result as a file of the conversation, so a script "
+        f"can read it as `{INPUT_DIR}/<name>` instead of you copying it into the script.\n"
     ),
 )
 
 
 class Sandbox(Protocol):
     """The agent-side client of the scripts-manager (see `rockbot.agent.sandbox`)."""
+
+    #: Where the conversation's files are kept (None: nowhere).
+    keeper: FileKeeper | None
 
     async def execute_python_script(
         self,
@@ -190,7 +200,45 @@ async def install(*, registry: ToolRegistry, kit: ToolKit) -> None:
         )
 
     registry.register(execute_python_script)
+    registry.register(result_saver(kit))
     kit.guides.add(GUIDE)
+
+
+def result_saver(kit: ToolKit) -> Tool:
+    """`save_result_as_file`: a chunked tool result, whole, as a file of the conversation (for `/input`)."""
+
+    @tool(name="save_result_as_file", description=catalogue_description("save_result_as_file"))
+    async def save_result_as_file(
+        key: Annotated[str, Field(pattern=r"^[0-9a-f]{6}-[0-9]+$",
+                                  description="Any key of the result's working-memory index, e.g. `ab12cd-0`.")],
+        name: Annotated[FileName, Field(description="The file's name under /input, e.g. `orders.json`.")],
+        context: ToolContext,
+    ) -> str:
+        result = key.rsplit("-", 1)[0]
+        chunks = []
+        for n in range(MAX_CHUNKS):
+            chunk = await kit.memory.read(session_id=context.session_id, key=f"{result}-{n}")
+            if chunk is None:
+                break
+            chunks.append(chunk)
+        if not chunks:
+            raise ToolFailure(
+                f"key: no working-memory result {result!r} (it expired or never existed): call the tool again and "
+                "save the key of its new index", code=ErrorCode.INVALID_ARGUMENTS,
+            )  # fmt: skip
+        text = "".join(chunks)
+        if (size := len(text.encode())) > MAX_SENT_FILE_BYTES:
+            raise ToolFailure(f"the result is {size:,} bytes, more than the {MAX_SENT_FILE_BYTES:,} a saved result "
+                              "may be: ask the tool for less", code=ErrorCode.INVALID_ARGUMENTS)  # fmt: skip
+        keeper = getattr(kit.sandbox, "keeper", None)
+        saved = await keep_tool_result(text, name=name, run=current_run(), keeper=keeper)
+        if saved.error or not saved.files:
+            raise ToolFailure(f"the result was not saved as a file: {saved.error}", code=ErrorCode.UNAVAILABLE)
+        kept = saved.files[0]
+        return (f"saved {len(chunks)} chunk(s), {kept.size:,} bytes, as {kept.name} ({kept.media_type}): "
+                f"scripts of this conversation read it as {INPUT_DIR}/{kept.name}")  # fmt: skip
+
+    return save_result_as_file
 
 
 def script_tool(resolved: ResolvedTool, *, kit: ToolKit):

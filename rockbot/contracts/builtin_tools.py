@@ -34,6 +34,11 @@ BUILTIN_TOOLS: list[BuiltinTool] = [
             "Run a Python 3 script in a throw-away sandbox with no network. `input_data` is readable as JSON "
             "on stdin; print results to stdout. Returns stdout, stderr and the exit code.",
         ),
+        (
+            "save_result_as_file",
+            "Save a large tool result kept in working memory (any key of its index) as a file of the conversation, "
+            "which scripts read under /input.",
+        ),
     ),
     *_tools(
         "web",

@@ -33,6 +33,9 @@ NOT_FOUND = "no such file in this conversation"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MAX_ATTACHED_PER_TURN = 10
 MAX_FILES_PER_CONVERSATION = 100
+#: The largest file one `SaveFiles` carries from an agent (an A2A client's, a saved tool result): one bus message
+#: (8 MiB) holds it, base64 and all.
+MAX_SENT_FILE_BYTES = 5 * 1024 * 1024
 
 
 class FileContent(BaseModel):
@@ -43,14 +46,15 @@ class FileContent(BaseModel):
 
 
 class SaveFiles(BaseModel):
-    """Keep files under a conversation: a run's script artifacts (`script`, with the run, which must be the
-    sender's), or what a person sent with a turn (`upload`: an A2A client's `FilePart`s, before the turn's run)."""
+    """Keep files under a conversation: a run's script artifacts (`script`) or a tool's result the model saved
+    (`tool`), each with the run, which must be the sender's; or what a person sent with a turn (`upload`: an A2A
+    client's `FilePart`s, before the turn's run)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["save"] = "save"
     schema_version: Literal[1] = SCHEMA_VERSION
-    origin: Literal["script", "upload"] = "script"
+    origin: Literal["script", "tool", "upload"] = "script"
     run_id: Id | None = None
     caller: Annotated[str, Field(min_length=1, max_length=256)]
     session_id: Annotated[str, Field(min_length=1, max_length=256)]
@@ -59,8 +63,8 @@ class SaveFiles(BaseModel):
 
     @model_validator(mode="after")
     def _scripts_name_their_run(self) -> SaveFiles:
-        if self.origin == "script" and self.run_id is None:
-            raise ValueError("run_id: a script's files are kept with the run they came with")
+        if self.origin != "upload" and self.run_id is None:
+            raise ValueError(f"run_id: a {self.origin}'s files are kept with the run they came with")
         return self
 
 

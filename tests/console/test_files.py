@@ -20,8 +20,11 @@ from rockbot.console.auth_sessions import Sessions
 from rockbot.console.authentication import Identity
 from rockbot.console.authorization import CHAT, Action
 from rockbot.console.file_store import FileOwner, FileStore
+from rockbot.console.files import save_files
 from rockbot.console.store import Batch, Store
 from rockbot.console.web.gate import Gate
+from rockbot.contracts.files import MAX_FILES_PER_CONVERSATION, FileContent, SaveFiles
+from rockbot.contracts.recording import new_run_id
 from tests.console.events import typical_run
 from tests.console.test_runs_api import OnlyNamespaces
 from tests.fixtures.serving import serving
@@ -217,3 +220,23 @@ async def test_rockbot_runs_files_reads_a_local_sqlite_store(
     shown = capsys.readouterr().out
     assert code == 0 and f"files (rockbot runs files {events[0].run_id} --out DIR saves them):" in shown
     assert re.search(r"^f[0-9a-f]{32}\s+2\s+text/csv\s+clean\.csv$", shown, re.M), shown
+
+
+async def test_what_models_and_people_add_is_bounded_per_conversation_and_a_scripts_output_per_call(
+    files: FileStore,
+) -> None:
+    """A model saving tool results in a loop meets the conversation's bound, as a person's uploads do; a script's
+    files are bounded by its call's output bounds instead (the scripts-manager's)."""
+    run_id = new_run_id(namespace=ANN.namespace, agent=ANN.agent)
+    for n in range(MAX_FILES_PER_CONVERSATION):
+        await files.save(owner=ANN, name=f"r{n}.txt", content=b"x", origin="tool", run_id=run_id)
+
+    def request(origin: str) -> SaveFiles:
+        return SaveFiles(origin=origin, run_id=run_id, caller=ANN.caller, session_id=ANN.session_id,
+                         files=[FileContent(name="one-more.txt", content=b"y")])  # fmt: skip
+
+    for origin in ("tool", "upload"):
+        refused = await save_files(files, namespace=ANN.namespace, agent=ANN.agent, request=request(origin))
+        assert refused.files == [] and f"may hold at most {MAX_FILES_PER_CONVERSATION}" in refused.error, origin
+    kept = await save_files(files, namespace=ANN.namespace, agent=ANN.agent, request=request("script"))
+    assert [f.name for f in kept.files] == ["one-more.txt"] and not kept.error

@@ -79,7 +79,7 @@ async def test_agent_becomes_children_and_a_ready_status(kube: KubeClient, kube_
         "type": "ToolsResolved",
         "status": "True",
         "reason": "AllResolved",
-        "message": "2 tools offered to the model",
+        "message": "3 tools offered to the model",
         "lastTransitionTime": None,
         "observedGeneration": 1,
     }
@@ -89,9 +89,10 @@ async def test_agent_becomes_children_and_a_ready_status(kube: KubeClient, kube_
             "source": "builtin:scripts",
             "description": status["tools"][0]["description"],
         },
+        {"name": "save_result_as_file", "source": "builtin:scripts", "description": status["tools"][1]["description"]},
         {"name": "weather", "source": "tool:weather", "description": "The weather tool."},
     ]
-    assert status["toolCount"] == 2  # what `kubectl get agents` prints under TOOLS
+    assert status["toolCount"] == 3  # what `kubectl get agents` prints under TOOLS
     assert status["observedGeneration"] == 1 and status["readyReplicas"] == 1
     sa = await kube.get(SERVICEACCOUNTS, namespace=ns, name="rockbot-analyst")
     assert sa["automountServiceAccountToken"] is False
@@ -202,7 +203,7 @@ async def test_a_tool_change_reaches_every_agent_that_uses_it(kube: KubeClient, 
         tools = condition(agent, "ToolsResolved")
         assert tools["status"] == "False"
         assert tools["message"] == f'Tool "weather" not found in namespace {ns}: create it or remove it from spec.tools'
-        assert [t["name"] for t in agent["status"]["tools"]] == ["execute_python_script"]
+        assert [t["name"] for t in agent["status"]["tools"]] == ["execute_python_script", "save_result_as_file"]
 
     await eventually(unresolved, within=30)
 

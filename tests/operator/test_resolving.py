@@ -35,6 +35,7 @@ def test_named_and_selected_tools_are_offered_with_builtins_first():
     )
     assert [(t.name, t.source) for t in result.tools] == [
         ("execute_python_script", "builtin:scripts"),
+        ("save_result_as_file", "builtin:scripts"),
         ("weather", "tool:weather"),
         ("stocks", "tool:stocks"),
     ]
@@ -78,6 +79,7 @@ def test_a_builtin_keeps_its_name_against_a_tool_and_a_sub_agent():
     )
     assert [(t.name, t.source) for t in result.tools] == [
         ("execute_python_script", "builtin:scripts"),
+        ("save_result_as_file", "builtin:scripts"),
         ("web_browse", "builtin:web"),
     ]
     assert result.config.tools == []
@@ -134,7 +136,7 @@ def test_blacklisted_tools_are_never_offered():
         agent(tools=["weather"], builtinTools=["scripts", "memory"], toolBlacklist=["execute_python_script"]),
         [tool_body("weather")],
     )
-    assert [t.name for t in result.tools] == ["get_from_working_memory", "weather"]
+    assert [t.name for t in result.tools] == ["save_result_as_file", "get_from_working_memory", "weather"]
     assert result.config.tool_blacklist == ["execute_python_script"]
 
 
