@@ -14,6 +14,10 @@ are looked at, so a script that leaves 10,000,000 files costs a bounded walk.
 
 Bounds: `files` files, `file_bytes` each, `total_bytes` together; a file over a bound is dropped, and every drop is
 said (a sentence per file, the rest counted), never silently.
+
+Inside a pod, what was kept goes back on the pod's stdout as one JSON line (`say_output`): the runner's result for a
+single script, a session kernel's trailer for each call (kernel.py), which the manager reads with
+`backends.outputs.received`.
 """
 
 #: Entries (files and folders) looked at in one output folder at most.
@@ -130,3 +134,37 @@ def _output_read(folder_fd, name, *, limit):
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def output_json(value):
+    """One JSON value of a pod's answer line: strings, numbers, booleans, None, and dicts of them (the C encoder's
+    string escaping only, so that a runner imports no json module)."""
+    import _json
+
+    if isinstance(value, str):
+        return _json.encode_basestring_ascii(value)
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{output_json(key)}: {output_json(item)}" for key, item in value.items()) + "}"
+    return repr(value)
+
+
+def say_output(fd, head, fields, files, drops):
+    """Write `head`, then `fields` with the output's `files` (`walk_output`'s, emptied as written: never the whole
+    line in memory) as base64 and its `drops`, as one JSON line on `fd`."""
+    import binascii
+    import os
+
+    def write_all(data):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+
+    write_all(head + (output_json(fields)[:-1] + (", " if fields else "") + '"artifacts_dropped": ['
+                      + ", ".join(map(output_json, drops)) + '], "artifacts": [').encode())
+    for number, (name, content) in enumerate(files):
+        start = (", " if number else "") + '{"name": ' + output_json(name) + ', "content": "'
+        write_all(start.encode() + binascii.b2a_base64(content, newline=False) + b'"}')
+        files[number] = None  # its memory goes before the next one's encoding
+    write_all(b"]}\n")

@@ -144,38 +144,8 @@ def _oom_kills():
     return 0
 
 
-def _encode(value):
-    """One JSON value of the result: strings, numbers, booleans, None, and dicts of them."""
-    if isinstance(value, str):
-        return _json.encode_basestring_ascii(value)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_encode(key)}: {_encode(item)}" for key, item in value.items()) + "}"
-    return repr(value)
-
-
 def _say(**fields):
-    os.write(1, ("\n" + _encode(fields) + "\n").encode())
-
-
-def _write_all(data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
-
-
-def _say_result(fields, files, drops):
-    """The result line, with the output's files as base64 written one at a time (never the whole line in memory)."""
-    import binascii
-
-    _write_all(("\n" + _encode(fields)[:-1] + ', "artifacts_dropped": [' + ", ".join(map(_encode, drops))
-                + '], "artifacts": [').encode())
-    for number, (name, content) in enumerate(files):
-        head = (", " if number else "") + '{"name": ' + _encode(name) + ', "content": "'
-        _write_all(head.encode() + binascii.b2a_base64(content, newline=False) + b'"}')
-        files[number] = None  # its memory goes before the next one's encoding
-    _write_all(b"]}\n")
+    os.write(1, ("\n" + output_json(fields) + "\n").encode())  # noqa: F821 (output_walk.py, see above)
 
 
 def _output(job):
@@ -211,39 +181,13 @@ def _read_job():
 
 def _receive_inputs(job):
     """The conversation's files, which follow the job line on stdin as raw bytes in the order and sizes the job
-    names, written under /input before the script exists, read-only (files 0444, the folders made for them 0555: a
-    write fails with EACCES). /input itself is the kubelet's emptyDir (root's, mode 0777), which no pod user may
-    chmod, so a script can add new names beside them; and it runs as the runner's user, so the copies are its own
-    to chmod: never the stored files, never another call's."""
+    names, written under /input before the script exists, read-only, by `write_inputs` (input_write.py, whose source
+    comes before this one in the pod)."""
     named = job.get("input_files") or []
-    if not named:
-        return
-    stream, folders = sys.stdin.buffer, []
-    for name, size in named:
-        parts = name.split("/")
-        if name.startswith("/") or any(part in ("", ".", "..") for part in parts) or int(size) < 0:
-            raise ValueError(f"the input file name {name!r} is not a relative path")
-        folder = INPUT_DIR
-        for part in parts[:-1]:
-            folder = os.path.join(folder, part)
-            if folder not in folders:  # made here, in the order of names: a folder before what it holds
-                os.mkdir(folder, 0o755)
-                folders.append(folder)
-        fd = os.open(os.path.join(folder, parts[-1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
-        try:
-            left = int(size)
-            while left:
-                chunk = stream.read(min(left, 1024 * 1024))
-                if not chunk:
-                    raise ValueError(f"stdin ended inside the input file {name!r}")
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-                left -= len(chunk)
-        finally:
-            os.close(fd)
-    for folder in reversed(folders):
-        os.chmod(folder, 0o555)
+    if named:
+        problems = write_inputs(sys.stdin.buffer, INPUT_DIR, named)  # noqa: F821 (see above)
+        if problems:
+            raise ValueError(problems[0])
 
 
 class _Interpreter:
@@ -367,10 +311,13 @@ def _become_kernel(job, child):
     path = os.path.join(JOB_DIR, "kernel.py")
     with open(path, "w") as source:
         source.write(job["kernel"])
+    if job.get("figures_hook"):  # beside the kernel, on its path: `plt.show()` saves under /output
+        with open(os.path.join(JOB_DIR, FIGURES_MODULE + ".py"), "w") as hook:
+            hook.write(job["figures_hook"])
     _signal.set_wakeup_fd(-1)
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
-    os.environ.clear()  # what the kernel starts with: a script's environment, but its figures module (a script's)
-    os.environ.update({key: value for key, value in _ENV.items() if key != "MPLBACKEND"})
+    os.environ.clear()  # what the kernel starts with: a script's environment
+    os.environ.update(_ENV if job.get("figures_hook") else {k: v for k, v in _ENV.items() if k != "MPLBACKEND"})
     os.chdir("/tmp")
     kernel = {"__name__": "rockbot_kernel", "__file__": path}
     exec(compile(job["kernel"], path, "exec"), kernel)  # its definitions only (it runs as __main__ elsewhere)
@@ -399,7 +346,7 @@ def main():
         return _become_kernel(job, child)
     result = _run(job, JOB_DIR, child, times, woken)
     files, drops = _output(job)
-    _say_result({RESULT_KEY: job["nonce"], **result}, files, drops)
+    say_output(1, b"\n", {RESULT_KEY: job["nonce"], **result}, files, drops)  # noqa: F821 (see above)
     return 0
 
 

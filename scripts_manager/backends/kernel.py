@@ -10,6 +10,13 @@ would ignore a SIGKILL sent from inside.
 The kernel reads one JSON line per call on its stdin (blank lines, keepalives, are skipped): the script, its input
 and a marker. It runs the script with `sys.stdin` reading the input, then writes the marker on stderr and the
 marker plus a JSON line (the exit code) on stdout, which tells the manager the call's output is complete.
+
+In a pod (pod_sessions.py) the kernel also moves the call's files, with the code a single script's runner uses (its
+source, output_walk.py and input_write.py, comes before this one: sessions.KERNEL): the files the call brings follow
+its line as raw bytes and are written under /input (`write_inputs`), those it no longer names are removed; /output is
+emptied before the script runs and read after it (`walk_output`, within the call's `output_bounds`), and its files go
+in the JSON line after the marker (`say_output`), so that a call gives back what it wrote, never an earlier call's
+files. The local backend does the same on the manager's side (local_sessions.py) and sends neither.
 `sys.exit(n)` in a script ends the call with exit code n and keeps the session; an uncaught exception prints its
 traceback and gives exit code 1; an uncaught MemoryError ends the session (exit 137, as an OOM kill would), since
 the interpreter may be left half-changed. The script runs in the kernel's process, so it could write a marker
@@ -59,13 +66,19 @@ def serve() -> int:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    sys.path[0] = os.getcwd()
+    sys.path.insert(0, os.getcwd())  # before the kernel's own folder, where a pod's figures module is
+    folders = os.environ.get("ROCKBOT_INPUT_DIR", "/input"), os.environ.get("ROCKBOT_OUTPUT_DIR", "/output")
     number = 0
     while line := calls.readline():
         if not line.strip():  # a keepalive of the stream the calls come on (the pod backend's attach session)
             continue
         number += 1
         call = json.loads(line)
+        problems = _take_inputs(calls, folders[0], call)
+        bounds = call.get("output_bounds")
+        if bounds:
+            _empty(folders[1])
+        print(*problems, sep="\n", file=sys.stderr, end="\n" if problems else "")
         sys.stdin = io.StringIO(call.get("input") or "")
         code = _run(call["script"], f"<script {number}>", main.__dict__)
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
@@ -73,8 +86,48 @@ def serve() -> int:
                 stream.flush()
         marker = call["marker"].encode()
         os.write(2, marker)
-        os.write(1, marker + json.dumps({"exit_code": code}).encode() + b"\n")
+        if bounds:
+            say_output(1, marker, {"exit_code": code}, *_output(folders[1], bounds))  # noqa: F821 (output_walk.py)
+        else:
+            os.write(1, marker + json.dumps({"exit_code": code}).encode() + b"\n")
     return 0
+
+
+def _take_inputs(calls: io.BufferedReader, folder: str, call: dict) -> list[str]:
+    """Write the files that follow the call's line under /input, and remove those it no longer names (a pod's)."""
+    if not call.get("input_files") and not call.get("input_removed"):
+        return []
+    return write_inputs(calls, folder, call.get("input_files") or [], call.get("input_removed") or [])  # noqa: F821
+
+
+def _empty(folder: str) -> None:
+    """Remove what the last call left under /output (the script's own: folders it closed are opened first, and no
+    link is followed)."""
+    for parent, names, _ in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                if not os.path.islink(path := os.path.join(parent, name)):
+                    os.chmod(path, 0o700)
+    for parent, names, files in os.walk(folder, topdown=False):
+        for name in files + names:
+            path = os.path.join(parent, name)
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+
+
+def _output(folder: str, bounds: list[int]) -> tuple[list, list[str]]:
+    """What the call left under /output within its bounds, and what was left out (`walk_output`)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return [], [f"{folder} could not be read: {exc.strerror}"]
+    try:
+        return walk_output(fd, *(int(bound) for bound in bounds))  # noqa: F821 (output_walk.py, see above)
+    finally:
+        os.close(fd)
 
 
 def _run(script: str, name: str, scope: dict) -> int:

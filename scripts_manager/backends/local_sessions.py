@@ -25,6 +25,7 @@ from rockbot.scripts_manager.backends.job_dirs import FILES, HOOK, OUTPUT, SCRIP
 from rockbot.scripts_manager.backends.local import OOM_EXIT_CODE, _exit_code, _read_available
 from rockbot.scripts_manager.backends.sessions import (
     KERNEL,
+    TRAILER_BYTES,
     KernelStream,
     Session,
     Sessions,
@@ -140,8 +141,8 @@ class LocalSessions(Sessions[_Session]):
                                     [(file.name, file.content) for file in job.files])  # fmt: skip
         cap = self._settings.scripts_max_output_bytes
         line, marker = call_line(job)
-        session.out.begin(marker=marker, cap=cap, trailer=True)
-        session.err.begin(marker=marker, cap=cap, trailer=False)
+        session.out.begin(marker=marker, cap=cap, trailer=TRAILER_BYTES)
+        session.err.begin(marker=marker, cap=cap)
         started = time.monotonic()
         writing = asyncio.ensure_future(asyncio.to_thread(_write_all, session.calls, line))
         answered = asyncio.ensure_future(asyncio.gather(session.out.ended.wait(), session.err.ended.wait()))

@@ -68,9 +68,12 @@ DEADLINE_SLACK_SECONDS = 10
 # job gets start-up allowance ROCKBOT_SCRIPTS_POD_START_SECONDS + timeout + slack; a warm pod gets its
 # idle lifetime, lowered at the claim to its age + timeout + slack (the API allows lowering only).
 # The runner enforces the timeout on the script itself; the deadline is the kubelet's backstop.
-# The runner's command: the shared reading of /output (output_walk.py), then the runner itself.
-RUNNER = "\n".join(files("rockbot.scripts_manager").joinpath(name).read_text()
-                   for name in ("output_walk.py", "runner.py"))
+#: The code a pod's runner and a session's kernel share: the reading of /output (output_walk.py) and the writing of
+#: /input (input_write.py), which the command puts before the runner's own source (and sessions.KERNEL before the
+#: kernel's).
+SANDBOX_FILES = "\n".join(files("rockbot.scripts_manager").joinpath(name).read_text()
+                          for name in ("output_walk.py", "input_write.py"))
+RUNNER = SANDBOX_FILES + "\n" + files("rockbot.scripts_manager").joinpath("runner.py").read_text()
 
 
 def pod_name(job: ScriptJob) -> str:

@@ -8,6 +8,13 @@ session that wrote that job stays open for the session's life: each later call i
 output read back up to the call's marker, with no pod start and no new attach. Between calls the session gets a
 blank line every _KEEPALIVE_SECONDS (the kernel skips it) so that a kubelet's idle-stream timeout never closes it.
 
+Files travel as a single script's do, with the runner's code (kernel.py): the first call's files go under /input with
+the job; a later call sends only the files its session's /input lacks or holds in another version (by content
+digest), as raw bytes after its line, and names those it no longer has, which the kernel removes, so /input holds the
+call's files. The kernel empties /output before each call and reads it after (output_walk.py, the call's bounds),
+so a call gives back what it wrote, and `plt.show()` saves there as in a single script's pod; the files come in the
+kernel's line after the call's marker and are checked as a runner's are (`outputs.received`).
+
 Since the pod's stdin is `stdinOnce`, the attach session is the session: whatever ends it (the manager stops, the
 stream breaks) ends the kernel and the pod. The session's end (sessions.py) deletes its pod. A script that ends its
 interpreter (`os._exit`, a signal to itself or to every process it may signal), the memory limit and the call's
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -43,10 +51,17 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from opentelemetry import trace
 
-from rockbot.contracts.scripts import INPUT_DIR, OUTPUT_DIR, ScriptInvokeResponse
+from rockbot.contracts.scripts import OUTPUT_DIR, ScriptInvokeResponse
 from rockbot.kube import PODS, ApiError, NotFound
 from rockbot.kube.attach import STDOUT, AttachSession
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends import (
+    InputFile,
+    SandboxFailure,
+    SandboxUnavailable,
+    ScriptJob,
+    SessionTerms,
+    outputs,
+)
 from rockbot.scripts_manager.backends.pod_jobs import (
     OutputTooLarge,
     RunnerOutput,
@@ -100,10 +115,10 @@ class _PodSession(Session):
     def __init__(
         self, *, terms: SessionTerms, shape: tuple[object, ...], life: float, name: str,
         attach: AttachSession, reading: asyncio.Task[None], out: KernelStream, err: KernelStream,
-        files: frozenset[tuple[str, int]],
+        files: dict[str, str],
     ) -> None:  # fmt: skip
         super().__init__(terms=terms, shape=shape, max_seconds=life)
-        self.files = files  # what its /input holds: the first call's files
+        self.files = files  # what its /input holds: name, and the content's digest
         self.name = name
         self.attach = attach
         self.reading = reading  # reads the attach session until it ends: done, the session is gone
@@ -251,8 +266,7 @@ class PodSessions(Sessions[_PodSession]):
             backend.delete_soon(name)
             raise
         return _PodSession(terms=terms, shape=shape, life=_life_left(pod), name=name, attach=attach,
-                           reading=reading, out=out, err=err,
-                           files=frozenset((file.name, len(file.content)) for file in job.files))  # fmt: skip
+                           reading=reading, out=out, err=err, files=_digests(job.files))  # fmt: skip
 
     async def _read(
         self, *, name: str, held: Held | None, opened: asyncio.Future[AttachSession], handshake: RunnerOutput,
@@ -290,13 +304,18 @@ class PodSessions(Sessions[_PodSession]):
         if session.answered:  # the first call's marks came with the pod's claim or creation
             session.marking = self._spawn(self._mark(session, job), name=f"mark session pod {session.name}")
         cap = self._settings.scripts_max_output_bytes
-        line, marker = call_line(job)
-        session.out.begin(marker=marker, cap=cap, trailer=True)
-        session.err.begin(marker=marker, cap=cap, trailer=False)
+        files = _digests(job.files)
+        sent = tuple(file for file in job.files if session.files.get(file.name) != files[file.name])
+        line, marker = call_line(job, input_files=[[file.name, len(file.content)] for file in sent],
+                                 input_removed=sorted(session.files.keys() - files.keys()),
+                                 output_bounds=list(job.output_bounds))  # fmt: skip
+        session.files = files
+        session.out.begin(marker=marker, cap=cap, trailer=output_limit(cap, job.output_bounds))
+        session.err.begin(marker=marker, cap=cap)
         started = time.monotonic()
         answered = asyncio.ensure_future(asyncio.gather(session.out.ended.wait(), session.err.ended.wait()))
         try:
-            await self._write(session, line)
+            await self._write(session, line, job.model_copy(update={"files": sent}))
         except (aiohttp.ClientError, ConnectionError) as exc:  # the stream broke: the session is gone
             log.info("writing a call to session pod %s failed: %r", session.name, exc)
         trace.get_current_span().add_event("call written")
@@ -305,8 +324,10 @@ class PodSessions(Sessions[_PodSession]):
         duration = time.monotonic() - started
         timed_out = not done
         exit_code, oom = None, False
+        collected = outputs.Collected((), ())
         if answered in done:
             exit_code = session.out.exit_code()
+            collected = await self._collected(session, job)
         else:
             answered.cancel()
             answered.add_done_callback(lambda gathered: gathered.cancelled() or gathered.exception())
@@ -320,11 +341,31 @@ class PodSessions(Sessions[_PodSession]):
         self._backend.metrics.pod_duration.labels("session").observe(time.monotonic() - started)
         return kernel_answer(job, out=session.out, err=session.err, exit_code=exit_code, timed_out=timed_out,
                              oom_killed=oom, duration_seconds=round(duration, 4), backend=self._backend.name,
-                             pod=session.name, artifacts_dropped=_not_carried(session, job))  # fmt: skip
+                             pod=session.name, artifacts=collected.artifacts,
+                             artifacts_dropped=collected.dropped)  # fmt: skip
 
-    async def _write(self, session: _PodSession, data: bytes) -> None:
+    async def _collected(self, session: _PodSession, job: ScriptJob) -> outputs.Collected:
+        """The call's files from the kernel's line after its marker, checked as a runner's are; a line that breaks
+        the protocol (only the script, in the kernel's process, could write one) ends the session, and says so."""
+        trailer = session.out.trailer()
+        try:
+            if session.out.overflowed or "exit_code" not in trailer:
+                raise ValueError("the line after its marker was not the kernel's")
+            return outputs.received(trailer.get("artifacts", []), trailer.get("artifacts_dropped", []),
+                                    bounds=job.output_bounds)  # fmt: skip
+        except ValueError as exc:
+            log.warning("session pod %s broke its kernel's protocol: %s", session.name, exc)
+            self._stop(session)
+            with contextlib.suppress(asyncio.CancelledError):
+                await session.reading
+            return outputs.Collected((), (f"{OUTPUT_DIR}: nothing came back ({exc}), and the session was ended",))
+
+    async def _write(self, session: _PodSession, data: bytes, job: ScriptJob | None = None) -> None:
+        """Write `data` (a call's line, or a keepalive) on the session's stream, and the files of `job` after it."""
         async with session.writing:
             await session.attach.write(data)
+            if job is not None:
+                await write_files(session.attach, job)
             session.written = time.monotonic()
 
     async def _mark(self, session: _PodSession, job: ScriptJob) -> None:
@@ -399,14 +440,9 @@ class PodSessions(Sessions[_PodSession]):
         return task
 
 
-def _not_carried(session: _PodSession, job: ScriptJob) -> tuple[str, ...]:
-    """What a session pod does not do yet, said with each answer: files given after its first call are not under
-    /input, and nothing is given back from /output (a single script's pod does both)."""
-    said = [f"{OUTPUT_DIR}: a session pod gives no files back yet (a single script's pod does): print what you need"]
-    later = sorted(name for name, size in {(file.name, len(file.content)) for file in job.files} - session.files)
-    if later:
-        said.append(f"{INPUT_DIR}: these files came after the session started and are not there: {', '.join(later)}")
-    return tuple(said)
+def _digests(files: tuple[InputFile, ...]) -> dict[str, str]:
+    """Each file's name and content digest: a later call sends only the files its session's /input lacks."""
+    return {file.name: hashlib.sha256(file.content).hexdigest() for file in files}
 
 
 def _running(pod: K8sObject) -> bool:

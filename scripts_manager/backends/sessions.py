@@ -25,14 +25,18 @@ from typing import Generic, TypeVar
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.scripts_manager.backends import SandboxUnavailable, ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends.pod_manifests import SANDBOX_FILES
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-#: The persistent interpreter every backend's session runs (kernel.py, standard library only).
-KERNEL = (Path(__file__).parent / "kernel.py").read_text()
+#: The persistent interpreter every backend's session runs (kernel.py, standard library only), after the code a
+#: pod's runner has to move files (a pod's kernel moves its calls' files; the local backend's moves none).
+KERNEL = SANDBOX_FILES + "\n" + (Path(__file__).parent / "kernel.py").read_text()
 _SWEEP_SECONDS = 1.0
+#: The most a kernel's line after a call's marker holds without files (its exit code).
+TRAILER_BYTES = 4096
 #: Conversations whose session ended, remembered so their next call says `restarted`.
 _REMEMBERED_ENDS = 4096
 
@@ -48,14 +52,18 @@ class KernelStream:
         self._pending = bytearray()  # bytes that may be the start of the marker
         self._trailer: bytearray | None = None
         self._wants_trailer = False
-        self.truncated = False
+        self._trailer_cap = 0
+        self.truncated = self.overflowed = False
         self.ended = asyncio.Event()
         self.closed = asyncio.Event()
 
-    def begin(self, *, marker: bytes, cap: int, trailer: bool) -> None:
-        self._marker, self._cap, self._wants_trailer = marker, cap, trailer
+    def begin(self, *, marker: bytes, cap: int, trailer: int = 0) -> None:
+        """A call's output starts: kept up to `cap` bytes until `marker`, then (with `trailer`, its bound in bytes)
+        the kernel's JSON line after it."""
+        self._marker, self._cap, self._wants_trailer = marker, cap, trailer > 0
+        self._trailer_cap = trailer
         self._kept, self._pending, self._trailer = bytearray(), bytearray(), None
-        self.truncated = False
+        self.truncated = self.overflowed = False
         self.ended = asyncio.Event()
 
     def feed(self, chunk: bytes) -> None:
@@ -63,7 +71,11 @@ class KernelStream:
             return  # between calls: something a script left running writes to nobody
         if self._trailer is not None:
             self._trailer += chunk
-            if b"\n" in self._trailer:
+            if len(self._trailer) > self._trailer_cap:  # more than the kernel ever writes: not the kernel's
+                self.overflowed = True
+                self._trailer.clear()
+                self.ended.set()
+            elif b"\n" in chunk:
                 self.ended.set()
             return
         self._pending += chunk
@@ -94,19 +106,26 @@ class KernelStream:
             self._pending.clear()
         return self._kept.decode(errors="replace")
 
-    def exit_code(self) -> int | None:
-        """The call's exit code from the kernel's trailer; None if that is unreadable (the script wrote over it)."""
+    def trailer(self) -> dict[str, object]:
+        """The kernel's JSON line after the call's marker (its exit code, a pod's files); empty if unreadable (the
+        script wrote over it)."""
         try:
-            code = json.loads(bytes(self._trailer or b"").partition(b"\n")[0])["exit_code"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return code if isinstance(code, int) else None
+            fields = json.loads(bytes(self._trailer or b"").partition(b"\n")[0])
+        except ValueError:
+            return {}
+        return fields if isinstance(fields, dict) else {}
+
+    def exit_code(self) -> int | None:
+        """The call's exit code from the kernel's trailer; None if that is unreadable."""
+        code = self.trailer().get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
-def call_line(job: ScriptJob) -> tuple[bytes, bytes]:
-    """A call for kernel.py (one JSON line) and the marker that ends its output, made for this call."""
+def call_line(job: ScriptJob, **files: object) -> tuple[bytes, bytes]:
+    """A call for kernel.py (one JSON line) and the marker that ends its output, made for this call; `files` are a
+    pod's (kernel.py: `input_files`, `input_removed`, `output_bounds`)."""
     marker = f"\0rockbot-end-{secrets.token_hex(16)}\0"
-    line = json.dumps({"script": job.script, "input": job.input_data, "marker": marker}).encode() + b"\n"
+    line = json.dumps({"script": job.script, "input": job.input_data, "marker": marker, **files}).encode() + b"\n"
     return line, marker.encode()
 
 

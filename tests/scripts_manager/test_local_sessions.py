@@ -11,6 +11,7 @@ import pytest
 
 from rockbot.scripts_manager.backends import InputFile, ScriptJob, SessionTerms
 from rockbot.scripts_manager.backends.local import LocalBackend
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 from tests.scripts_manager.conftest import MakeSettings
 from tests.waiting import eventually
 
@@ -147,3 +148,29 @@ async def test_pandas_loaded_in_one_call_is_used_in_the_next(sandbox: LocalBacke
     assert (summed.exit_code, summed.session, summed.stdout) == (0, "kept", "40\n"), summed.stderr
     assert [(a.name, a.content) for a in summed.artifacts] == [
         ("clean.csv", b"month,revenue,share\n1,10,0.25\n2,30,0.75\n")], summed
+
+
+async def test_a_session_drops_links_out_of_output_and_files_over_the_bound_and_shows_figures(
+    sandbox: LocalBackend,
+) -> None:
+    """The pod backend's contract too (test_pod_sessions.py): what a call wrote within bounds, links and files over
+    the bound dropped and said, `plt.show()` as a file, and nothing of an earlier call given back again."""
+    hostile = await sandbox.run(call("""
+        import os
+        os.symlink("/etc/passwd", "/output/passwd")
+        open("/output/big.bin", "wb").write(b"x" * 1001)
+        open("/output/ok.txt", "w").write("fine")
+    """, memory="1Gi").model_copy(update={"output_bounds": OutputBounds(files=3, file_bytes=1000, total_bytes=1500)}))
+    figure = await sandbox.run(call("""
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2], [2, 1])
+        plt.show()
+    """, memory="1Gi"))
+    assert (hostile.session, hostile.exit_code) == ("new", 0), hostile.stderr
+    assert [(a.name, a.content) for a in hostile.artifacts] == [("ok.txt", b"fine")], hostile
+    assert sorted(hostile.artifacts_dropped) == [
+        "big.bin: 1,001 bytes, over the bound of 1,000 bytes per file",
+        "passwd: a symbolic link (only files written under /output come back)",
+    ], hostile
+    assert (figure.session, figure.exit_code) == ("kept", 0), figure.stderr
+    assert [(a.name, a.media_type) for a in figure.artifacts] == [("figure-1.png", "image/png")], figure

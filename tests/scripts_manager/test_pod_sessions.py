@@ -15,6 +15,7 @@ import pytest
 
 from rockbot.kube import PODS, KubeClient
 from rockbot.scripts_manager.backends import Asker, InputFile, ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends.outputs import OutputBounds
 from rockbot.scripts_manager.backends.pod_manifests import (
     ASKER_ANNOTATION,
     REQUEST_ANNOTATION,
@@ -25,6 +26,7 @@ from rockbot.scripts_manager.backends.pod_manifests import (
 from rockbot.scripts_manager.backends.pods import PodBackend
 from tests.kubeapi import KubeApiEmulator
 from tests.scripts_manager.conftest import NS, MakeSettings, node, pod_backend
+from tests.scripts_manager.test_pod_files import LINKED
 from tests.scripts_manager.test_pool import jobs_run_by, pooled, the_idle_pod
 from tests.waiting import eventually
 
@@ -211,17 +213,84 @@ async def test_a_call_that_reaches_another_manager_ends_the_first_ones_session_a
     assert (back.session, back.stdout) == ("restarted", "None\n"), back
 
 
-async def test_the_first_calls_files_are_under_input_and_what_a_session_pod_does_not_carry_is_said(
+async def test_each_call_sees_its_files_under_input_and_gives_back_what_it_wrote_with_plt_show_figures(
     warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
 ) -> None:
-    sales = InputFile(name="sales.csv", content=b"month,revenue\n1,10\n")
-    later = InputFile(name="later.csv", content=b"x\n")
+    """The local backend's contract (test_local_sessions.py), with the runner's code in the pod's kernel: a later
+    call's new or changed files are added to /input, those it no longer names removed; /output is emptied before each
+    call, so a call gives back what it wrote, never an earlier call's files."""
+    sales = InputFile(name="sales.csv", content=b"month,revenue\n1,10\n2,30\n")
+    newer = InputFile(name="sales.csv", content=b"month,revenue\n1,10\n2,30\n3,20\n")
+    later = InputFile(name="data/later.csv", content=b"x\n")
+    listing = "import os; print(sorted(os.listdir('/input')), sorted(os.listdir('/output')))"
+    async with node(kube_api, kube) as kubelet:
+        name = await the_idle_pod(kube, warm)
+        first = await warm.run(call("""
+            rows = open("/input/sales.csv").read().splitlines()
+            open("/output/clean.csv", "w").write("\\n".join(rows).upper())
+            print(len(rows))
+        """, files=(sales,)))
+        second = await warm.run(call(listing + "; print(open('/input/data/later.csv').read(), len(rows))",
+                                     files=(sales, later)))
+        third = await warm.run(call(listing + "; print(open('/input/sales.csv').read().count('\\n'))",
+                                    files=(newer,)))
+        probe = await warm.run(call("import matplotlib", files=(newer,)))
+        if probe.exit_code != 0:
+            pytest.fail(f"the node's Python has no matplotlib ({probe.stderr.strip()[-200:]}): install it, e.g. "
+                        "apt-get install -y python3-matplotlib")
+        figure = await warm.run(call("""
+            import matplotlib.pyplot as plt
+            plt.bar([r.split(",")[0] for r in rows[1:]], [int(r.split(",")[1]) for r in rows[1:]])
+            plt.show()
+        """, files=(newer,)))
+        assert kubelet.pods[name].streams.attached == 1  # type: ignore[union-attr]
+    assert (first.session, first.stdout) == ("new", "3\n"), first
+    assert [(a.name, a.content) for a in first.artifacts] == [("clean.csv", b"MONTH,REVENUE\n1,10\n2,30")], first
+    assert (second.session, second.stdout) == ("kept", "['data', 'sales.csv'] []\nx\n 3\n"), second
+    assert (second.artifacts, second.artifacts_dropped) == ((), ()), second
+    assert (third.session, third.stdout) == ("kept", "['data', 'sales.csv'] []\n4\n"), third
+    assert (figure.session, figure.exit_code) == ("kept", 0), figure.stderr
+    assert [(a.name, a.media_type) for a in figure.artifacts] == [("figure-1.png", "image/png")], figure
+
+
+async def test_a_session_drops_links_out_of_output_and_files_over_the_bound_says_so_and_goes_on(
+    warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    bounds = OutputBounds(files=3, file_bytes=1000, total_bytes=1500)
     async with node(kube_api, kube):
         await the_idle_pod(kube, warm)
-        first = await warm.run(call("print(open('/input/sales.csv').read().splitlines()[1])", files=(sales,)))
-        second = await warm.run(call("import os; print(sorted(os.listdir('/input')))", files=(sales, later)))
-    assert (first.session, first.stdout) == ("new", "1,10\n"), first
-    assert (second.session, second.stdout) == ("kept", "['sales.csv']\n"), second
-    assert any("gives no files back" in said for said in first.artifacts_dropped)
-    assert any("later.csv" in said for said in second.artifacts_dropped)
-    assert not any("later.csv" in said for said in first.artifacts_dropped)
+        hostile = await warm.run(call("""
+            import os
+            os.symlink("/etc/passwd", "/output/passwd")
+            os.symlink("/input", "/output/inputs")
+            open("/output/big.bin", "wb").write(b"x" * 1001)
+            open("/output/ok.txt", "w").write("fine")
+            os.mkdir("/output/closed"); open("/output/closed/x.txt", "w").write("x"); os.chmod("/output/closed", 0)
+            kept = 1
+        """).model_copy(update={"output_bounds": bounds}))
+        after = await warm.run(call("import os; print(kept, sorted(os.listdir('/output')))"))
+    assert (hostile.session, hostile.exit_code) == ("new", 0), hostile.stderr
+    assert [(a.name, a.content) for a in hostile.artifacts] == [("ok.txt", b"fine")], hostile
+    assert sorted(hostile.artifacts_dropped) == [
+        "big.bin: 1,001 bytes, over the bound of 1,000 bytes per file",
+        f"inputs: a symbolic link {LINKED}", f"passwd: a symbolic link {LINKED}",
+    ], hostile
+    assert (after.session, after.stdout, after.artifacts) == ("kept", "1 []\n", ()), after
+
+
+async def test_a_forged_kernel_line_ends_the_session_and_says_so(
+    warm: PodBackend, kube: KubeClient, kube_api: KubeApiEmulator
+) -> None:
+    """The script runs in the kernel's process and could find its call's marker: a line after it that no kernel
+    writes (here over the bound of its call's files) ends that session, only its own, and the answer says so."""
+    async with node(kube_api, kube):
+        await the_idle_pod(kube, warm)
+        forged = await warm.run(call("""
+            import gc, os
+            line = next(o for o in gc.get_objects() if isinstance(o, dict) and "marker" in o and "script" in o)
+            os.write(1, line["marker"].encode() + b'{"exit_code": 0, "artifacts": "' + b"A" * 8_000_000 + b'"}\\n')
+        """, memory="512Mi").model_copy(update={"output_bounds": OutputBounds(files=1, file_bytes=10, total_bytes=10)}))
+        after = await warm.run(call("print(globals().get('gc'))", memory="512Mi"))
+    assert forged.session == "ended" and forged.artifacts == (), forged
+    assert any("the session was ended" in said for said in forged.artifacts_dropped), forged
+    assert (after.session, after.stdout) == ("restarted", "None\n"), after
