@@ -7,12 +7,16 @@ scripts-manager sees it (the bus round trip to an agent adds ~2 ms, see bench_sc
 - a session's first call: a new conversation each time, on a warm pod (the pool let refill between calls):
   the claim, the runner becoming the kernel, the call;
 - a session's later call: `x += 1` in one conversation's kept interpreter, one after another (the call's mark
-  on the pod, one line on the open attach session, the answer).
+  on the pod, one line on the open attach session, the answer);
+- a session's later call with files (bench_pod_files.py's): a new version of a 1 MiB CSV each call (sent after
+  the call's line, written under /input by the kernel) read, and a 200 KB PNG written under /output (read by the
+  kernel with the shared walk, base64 after the call's marker, checked by the manager), interleaved with the
+  plain later call in the same session, so the difference is what moving the files costs.
 
 It prints the p50 and p95 of each, and where the first calls' time went (the backend's span events, as
 bench_pods.py prints them). Needs the rig up (`$K8SREAL/up.sh && $K8SREAL/node-up.sh`, or scripts/e2e-real).
 
-    python -m benchmarks.bench_pod_sessions [--runs 50] [--firsts 10] [--cpu 250m] [--memory 128Mi]
+    python -m benchmarks.bench_pod_sessions [--runs 50] [--firsts 10] [--cpu 250m] [--memory 128Mi] [--no-files]
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
+from benchmarks.bench_pod_files import CSV, READ, WRITE
 from benchmarks.bench_pods import K8SREAL, REQUEST, SPANS, idle, report
 from rockbot.kube import NAMESPACES, KubeClient, NotFound
-from rockbot.scripts_manager.backends import ScriptJob, SessionTerms
+from rockbot.scripts_manager.backends import InputFile, ScriptJob, SessionTerms
 from rockbot.scripts_manager.backends.pods import PodBackend
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -46,8 +51,9 @@ def terms(conversation: str) -> SessionTerms:
                         max_seconds=3000)  # fmt: skip
 
 
-async def timed(backend: PodBackend, job: ScriptJob, samples: list[float]) -> str:
-    with tracer.start_as_current_span(REQUEST):
+async def timed(backend: PodBackend, job: ScriptJob, samples: list[float], *, span: str = REQUEST) -> str:
+    """Run `job`, its time into `samples`; `span` other than REQUEST keeps its steps out of the breakdown printed."""
+    with tracer.start_as_current_span(span):
         started = time.perf_counter()
         result = await backend.run(job)
         samples.append(time.perf_counter() - started)
@@ -55,7 +61,7 @@ async def timed(backend: PodBackend, job: ScriptJob, samples: list[float]) -> st
     return f"{result.session}:{result.stdout.strip()}"
 
 
-async def main(*, runs: int, firsts: int, cpu: str, memory: str) -> None:
+async def main(*, runs: int, firsts: int, cpu: str, memory: str, files: bool) -> None:
     os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(SPANS))
@@ -88,15 +94,25 @@ async def main(*, runs: int, firsts: int, cpu: str, memory: str) -> None:
             conversation = terms("later")
             await backend.run(ScriptJob(request_id="later-0", script="x = 0", input_data=None, timeout_seconds=10,
                                         session=conversation))  # fmt: skip
+            moved: list[float] = []
             for number in range(1, runs + 1):
                 said = await timed(backend, ScriptJob(
                     request_id=f"later-{number}", script="x += 1\nprint(x)", input_data=None, timeout_seconds=10,
                     session=conversation,
                 ), later)  # fmt: skip
                 assert said == f"kept:{number}", said
+                if files:
+                    csv = InputFile(name="sales.csv", content=CSV + b"2026-12,%09d\n" % number)  # a new version
+                    said = await timed(backend, ScriptJob(
+                        request_id=f"files-{number}", script=READ + WRITE, input_data=None, timeout_seconds=10,
+                        session=conversation, files=(csv,),
+                    ), moved, span="a call with files")  # fmt: skip
+                    assert said == f"kept:{len(csv.content)}\n1", said
             report("later call (x += 1)", later, 0)
             print(f"  later calls: mean {statistics.mean(later) * 1000:.1f} ms, max {max(later) * 1000:.1f} ms",
                   flush=True)
+            if files:
+                report("later call, 1 MiB CSV in and 200 KB PNG out", moved, 0)
         finally:
             await backend.close()
             with contextlib.suppress(NotFound):
@@ -109,5 +125,8 @@ if __name__ == "__main__":
     parser.add_argument("--firsts", type=int, default=10)
     parser.add_argument("--cpu", default="250m", help="the script pods' CPU (requests = limits)")
     parser.add_argument("--memory", default="128Mi")
+    parser.add_argument("--no-files", dest="files", action="store_false",
+                        help="leave out the later calls with files")
     arguments = parser.parse_args()
-    asyncio.run(main(runs=arguments.runs, firsts=arguments.firsts, cpu=arguments.cpu, memory=arguments.memory))
+    asyncio.run(main(runs=arguments.runs, firsts=arguments.firsts, cpu=arguments.cpu, memory=arguments.memory,
+                     files=arguments.files))
