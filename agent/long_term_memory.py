@@ -10,9 +10,10 @@ tool argument the model wrote), or is the Agent's one shared memory (`scope: Age
 every request to this agent's own rows. A text is redacted (the agent's secrets, as in run records)
 before it is embedded or sent. Nothing here fails a turn: an embeddings endpoint or a console that
 fails or is slow is `MemoryUnavailable`, which the tools answer as an error and the automatic recall
-turns into a note in the turn saying that nothing was recalled and why. `remember` answers once the console has
-kept the text within its bounds, and embeds it afterwards (see docs/concepts/memory.md, "What `remember` waits
-for").
+turns into a note in the turn saying that nothing was recalled and why. `remember` answers once the broker holds
+the request durably when the console's last word on the scope left room for it (written behind: a refusal after all
+is said in the caller's next memory tool result or turn), else once the console has kept it; it embeds the text
+afterwards (see docs/concepts/memory.md, "What `remember` waits for").
 
 The automatic recall (`auto_recall`) puts the caller's most relevant memories into the turn before the
 model is asked, as the result of a `recall` call (an assistant tool call and its tool message): models
@@ -27,6 +28,8 @@ import asyncio
 import json
 import logging
 import secrets
+from collections import OrderedDict
+from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -49,6 +52,7 @@ from rockbot.contracts.memories import (
     Recall,
     RecalledMemory,
     Remember,
+    Room,
 )
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,13 @@ _CHARS_PER_TOKEN = 4
 _QUERY_CHARS = 2000
 #: The longest a recall (or a stop) waits for this process's embeddings under way.
 SETTLE_SECONDS = 5.0
+#: Written-behind remembers of this process waiting for the console's word at once; past them, `remember` waits for
+#: it (so one process never has more of them in flight than the console answers of an agent at once).
+BEHIND = 2
+#: How long a written-behind remember waits for the console's word before asking again (the request stays queued).
+BEHIND_WAIT_SECONDS = 30.0
+#: Scopes whose room (and callers whose refusals) this process keeps; the least recently used go past it.
+KEPT_SCOPES = 1000
 
 
 class MemoryUnavailable(Exception):
@@ -87,12 +98,29 @@ class BusMemoryDesk:
         self._bus = bus
         self._timeout = timeout_seconds
 
-    async def ask(self, request: MemoryRequest) -> MemoryReply:
+    async def ask(self, request: MemoryRequest, *, sent: asyncio.Future[None] | None = None,
+                  timeout_seconds: float | None = None) -> MemoryReply:  # fmt: skip
         try:
             return await ask_console(self._bus, queue=CONSOLE_MEMORY, body=request, answer=MemoryReply,
-                                     kind="memory", timeout_seconds=self._timeout)  # fmt: skip
+                                     kind="memory", timeout_seconds=timeout_seconds or self._timeout,
+                                     sent=sent)  # fmt: skip
         except BusError as exc:
             raise MemoryUnavailable(f"the console (which keeps memories) did not answer: {exc}") from None
+
+    async def hand_over(self, request: Remember) -> asyncio.Task[MemoryReply]:
+        """Send `request`, and return once the broker confirmed it (a quorum queue's copy: it outlives this process
+        and the console's) with the task that waits for the console's reply; `MemoryUnavailable` when not sent."""
+        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        reply = asyncio.create_task(self.ask(request, sent=sent, timeout_seconds=BEHIND_WAIT_SECONDS))
+        try:
+            await asyncio.wait({sent, reply}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            reply.cancel()
+            raise
+        if not sent.done():
+            sent.cancel()
+            reply.result()  # raises why it was not sent
+        return reply
 
 
 class LongTermMemory:
@@ -111,28 +139,95 @@ class LongTermMemory:
         #: One embedding after the fact at a time: they never take more than one of the console's per-agent share
         #: of requests answered at once (`MEMORY_PER_AGENT`), which the model's own calls need.
         self._background = asyncio.Semaphore(1)
+        #: What each scope may still take, as the console last said less what was written behind since.
+        self._rooms: OrderedDict[str, Room] = OrderedDict()
+        #: Written-behind remembers waiting for the console's reply, by memory id (a forget of one waits for it).
+        self._behind: dict[str, asyncio.Task[MemoryReply]] = {}
+        #: Written-behind remembers the console refused after all, by caller: said in their next tool result or turn.
+        self._refused: OrderedDict[str, list[str]] = OrderedDict()
 
     async def remember(self, *, caller: str, text: str, tags: list[str], run_id: str = "") -> str:
-        """Keep `text` (redacted) in the caller's scope; its id, once the console has kept it within the scope's
-        bounds (`MemoryRefused` past one, or for a text longer than `MAX_MEMORY_CHARS`). It is embedded after that,
-        off the model's path: until then it is listed and searched by words, and a recall of this process waits
-        for it; when that fails, the next sweep embeds it (see `_sweep_pending`)."""
+        """Keep `text` (redacted) in the caller's scope; its id (`MemoryRefused` past a bound, or for a text longer
+        than `MAX_MEMORY_CHARS`).
+
+        Written behind when the console's last word on the scope left room for it (and fewer than `BEHIND` wait):
+        the id once the broker holds the request, which the console then keeps (a refusal after all, another pod
+        having filled the scope, is said in the caller's next memory tool result or turn). Else the id once the
+        console has kept it, or its refusal at once, and its word on the room left. Embedded after that, off the
+        model's path: until then it is listed and searched by words, and a recall of this process waits for it;
+        when that fails, the next sweep embeds it (see `_sweep_pending`)."""
         text = self._redact(text.strip())
         if len(text) > MAX_MEMORY_CHARS:
             raise MemoryRefused(ErrorInfo(code=ErrorCode.INVALID_ARGUMENTS, message=(
                 f"text is {len(text)} characters; a memory keeps at most {MAX_MEMORY_CHARS}: keep the fact "
                 "itself, or split it into several memories")))  # fmt: skip
-        config = self.config
-        reply = await self._ask(Remember(
+        config, scope, size = self.config, "" if self._shared else caller, len(text.encode())
+        room = self._rooms.get(scope)
+        behind = (room is not None and room.items >= 1 and room.bytes >= size and len(self._behind) < BEHIND
+                  and hasattr(self._desk, "hand_over"))  # fmt: skip
+        request = Remember(
             caller=caller, shared=self._shared, memory_id=f"m-{secrets.token_hex(8)}", text=text, tags=tags,
             model=self._embedder.model, retention_days=config.retention_days, max_items=config.max_items_per_scope,
-            max_bytes=config.max_bytes_per_scope, run_id=run_id[:64],
-        ))  # fmt: skip
-        assert reply.stored is not None
-        task = asyncio.create_task(self._embed_kept(reply.stored, text))
+            max_bytes=config.max_bytes_per_scope, run_id=run_id[:64], answered=behind,
+        )  # fmt: skip
+        if behind and room is not None:
+            self._behind[request.memory_id] = await self._desk.hand_over(request)  # type: ignore[union-attr]
+            self._rooms[scope] = Room(items=room.items - 1, bytes=room.bytes - size)
+            self._follow(self._kept_behind(request))
+            return request.memory_id
+        try:
+            reply = await self._ask(request)
+        except MemoryRefused:
+            self._rooms.pop(scope, None)
+            raise
+        if reply.room is not None:
+            _kept(self._rooms, scope, reply.room)
+        self._follow(self._embed_kept(request.memory_id, text))
+        return request.memory_id
+
+    def _follow(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run what follows a remember in the background; a recall (and a stop) waits for it (see `settled`)."""
+        task = asyncio.create_task(work)
         self._embedding.add(task)
         task.add_done_callback(self._embedding.discard)
-        return reply.stored
+
+    async def _kept_behind(self, request: Remember) -> None:
+        """Wait for the console's word on a written-behind remember (asking again with the same id, kept once, when
+        none came); embed it once kept, or keep its refusal for the caller's next tool result or turn."""
+        reply = None
+        try:
+            reply = await self._behind[request.memory_id]
+        except MemoryUnavailable:
+            try:
+                reply = await self._ask(request)
+            except MemoryUnavailable as exc:  # it stays queued; when kept, a later sweep embeds it
+                log.warning("no word yet on memory %s, written behind (%s)", request.memory_id, exc)
+                self._left_pending = True
+        except MemoryRefused as exc:
+            reply = MemoryReply(error=exc.info)
+        finally:
+            self._behind.pop(request.memory_id, None)
+        if reply is not None and reply.error is not None:
+            scope = "" if request.shared else request.caller
+            self._rooms.pop(scope, None)
+            log.warning("memory %s, written behind, was refused by the console: %s", request.memory_id,
+                        reply.error.message)  # fmt: skip
+            _kept(self._refused, request.caller, [*self._refused.get(request.caller, [])[-4:],
+                  f"{request.memory_id} ({json.dumps(request.text[:60], ensure_ascii=False)}…) was not kept after "
+                  f"all: {reply.error.message}"])  # fmt: skip
+        elif reply is not None:
+            await self._embed_kept(request.memory_id, request.text)
+
+    def refusals(self, caller: str) -> str:
+        """What the console refused of `caller`'s written-behind remembers since last said (said once), or ""."""
+        notes = self._refused.pop(caller, [])
+        return "".join(f"\nLong-term memory: remembered {note}" for note in notes).lstrip("\n")
+
+    def refusal_messages(self, caller: str) -> list[Message]:
+        """The caller's refusals as a turn's note (a `recall` call's result, as the automatic recall puts them), or
+        none."""
+        note = self.refusals(caller)
+        return _recall_messages(query="", k=0, result=note) if note else []
 
     async def _embed_kept(self, memory_id: str, text: str) -> None:
         """Embed a kept memory and give the console its embedding; on failure it stays pending for a sweep."""
@@ -184,6 +279,8 @@ class LongTermMemory:
 
     async def forget(self, *, caller: str, memory_id: str) -> bool:
         """Delete one of the caller's memories (in a shared scope: any of the agent's); whether there was one."""
+        if memory_id in self._behind:  # written behind: its insert comes first
+            await asyncio.wait({self._behind[memory_id]}, timeout=SETTLE_SECONDS)
         return (await self._ask(Forget(caller=caller, shared=self._shared, memory_id=memory_id))).forgotten
 
     async def auto_recall(self, *, caller: str, text: str) -> list[Message]:
@@ -194,20 +291,13 @@ class LongTermMemory:
         try:
             found = [m for m in await self.recall(caller=caller, query=text, k=policy.max_items)
                      if m.score >= policy.min_score]  # fmt: skip
-            if not found:
-                return []
-            result = quoted_notes(found, max_chars=policy.max_tokens * _CHARS_PER_TOKEN)
+            result = quoted_notes(found, max_chars=policy.max_tokens * _CHARS_PER_TOKEN) if found else ""
         except (MemoryUnavailable, MemoryRefused) as exc:
             result = f"Long-term memory: nothing recalled this turn ({exc})."
         except ValidationError as exc:  # a caller or an embedding no store takes: the turn goes on without memory
             result = f"Long-term memory: nothing recalled this turn ({exc.errors()[0]['msg']})."
-        call_id = f"call_memory_{secrets.token_hex(6)}"
-        arguments = json.dumps({"query": text[:200], "k": policy.max_items}, ensure_ascii=False)
-        return [
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"id": call_id, "type": "function", "function": {"name": RECALL, "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": call_id, "content": result},
-        ]  # fmt: skip
+        result = "\n".join(part for part in (result, self.refusals(caller)) if part)
+        return _recall_messages(query=text[:200], k=policy.max_items, result=result) if result else []
 
     async def close(self) -> None:
         """Finish the embeddings under way (a memory left pending is embedded by a later sweep), then stop."""
@@ -236,6 +326,25 @@ class LongTermMemory:
         if reply.error is not None:
             raise MemoryRefused(reply.error)
         return reply
+
+
+def _recall_messages(*, query: str, k: int, result: str) -> list[Message]:
+    """A `recall` call and its `result`, as a turn carries what memory says before the model is asked."""
+    call_id = f"call_memory_{secrets.token_hex(6)}"
+    arguments = json.dumps({"query": query, "k": k} if k else {"query": query}, ensure_ascii=False)
+    return [
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": call_id, "type": "function", "function": {"name": RECALL, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]  # fmt: skip
+
+
+def _kept(kept: OrderedDict[str, Any], key: str, value: Any) -> None:
+    """Put `value` at `key` as the most recently used, forgetting the least recently used past `KEPT_SCOPES`."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > KEPT_SCOPES:
+        kept.popitem(last=False)
 
 
 def quoted_notes(memories: list[RecalledMemory], *, max_chars: int) -> str:

@@ -385,6 +385,8 @@ class AgentRuntime:
             recalled = self._auto_recall(caller=caller, text=str(content or ""))
         if recalled is not None:
             history.extend(await recalled)
+        elif self.kit.long_term is not None and caller:  # what was refused after the model was told it is kept
+            history.extend(self.kit.long_term.refusal_messages(caller))
 
     def _auto_recall(self, *, caller: str, text: str) -> asyncio.Task[list[dict[str, Any]]] | None:
         """The automatic recall for a turn saying `text`, started (so it runs while the rest of the turn is made

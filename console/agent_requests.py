@@ -55,6 +55,10 @@ class AgentRequests:
         """The reply to one of `agent`'s requests; None sends none (the agent's wait ends in its timeout)."""
         raise NotImplementedError
 
+    async def busy(self, agent: Principal, request: Any) -> None:
+        """Called for a request past the agent's share in flight, before it is refused: a subclass may raise instead
+        (a plain `BusError` puts it back on the queue after a pause)."""
+
     async def _on_request(self, delivery: Delivery) -> None:
         agent = self.asker(delivery)
         if agent is None:
@@ -65,6 +69,7 @@ class AgentRequests:
         request = delivery.decode(self.request_type, max_bytes=self.max_bytes)
         with self._in_flight.slot(agent.user) as admitted:
             if not admitted:
+                await self.busy(agent, request)
                 raise Refused(f"{agent} already has {self.per_agent} {self.what} requests being answered")
             reply = await self.answer(agent, request)
         if reply is not None:

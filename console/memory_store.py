@@ -45,6 +45,7 @@ from rockbot.contracts.memories import (
     Recall,
     RecalledMemory,
     Remember,
+    Room,
 )
 
 #: A scope of at most this many memories is compared whole; a larger one (PostgreSQL) through its HNSW index.
@@ -181,7 +182,7 @@ class MemoryStore:
                 if inserted.first() is None:
                     return await self._redelivered(connection, namespace=namespace, agent=agent, scope=scope,
                                                    memory_id=request.memory_id)  # fmt: skip
-                await self._count(connection, namespace=namespace, agent=agent, size=size, bounds=[
+                room = await self._count(connection, namespace=namespace, agent=agent, size=size, bounds=[
                     _Bound(scope=scope, items=min(request.max_items, ceilings.items_per_scope),
                            bytes=min(request.max_bytes, ceilings.bytes_per_scope),
                            whose="this scope" if scope else "the agent's shared memory"),
@@ -190,7 +191,7 @@ class MemoryStore:
                 ])  # fmt: skip
         except BoundReached as exc:
             return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
-        return MemoryReply(stored=request.memory_id)
+        return MemoryReply(stored=request.memory_id, room=room)
 
     async def embed(self, *, namespace: str, agent: str, request: Embed) -> bool:
         """Give `agent`'s pending memory its embedding (once: an embedded one is left as it is); whether it was
@@ -227,12 +228,13 @@ class MemoryStore:
                                            message=f"memory id {memory_id} is taken: choose another"))  # fmt: skip
 
     async def _count(self, connection: AsyncConnection, *, namespace: str, agent: str, size: int,
-                     bounds: list[_Bound]) -> None:  # fmt: skip
+                     bounds: list[_Bound]) -> Room:  # fmt: skip
         """Add one memory of `size` bytes to the usage rows of `bounds` in one upsert, each only while within its
-        bound; `BoundReached` naming the first it would pass (the caller's transaction is then rolled back)."""
+        bound; what they may still take, or `BoundReached` naming the first it would pass (the caller's transaction
+        is then rolled back)."""
         items, held_bytes, scope = memory_usage.c.items_held, memory_usage.c.bytes_held, memory_usage.c.scope
         fits = all(size <= b.bytes for b in bounds)  # else not even a first memory fits: no row is made
-        counted = set()
+        counted: dict[str, Any] = {}
         if fits:
             values: dict[str, Any] = {"namespace": namespace, "agent": agent, "size": size}
             for n, bound in enumerate(bounds):
@@ -240,7 +242,7 @@ class MemoryStore:
             statement = self._counting.get(len(bounds))
             if statement is None:
                 statement = self._counting[len(bounds)] = self._count_statement(len(bounds))
-            counted = {row.scope for row in await connection.execute(statement, values)}
+            counted = {row.scope: row for row in await connection.execute(statement, values)}
         for bound in bounds:
             if (bound.scope not in counted) if fits else (size > bound.bytes):
                 held = (await connection.execute(select(items, held_bytes).where(
@@ -252,6 +254,8 @@ class MemoryStore:
                     "bytes); forget some (recall them, then forget(id)) or ask the Agent's author to raise "
                     "spec.memory.longTerm.maxItemsPerScope / maxBytesPerScope"
                 )
+        return Room(items=max(0, min(b.items - counted[b.scope].items_held for b in bounds)),
+                    bytes=max(0, min(b.bytes - counted[b.scope].bytes_held for b in bounds)))  # fmt: skip
 
     def _count_statement(self, bounds: int) -> Any:
         """`_count`'s upsert for `bounds` usage rows, built once, its values bound by name (`namespace`, `agent`,
@@ -272,7 +276,7 @@ class MemoryStore:
             index_elements=["namespace", "agent", "scope"],
             set_={"items_held": items + 1, "bytes_held": held_bytes + size},
             where=(items + 1 <= max_items) & (held_bytes + size <= max_bytes),
-        ).returning(scope)
+        ).returning(scope, items, held_bytes)
 
     async def recall(
         self, *, namespace: str, agent: str, request: Recall, now: datetime.datetime | None = None

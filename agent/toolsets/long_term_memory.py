@@ -49,6 +49,13 @@ def _failure(exc: MemoryUnavailable | MemoryRefused, *, doing: str) -> ToolFailu
     return ToolFailure(f"{doing}: long-term memory is unavailable ({exc})", code=ErrorCode.UNAVAILABLE, retryable=True)
 
 
+def _told(memory: LongTermMemory, context: ToolContext, answer: str) -> str:
+    """A tool's answer, followed by what the console refused of the caller's remembers written behind (see
+    `LongTermMemory.remember`)."""
+    refused = memory.refusals(_caller(context))
+    return f"{answer}\n{refused}" if refused else answer
+
+
 def memory_tools(memory: LongTermMemory) -> list[Tool]:
     @tool(name="remember", description=catalogue_description("remember"))
     async def remember(
@@ -63,7 +70,7 @@ def memory_tools(memory: LongTermMemory) -> list[Tool]:
                                               run_id=run.run_id if run else "")  # fmt: skip
         except (MemoryUnavailable, MemoryRefused) as exc:
             raise _failure(exc, doing="not remembered") from None
-        return f"Remembered as {memory_id}."
+        return _told(memory, context, f"Remembered as {memory_id}.")
 
     @tool(name="recall", description=catalogue_description("recall"))
     async def recall(
@@ -76,8 +83,8 @@ def memory_tools(memory: LongTermMemory) -> list[Tool]:
         except (MemoryUnavailable, MemoryRefused) as exc:
             raise _failure(exc, doing="nothing recalled") from None
         if not found:
-            return "Long-term memory: nothing remembered yet that relates to this."
-        return quoted_notes(found, max_chars=k * (MAX_MEMORY_CHARS + 80))
+            return _told(memory, context, "Long-term memory: nothing remembered yet that relates to this.")
+        return _told(memory, context, quoted_notes(found, max_chars=k * (MAX_MEMORY_CHARS + 80)))
 
     @tool(name="forget", description=catalogue_description("forget"))
     async def forget(
@@ -91,7 +98,7 @@ def memory_tools(memory: LongTermMemory) -> list[Tool]:
         if not gone:
             raise ToolFailure(f"no memory {id} of this conversation's caller (forgotten already, or never kept)",
                               code=ErrorCode.INVALID_ARGUMENTS)  # fmt: skip
-        return f"Forgotten: {id} is deleted for good."
+        return _told(memory, context, f"Forgotten: {id} is deleted for good.")
 
     return [remember, recall, forget]
 

@@ -243,12 +243,15 @@ class Bus(ABC):
         timeout_seconds: float,
         responder: Principal,
         accept_within_seconds: float | None = None,
+        sent: asyncio.Future[None] | None = None,
     ) -> Delivery:
         """Publish `body` and wait for `responder`'s reply carrying `correlation_id`; `RequestTimeout` after
         `timeout_seconds`.
 
         A reply from anybody else is dropped with a warning. The request expires undelivered with the
-        wait: no consumer starts work nobody will read.
+        wait: no consumer starts work nobody will read. With `sent`, set once the broker confirmed the request, it
+        never expires: its sender acts on it being held (see long-term memory's `remember`), so it is handled
+        even after the wait ended.
 
         With `accept_within_seconds` the wait has two steps. The request is `NotAccepted` unless the responder
         says it took it within that (plus `ACCEPT_TRAVEL_SECONDS`): a `RequestAccepted` on the reply queue. From
@@ -272,9 +275,12 @@ class Bus(ABC):
                     message_id=correlation_id,
                     correlation_id=correlation_id,
                     reply_to=reply_queue.name,
-                    expires_after_seconds=first + timeout_seconds if two_step else timeout_seconds,
+                    expires_after_seconds=(None if sent is not None
+                                           else first + timeout_seconds if two_step else timeout_seconds),
                     accept_within_seconds=accept_within_seconds,
                 )
+                if sent is not None and not sent.done():
+                    sent.set_result(None)
                 while True:
                     delivery = await replies.get()
                     if delivery.message_type != RequestAccepted.__name__:

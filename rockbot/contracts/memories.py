@@ -80,6 +80,9 @@ class Remember(_Request):
     max_bytes: Annotated[int, Field(ge=1)]
     #: The run that remembered it (shown beside the memory, so a person can see where it came from).
     run_id: Annotated[str, Field(max_length=64)] = ""
+    #: The agent told the model it is kept once the broker held this request (written behind): the console keeps it
+    #: when it can (a store that is busy or down puts it back on its queue), and a refusal is only said in its reply.
+    answered: bool = False
 
 
 class Recall(_Request):
@@ -134,6 +137,15 @@ class RecalledMemory(BaseModel):
     score: float
 
 
+class Room(BaseModel):
+    """What a scope may still take after a `Remember`: the least left under its own bounds and its agent's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    items: Annotated[int, Field(ge=0)]
+    bytes: Annotated[int, Field(ge=0)]
+
+
 class MemoryReply(BaseModel):
     """What became of a request: the memories recalled, the id kept, whether one was forgotten, or an error."""
 
@@ -144,3 +156,5 @@ class MemoryReply(BaseModel):
     stored: str | None = None
     forgotten: bool = False
     error: ErrorInfo | None = None
+    #: After a kept `Remember`: what its scope may still take (the agent writes behind within it, see `Remember`).
+    room: Room | None = None

@@ -14,13 +14,16 @@ import pytest
 
 from rockbot.agent.long_term_memory import BusMemoryDesk
 from rockbot.agent.runtime import AgentRuntime
-from rockbot.bus import CONSOLE, MemoryBroker, Principal
+from rockbot.bus import CONSOLE, AmqpBus, MemoryBroker, Principal
 from rockbot.console.memories import MemoryAnswerer
 from rockbot.console.memory_store import MemoryFilter, MemoryStore
 from rockbot.console.store import Store
+from rockbot.console.store_schema import memory_usage
+from rockbot.contracts.memories import MemoryReply, Remember
 from tests.agent.configs import API_KEY_ENV, agent_config
 from tests.buses import login
 from tests.fixtures.llm import EMBEDDING_MODEL, ScriptedCall, ScriptedLLM, Turn
+from tests.fixtures.rabbitmq import Vhost
 
 SECRET = "sk-test-very-secret-key"
 ANN, BOB = "console:ann", "console:bob"
@@ -199,3 +202,112 @@ async def test_a_disabled_long_term_memory_offers_no_tools(scripted_llm) -> None
     async with AgentRuntime.from_config(agent_config(llm_url=scripted_llm.url, builtin_tools=["memory"]),
                                         env={}) as agent:  # fmt: skip
         assert [tool.name for tool in agent.registry.list()] == ["get_from_working_memory"]
+
+
+class _StoppedAfterKeeping(MemoryStore):
+    """A console's store whose process is killed right after it committed a written-behind remember, before its
+    reply and ack."""
+
+    async def remember(self, *, namespace: str, agent: str, request: Remember, **kwargs: Any) -> MemoryReply:
+        reply = await super().remember(namespace=namespace, agent=agent, request=request, **kwargs)
+        if request.answered:
+            await asyncio.Event().wait()
+        return reply
+
+
+async def test_a_remember_written_behind_is_answered_when_rabbitmq_holds_it_and_outlives_both_pods(
+        scripted_llm, store, memories, vhost: Vhost) -> None:  # fmt: skip
+    """Once the console said the scope has room, `remember` answers when the broker confirmed the request on its
+    quorum queue. The console stopping after it committed (no reply, no ack) and the agent stopping after its answer
+    lose nothing: the next console gets the request again and keeps it once; the next pod embeds it."""
+    config = memory_config(scripted_llm)
+    url = await vhost.url(Principal.agent(namespace=config.namespace, name=config.name))
+    first_console = await AmqpBus.connect(url=await vhost.url(CONSOLE))
+    first = MemoryAnswerer(memories=_StoppedAfterKeeping(store=store), bus=first_console)
+    await first.start()
+    bus = await AmqpBus.connect(url=url)
+    async with AgentRuntime.from_config(config, bus=bus, env={API_KEY_ENV: SECRET},
+                                        memory_desk=BusMemoryDesk(bus=bus)) as agent:  # fmt: skip
+        await agent.kit.long_term.remember(caller=ANN, text="We deploy from the main branch.", tags=[])
+        behind = await agent.kit.long_term.remember(caller=ANN, text=FACT, tags=[])
+        for _ in range(200):  # the first console commits it, then stops before its reply
+            if await memories.get(behind) is not None:
+                break
+            await asyncio.sleep(0.02)
+        await first_console.close()
+        await bus.close()  # the agent's pod goes too, before any word of the console
+    second_console = await AmqpBus.connect(url=await vhost.url(CONSOLE))
+    second = MemoryAnswerer(memories=memories, bus=second_console)
+    await second.start()
+    try:
+        for _ in range(200):
+            if vhost.queues().get("console.memory") == (0, 0):
+                break
+            await asyncio.sleep(0.05)
+        assert vhost.queues()["console.memory"] == (0, 0)  # the second console took the request again
+    finally:
+        await second.stop()
+        await second_console.close()
+    assert sorted(m.text for m in (await memories.list(filters=MemoryFilter(caller=ANN))).memories) == sorted(
+        ["We deploy from the main branch.", FACT])
+    async with store.engine.connect() as connection:
+        usage = (await connection.execute(memory_usage.select().where(memory_usage.c.scope == ANN))).one()
+    assert usage.items_held == 2  # kept once, counted once
+    bus = await AmqpBus.connect(url=url)
+    async with AgentRuntime.from_config(config, bus=bus, env={API_KEY_ENV: SECRET},
+                                        memory_desk=BusMemoryDesk(bus=bus)) as agent:  # fmt: skip
+        console = await AmqpBus.connect(url=await vhost.url(CONSOLE))
+        answerer = MemoryAnswerer(memories=memories, bus=console)
+        await answerer.start()
+        try:
+            for _ in range(100):  # the new pod's first embedding starts the sweep of what was left pending
+                if behind in [m.id for m in await agent.kit.long_term.recall(caller=ANN, query="window", k=3)]:
+                    break
+                await asyncio.sleep(0.05)
+            assert behind in [m.id for m in await agent.kit.long_term.recall(caller=ANN, query="window", k=3)]
+        finally:
+            await answerer.stop()
+            await console.close()
+    await bus.close()
+
+
+async def test_a_remember_written_behind_that_the_console_refuses_after_all_is_said_next(scripted_llm, memories,
+                                                                                          store) -> None:  # fmt: skip
+    """Another pod filled the scope meanwhile: the console refuses the write (the bound holds), and the model is
+    told in the caller's next memory tool result, or in their next turn when no tool came first."""
+    scripted_llm.play(
+        Turn(tool_calls=[ScriptedCall(name="remember", arguments={"text": FACT})]),
+        Turn(tool_calls=[ScriptedCall(name="recall", arguments={"query": "deploys"})]), Turn(text="Hm."),
+        Turn(tool_calls=[ScriptedCall(name="remember", arguments={"text": "Freeze in December."})]),
+        Turn(text="Noted."), Turn(text="Hello Bob."), Turn(text="Sorry."),
+    )  # fmt: skip
+
+    async def another_pods(memory_id: str) -> None:
+        request = Remember(caller=ANN, memory_id=memory_id, text="another pod's", model=EMBEDDING_MODEL,
+                           retention_days=30, max_items=3, max_bytes=10_000)  # fmt: skip
+        assert (await memories.remember(namespace="team-a", agent="helper-bot", request=request)).stored
+
+    async with agent_with_memory(scripted_llm, memories, max_items_per_scope=3) as agent:
+        await agent.kit.long_term.remember(caller=ANN, text="We deploy from main.", tags=[])  # room: two more
+        await another_pods("m-00000000000000aa")
+        await another_pods("m-00000000000000bb")
+        await agent.chat("s", "Remember the deployment window.", caller=ANN)
+        remembered, recalled = tool_answers(scripted_llm, 2)
+        assert remembered.startswith("Remembered as m-")  # written behind: the console's refusal came after
+        assert f"{remembered[14:-1]} (" in recalled and "was not kept after all: not remembered: this scope holds 3 " \
+            "memories" in recalled and "maxItemsPerScope" in recalled  # fmt: skip
+        for memory_id in ("m-00000000000000aa", "m-00000000000000bb"):
+            assert await memories.delete(memory_id)
+        await agent.kit.long_term.remember(caller=ANN, text="Tests run on every push.", tags=[])  # room: one more
+        await another_pods("m-00000000000000cc")
+        await agent.chat("t", "Remember the freeze.", caller=ANN)
+        assert tool_answers(scripted_llm, 4)[0].startswith("Remembered as m-")
+        await agent.kit.long_term.settled()
+        await agent.chat("t", "Thanks.", caller=BOB)
+        await agent.chat("t", "Thanks.", caller=ANN)
+    assert "not kept after all" not in json.dumps(scripted_llm.requests[5].messages)  # Bob's turn: not his
+    note = scripted_llm.requests[6].messages[-1]
+    assert note["role"] == "tool" and "Freeze in December." in note["content"] and "not kept after all" in note[
+        "content"]
+    assert sorted(m.text for m in (await memories.list(filters=MemoryFilter(caller=ANN))).memories) == sorted(
+        ["We deploy from main.", "Tests run on every push.", "another pod's"])
