@@ -25,29 +25,25 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from prometheus_client import CollectorRegistry, Gauge
 
-from rockbot.bus import Bus, BusError, Principal
+from rockbot.bus import Bus, Principal
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.clock import Clock, SystemClock
 from rockbot.conditions import ConditionUpdate, merge_condition_models
 from rockbot.contracts.inbox import InboxReply, InboxRequest
 from rockbot.evaluations.judging import Judge
 from rockbot.evaluations.running import Send, run_evaluation
-from rockbot.kube import AGENTS, EVALUATIONS, SECRETS, ApiError, Conflict, KubeClient, NotFound
+from rockbot.kube import AGENTS, EVALUATIONS, SECRETS, Conflict, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
-from rockbot.kube.mirroring import mirror
 from rockbot.operator.builders import MANAGED_BY
 from rockbot.operator.evaluation_plans import RUN_REQUESTED, Claim, plan, schedule_of, wake_at
 from rockbot.operator.scheduling.cron import InvalidSchedule
-from rockbot.operator.scheduling.firing import ERROR_BACKOFF_SECONDS, AgentFeed
+from rockbot.operator.scheduling.loops import AgentFeed, Key, LoopState, Next, ObjectLoops, agent_of
 from rockbot.resources.agent import ModelSpec
 from rockbot.resources.evaluation import Evaluation, EvaluationStatus
-from rockbot.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 #: How the shared runner names its requests (`run_case`): replies to these are the Evaluations'.
@@ -55,9 +51,6 @@ REQUEST_PREFIX = "eval-"
 #: How often one run starts (the first time, and again after an operator stopped before its end) before it is
 #: given up: a run that crashes whoever runs it must not run forever.
 MAX_ATTEMPTS = 3
-#: Failures a loop meets now and then: logged briefly and tried again after a pause.
-TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
-Key = tuple[str, str]
 __all__ = ["RUN_REQUESTED", "EvaluationRunner"]
 
 
@@ -87,22 +80,6 @@ class EvaluationMetrics:
                 gauge.remove(namespace, name)
 
 
-@dataclass
-class _State:
-    body: dict[str, Any]
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    loop: asyncio.Task[None] | None = None
-    #: Whether the next planning may take over a run held active (the loop is new, or its own run failed).
-    recovering: bool = True
-    #: Bodies the watch delivered: what a write returned is kept only if the watch delivered nothing since (else
-    #: the watch's is as new, and overwriting it with the write's could lose a change made meanwhile).
-    seen: int = 0
-
-    def keep(self, written: dict[str, Any], *, seen: int) -> None:
-        if self.seen == seen:
-            self.body = written
-
-
 class EvaluationRunner:
     """Watches Evaluations in `namespaces` (all when empty) and runs the due ones, one run per Evaluation at once.
 
@@ -114,37 +91,23 @@ class EvaluationRunner:
         self._kube = kube
         self._bus = bus
         self._clock = clock or SystemClock()
-        self._feed = agents
-        self._unfollow: Callable[[], None] | None = None
-        self._namespaces: list[str | None] = list(namespaces or []) or [None]
         self.metrics = EvaluationMetrics(registry or CollectorRegistry())
         self._post_event = EventPoster(kube, component=MANAGED_BY)
-        self._states: dict[Key, _State] = {}
+        # A step is not shielded: a run cut short stays active in status. The pause after a failure is not ended by
+        # a change: the failed step's own writes' echoes would make it a busy loop.
+        self._loops = ObjectLoops(kube=kube, resource=EVALUATIONS, kind="evaluation", namespaces=namespaces,
+                                  clock=self._clock, step=self._step, logger=log, agents=agents,
+                                  on_agent=self._agent_seen, on_agent_deleted=self._agent_deleted,
+                                  shielded=False, wake_in_backoff=False, forget=self.metrics.forget)  # fmt: skip
         self._agent_generations: dict[Key, int | None] = {}
         self._pending: dict[str, tuple[asyncio.Future[InboxReply], Principal]] = {}
-        self._watchers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        mirrored = [(EVALUATIONS, self._seen, self._deleted)]
-        if self._feed is None:
-            mirrored.append((AGENTS, self._agent_seen, self._agent_deleted))
-        else:
-            self._unfollow = self._feed.follow_agents(self._agent_seen, self._agent_deleted)
-        for namespace in self._namespaces:
-            for resource, on_upsert, on_delete in mirrored:
-                watching = mirror(kube=self._kube, resource=resource, namespace=namespace, on_upsert=on_upsert,
-                                  on_delete=on_delete)  # fmt: skip
-                name = f"watch {resource.plural} in {namespace or 'all'} for evaluations"
-                self._watchers.append(asyncio.create_task(watching, name=name))
+        await self._loops.start()
 
     async def stop(self) -> None:
         """Stop watching and running; a run cut short stays active in status, for the next leader to run again."""
-        if self._unfollow is not None:
-            self._unfollow()
-            self._unfollow = None
-        await cancel_and_wait(*self._watchers, *(state.loop for state in self._states.values() if state.loop))
-        self._watchers.clear()
-        self._states.clear()
+        await self._loops.stop()
 
     def take_reply(self, reply: InboxReply, sender: Principal | None) -> bool:
         """Whether `reply` is an Evaluation's (taken: handed to its waiting case, if `sender` is the Agent asked)."""
@@ -162,70 +125,25 @@ class EvaluationRunner:
             pending[0].set_result(reply)
         return True
 
-    # ---- the watches' callbacks (no API calls: they wake loops)
-
-    def _seen(self, body: dict[str, Any]) -> None:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = _State(body=body)
-        else:
-            state.body = body
-            state.changed.set()
-        state.seen += 1
-        if state.loop is None or state.loop.done():
-            state.loop = asyncio.create_task(self._loop(key, state), name=f"evaluation {key[0]}/{key[1]}")
-
-    def _deleted(self, namespace: str, name: str) -> None:
-        state = self._states.pop((namespace, name), None)
-        if state is not None and state.loop is not None:
-            state.loop.cancel()
-        self.metrics.forget(namespace, name)
+    # ---- the Agent watch's callbacks (no API calls: they wake loops)
 
     def _agent_seen(self, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
         key = (metadata["namespace"], metadata["name"])
         if self._agent_generations.get(key) != metadata.get("generation"):
             self._agent_generations[key] = metadata.get("generation")
-            self._wake_evaluations_of(key)
+            self._loops.wake_referrers(key)
 
     def _agent_deleted(self, namespace: str, name: str) -> None:
         self._agent_generations.pop((namespace, name), None)
 
-    def _wake_evaluations_of(self, agent: Key) -> None:
-        for (namespace, _), state in self._states.items():
-            if namespace == agent[0] and _agent_of(state.body) == agent[1]:
-                state.changed.set()
+    # ---- one step of an Evaluation's loop (a step that fails may leave its run active: taken up again, at most
+    # MAX_ATTEMPTS starts)
 
-    # ---- one loop per Evaluation
-
-    async def _loop(self, key: Key, state: _State) -> None:
-        failures = 0
-        while True:
-            state.changed.clear()
-            try:
-                again, until = await self._step(key, state)
-                failures = 0
-            except NotFound:
-                return
-            except Exception as exc:  # the run may be left active: taken up again (at most MAX_ATTEMPTS starts)
-                state.recovering = True
-                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
-                failures += 1
-                if isinstance(exc, TRANSIENT_ERRORS):
-                    log.warning("evaluation %s/%s: %r; trying again in %s s", *key, exc, delay)
-                else:
-                    log.exception("evaluation %s/%s failed unexpectedly; trying again in %s s", *key, delay)
-                # Not woken by the watch: its own writes' echoes would make this a busy loop.
-                await self._clock.sleep_until(self._clock.now() + datetime.timedelta(seconds=delay))
-                continue
-            if not again:
-                await self._wait(state, until)
-
-    async def _step(self, key: Key, state: _State) -> tuple[bool, datetime.datetime | None]:
+    async def _step(self, key: Key, state: LoopState) -> Next:
         """Plan; record the run; run it. Returns (plan again at once, else when to wake at the latest)."""
         body, seen = state.body, state.seen
-        agent = self._agent_generations.get((key[0], _agent_of(body)))
+        agent = self._agent_generations.get((key[0], agent_of(body)))
         claim = plan(body=body, agent_generation=agent, now=self._clock.now(), recovering=state.recovering)
         state.recovering = False
         if claim is None:
@@ -249,7 +167,7 @@ class EvaluationRunner:
         message = (f"run {run.run_id} ({run.reason}) started {MAX_ATTEMPTS} times without ending (the operator "
                    "running it stopped, or could not record its end: see the operator's log); it is not run again, "
                    "the next spec change, slot, Agent generation or run-requested value runs it anew")  # fmt: skip
-        known = await self._agent_generation(body["metadata"]["namespace"], _agent_of(body))
+        known = await self._agent_generation(body["metadata"]["namespace"], agent_of(body))
         written = await self._end(body, run.run_id, lambda current: current.model_copy(update={
             "conditions": _conditions(current, current.observed_generation, ready=("False", "RunAbandoned", message),
                                       passed=None),
@@ -257,16 +175,6 @@ class EvaluationRunner:
             attempt=run.attempt - 1)  # fmt: skip
         await self._post_event(body, "Warning", "EvaluationAbandoned", message)
         return written
-
-    async def _wait(self, state: _State, until: datetime.datetime | None) -> None:
-        waiters = [asyncio.ensure_future(state.changed.wait())]
-        if until is not None:
-            waiters.append(asyncio.ensure_future(self._clock.sleep_until(until)))
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
 
     # ---- a run
 
@@ -417,10 +325,6 @@ class EvaluationRunner:
 
 def _key(body: dict[str, Any]) -> Key:
     return body["metadata"]["namespace"], body["metadata"]["name"]
-
-
-def _agent_of(body: dict[str, Any]) -> str:
-    return str(((body.get("spec") or {}).get("agentRef") or {}).get("name", ""))
 
 
 def _check_schedule(evaluation: Evaluation) -> None:

@@ -13,8 +13,8 @@ every run its status holds active, with the same request id. The agent's inbox a
 request id it has seen with the remembered reply, so the model runs once. That memory lives in
 the agent process: an agent that restarts between the two copies runs the prompt again.
 
-Loops are supervised: an error ends a step, never the loop; it is logged (with a traceback when
-it is not a known API, HTTP or bus failure) and the step is tried again after a growing pause.
+Loops are supervised (`loops.ObjectLoops`): an error ends a step, never the loop; it is logged (with a
+traceback when it is not a known API, HTTP or bus failure) and the step is tried again after a growing pause.
 
 Sending a run is a span (`scheduled run`, with the run id of `status.history`), parent of the agent's
 turn: a run's whole trace is found by its id. Each run recorded in a history is counted by outcome
@@ -24,57 +24,27 @@ turn: a run's whole trace is found by its id. Each run recorded in a history is 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import aiohttp
+from collections.abc import Callable
+from typing import Any
 
 from rockbot import runs
 from rockbot.bus import BadMessage, Bus, BusError, Delivery, Principal, Subscription
 from rockbot.bus.topology import OPERATOR_RUNS, agent_inbox
 from rockbot.clock import Clock
 from rockbot.contracts.inbox import InboxReply, InboxRequest
-from rockbot.kube import AGENTS, SCHEDULED_TASKS, ApiError, Conflict, KubeClient, NotFound
+from rockbot.kube import AGENTS, SCHEDULED_TASKS, Conflict, KubeClient, NotFound
 from rockbot.kube.events import EventPoster
-from rockbot.kube.mirroring import mirror
 from rockbot.operator.builders import MANAGED_BY
+from rockbot.operator.scheduling.loops import AgentFeed, Key, LoopState, Next, ObjectLoops, agent_of
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.scheduling.planning import KIND, AgentState, Trigger, active_triggers, complete_run, plan_task
 from rockbot.resources import GROUP, VERSION
-from rockbot.tasks import cancel_and_wait
 from rockbot.telemetry import tracer
 
 log = logging.getLogger(__name__)
 
 WRITE_ATTEMPTS = 5
-ERROR_BACKOFF_SECONDS = (0.5, 1, 2, 5, 10, 30)
-#: Failures a step is expected to meet now and then; anything else is logged as a bug, with its traceback.
-TRANSIENT_ERRORS = (ApiError, BusError, OSError, aiohttp.ClientError)
-
-Key = tuple[str, str]
-
-
-class AgentFeed(Protocol):
-    """Agents as another watch of them shows them (the operator's own): no second stream of every Agent event."""
-
-    def follow_agents(
-        self, on_upsert: Callable[[dict[str, Any]], None], on_delete: Callable[[str, str], None]
-    ) -> Callable[[], None]:
-        """Call these for every Agent known now and every change from now on, until the returned function is called."""
-        ...
-
-
-@dataclass
-class _TaskState:
-    body: dict[str, Any]
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    loop: asyncio.Task[None] | None = None
-    #: Whether the next step publishes every active run again (the loop is new or a step failed).
-    recovering: bool = True
 
 
 class Scheduler:
@@ -94,64 +64,34 @@ class Scheduler:
         """`agents`: where the Agents come from when something else watches them already; else watched here.
         `other_replies`: takes the replies on the runs queue that are not scheduled runs' (an Evaluation's)."""
         self._kube = kube
-        self._feed = agents
         self._other_replies = other_replies
-        self._unfollow: Callable[[], None] | None = None
         self._bus = bus
         self._clock = clock
         self.metrics = metrics or SchedulingMetrics()
         self._post_event = EventPoster(kube, component=MANAGED_BY)
-        self._namespaces: list[str | None] = list(namespaces or []) or [None]
-        self._tasks: dict[Key, _TaskState] = {}
+        # Each step is shielded: a status write is followed by the publish of what it records.
+        self._loops = ObjectLoops(kube=kube, resource=SCHEDULED_TASKS, kind="ScheduledTask", namespaces=namespaces,
+                                  clock=clock, step=self._step, logger=log, agents=agents,
+                                  on_agent=self._agent_changed, on_agent_deleted=self._agent_deleted,
+                                  shielded=True, wake_in_backoff=True)  # fmt: skip
+        self._tasks = self._loops.states
         self._agents: dict[Key, AgentState] = {}
-        self._watchers: list[asyncio.Task[None]] = []
-        self._steps: set[asyncio.Task[Any]] = set()
         self._replies: Subscription | None = None
 
     async def start(self) -> None:
         self._replies = await self._bus.consume(queue=OPERATOR_RUNS, handler=self._on_reply, prefetch=16)
-        mirrored = [(SCHEDULED_TASKS, self._task_changed, self._task_deleted)]
-        if self._feed is None:
-            mirrored.append((AGENTS, self._agent_changed, self._agent_deleted))
-        else:
-            self._unfollow = self._feed.follow_agents(self._agent_changed, self._agent_deleted)
-        for namespace in self._namespaces:
-            for resource, on_upsert, on_delete in mirrored:
-                watching = mirror(
-                    kube=self._kube, resource=resource, namespace=namespace, on_upsert=on_upsert, on_delete=on_delete
-                )
-                name = f"watch {resource.plural} in {namespace or 'all namespaces'}"
-                self._watchers.append(asyncio.create_task(watching, name=name))
+        await self._loops.start()
 
     async def stop(self) -> None:
-        if self._unfollow is not None:
-            self._unfollow()
-            self._unfollow = None
         if self._replies is not None:
             await self._replies.close()
             self._replies = None
-        await cancel_and_wait(*self._watchers, *(state.loop for state in self._tasks.values()))
-        await asyncio.gather(*self._steps, return_exceptions=True)  # a write is followed by its publish
-        self._watchers.clear()
-        self._tasks.clear()
+        await self._loops.stop()
 
     # ---- the mirror's callbacks
 
     def _task_changed(self, body: dict[str, Any]) -> None:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        state = self._tasks.get(key)
-        if state is None:
-            state = self._tasks[key] = _TaskState(body=body)
-        else:
-            state.body = body
-            state.changed.set()
-        if state.loop is None or state.loop.done():
-            state.loop = asyncio.create_task(self._run(key, state), name=f"scheduledtask {key[0]}/{key[1]}")
-
-    def _task_deleted(self, namespace: str, name: str) -> None:
-        state = self._tasks.pop((namespace, name), None)
-        if state is not None and state.loop is not None:
-            state.loop.cancel()
+        self._loops.seen(body)
 
     def _agent_changed(self, body: dict[str, Any]) -> None:
         metadata = body["metadata"]
@@ -159,63 +99,19 @@ class Scheduler:
         key = (metadata["namespace"], metadata["name"])
         if self._agents.get(key) != state:
             self._agents[key] = state
-            self._wake_tasks_of(key)
+            self._loops.wake_referrers(key)
 
     def _agent_deleted(self, namespace: str, name: str) -> None:
         self._agents[(namespace, name)] = AgentState(exists=False)
-        self._wake_tasks_of((namespace, name))
+        self._loops.wake_referrers((namespace, name))
 
-    def _wake_tasks_of(self, agent: Key) -> None:
-        for (namespace, _), state in self._tasks.items():
-            if namespace == agent[0] and ((state.body.get("spec") or {}).get("agentRef") or {}).get("name") == agent[1]:
-                state.changed.set()
+    # ---- one step of a task's loop
 
-    # ---- one loop per task
-
-    async def _run(self, key: Key, state: _TaskState) -> None:
-        failures = 0
-        state.recovering = True
-        while True:
-            state.changed.clear()
-            try:
-                wake_at = await self._shielded(self._step(key, state))
-                failures = 0
-            except NotFound:
-                log.info("ScheduledTask %s/%s is gone; its loop ends", *key)
-                return
-            except Exception as exc:
-                state.recovering = True
-                delay = ERROR_BACKOFF_SECONDS[min(failures, len(ERROR_BACKOFF_SECONDS) - 1)]
-                failures += 1
-                if isinstance(exc, TRANSIENT_ERRORS):
-                    log.warning("ScheduledTask %s/%s: %r; trying again in %s s", *key, exc, delay)
-                else:
-                    log.exception("ScheduledTask %s/%s: the loop failed unexpectedly; restarting in %s s", *key, delay)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await state.changed.wait()
-                continue
-            await self._wait(state, wake_at)
-
-    async def _shielded(self, step: Coroutine[Any, Any, Any]) -> Any:
-        """Run `step` to its end even if the loop is cancelled meanwhile (`stop()` waits for it)."""
-        task = asyncio.ensure_future(step)
-        self._steps.add(task)
-
-        def forget(done: asyncio.Task[Any]) -> None:
-            self._steps.discard(done)
-            if not done.cancelled():
-                done.exception()  # seen: the loop awaiting it logs it, or the loop was stopped
-
-        task.add_done_callback(forget)
-        return await asyncio.shield(task)
-
-    async def _step(self, key: Key, state: _TaskState) -> Any:
+    async def _step(self, key: Key, state: LoopState) -> Next:
         """Plan once; write; publish (after a failure or at start: every active run). Returns when to plan again."""
         while True:
             body = state.body
-            agent_name = ((body.get("spec") or {}).get("agentRef") or {}).get("name", "")
-            agent = await self._agent_state(key[0], agent_name)
+            agent = await self._agent_state(key[0], agent_of(body))
             plan = plan_task(body=body, agent=agent, now=self._clock.now())
             if plan.status is not None:
                 try:
@@ -227,17 +123,7 @@ class Scheduler:
             for trigger in triggers:
                 await self._publish(state, trigger, again=state.recovering)
             state.recovering = False
-            return plan.wake_at
-
-    async def _wait(self, state: _TaskState, wake_at: Any) -> None:
-        waiters = [asyncio.ensure_future(state.changed.wait())]
-        if wake_at is not None:
-            waiters.append(asyncio.ensure_future(self._clock.sleep_until(wake_at)))
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
+            return False, plan.wake_at
 
     async def _agent_state(self, namespace: str, name: str) -> AgentState:
         known = self._agents.get((namespace, name))
@@ -250,7 +136,7 @@ class Scheduler:
         self._agent_changed(body)
         return self._agents[(namespace, name)]
 
-    async def _publish(self, state: _TaskState, trigger: Trigger, *, again: bool = False) -> None:
+    async def _publish(self, state: LoopState, trigger: Trigger, *, again: bool = False) -> None:
         """Send the run to the agent's inbox in its span (the agent's turn is its child); `again`: a resend."""
         request = InboxRequest(
             kind="scheduled_task",

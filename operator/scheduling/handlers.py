@@ -23,7 +23,8 @@ from rockbot.health import STOP_STEP_SECONDS, Readiness, stop_within
 from rockbot.kube import KubeClient
 from rockbot.operator.evaluations import EvaluationRunner
 from rockbot.operator.scheduling.agent_requests import SchedulingRequests
-from rockbot.operator.scheduling.firing import AgentFeed, Scheduler
+from rockbot.operator.scheduling.firing import Scheduler
+from rockbot.operator.scheduling.loops import AgentFeed
 from rockbot.operator.scheduling.metrics import SchedulingMetrics
 from rockbot.operator.settings import OperatorSettings
 from rockbot.operator.usage import UsageLedger
