@@ -4,6 +4,8 @@ a real agent runtime (scripted model), a judge graded with the key from the name
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from rockbot.agent.inbox import serve_inbox
 from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import OPERATOR, AmqpBus, Principal
-from rockbot.clock import ManualClock, SystemClock
+from rockbot.clock import Clock, ManualClock, SystemClock
 from rockbot.kube import AGENTS, EVALUATIONS, EVENTS, SECRETS, KubeClient
 from rockbot.operator.evaluations import MAX_ATTEMPTS, RUN_REQUESTED, EvaluationRunner
 from rockbot.operator.scheduling.firing import Scheduler
@@ -53,6 +55,46 @@ def _evaluation(judge_url: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@asynccontextmanager
+async def _runners(kube: KubeClient, ns: str, bus: AmqpBus, *, clock: Clock, count: int = 1,
+                   registry: CollectorRegistry | None = None) -> AsyncIterator[list[EvaluationRunner]]:  # fmt: skip
+    """`count` runners (as replicas that all think they lead) and the Scheduler whose runs queue hands each the
+    replies to its cases, started; stopped after."""
+    runners = [EvaluationRunner(kube=kube, bus=bus, namespaces=[ns], clock=clock, registry=registry)
+               for _ in range(count)]  # fmt: skip
+
+    def hand_over(reply: Any, sender: Principal | None) -> bool:  # one reply queue: to the runner that asked
+        return any(r.take_reply(reply, sender) for r in runners if reply.request_id in r._pending)
+
+    scheduler = Scheduler(kube=kube, bus=bus, clock=clock, namespaces=[ns], other_replies=hand_over)
+    await scheduler.start()
+    for runner in runners:
+        await runner.start()
+    try:
+        yield runners
+    finally:
+        for runner in runners:
+            await runner.stop()
+        await scheduler.stop()
+
+
+@asynccontextmanager
+async def _fake_agent_runners(kube: KubeClient, ns: str, vhost: Vhost, *, clock: Clock,
+                              count: int = 1) -> AsyncIterator[tuple[FakeAgent, list[EvaluationRunner]]]:  # fmt: skip
+    """`_runners` sending to a FakeAgent "helper", which answers every case at once ("done: ...")."""
+    agent = Principal.agent(namespace=ns, name="helper")
+    async with (
+        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
+        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
+    ):
+        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
+        try:
+            async with _runners(kube, ns, operator_bus, clock=clock, count=count) as runners:
+                yield fake, runners
+        finally:
+            await fake.stop()
+
+
 async def _events(kube: KubeClient, namespace: str) -> list[tuple[str, str]]:
     items = (await kube.list(EVENTS, namespace=namespace)).items
     return [(e["type"], e["reason"]) for e in items if e["involvedObject"].get("kind") == "Evaluation"]
@@ -78,45 +120,39 @@ async def test_an_applied_evaluation_runs_through_the_agent_and_again_on_a_new_s
         AgentRuntime.from_config(config, env={API_KEY_ENV: "k"}, bus=agent_bus) as runtime,
     ):
         inbox = await serve_inbox(runtime=runtime, bus=agent_bus)
-        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], registry=registry)
-        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=SystemClock(), namespaces=[ns],
-                              other_replies=runner.take_reply)  # fmt: skip
-        await scheduler.start()
-        await runner.start()
         try:
-            await kube.create(EVALUATIONS, namespace=ns, body=_evaluation(judge_llm.url))
+            async with _runners(kube, ns, operator_bus, clock=SystemClock(), registry=registry):
+                await kube.create(EVALUATIONS, namespace=ns, body=_evaluation(judge_llm.url))
 
-            async def status(generation: int, runs: int) -> dict[str, Any]:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="basics")).get("status") or {}
-                assert found.get("observedGeneration") == generation and len(found.get("trend", [])) == runs, found
-                return found
+                async def status(generation: int, runs: int) -> dict[str, Any]:
+                    found = (await kube.get(EVALUATIONS, namespace=ns, name="basics")).get("status") or {}
+                    assert found.get("observedGeneration") == generation and len(found.get("trend", [])) == runs, found
+                    return found
 
-            first = await eventually(lambda: status(1, 1), within=60)
-            assert first["score"] == 1.0 and first["model"] == "m" and first["agentGeneration"] == 1
-            assert {c["name"]: c["result"] for c in first["cases"]} == {"sums": "Passed", "greets": "Passed"}
-            assert next(c for c in first["cases"] if c["name"] == "greets")["score"] == 0.9
-            assert {c["type"]: c["status"] for c in first["conditions"]} == {"Ready": "True", "Passed": "True"}
-            await eventually(lambda: _has(_events(kube, ns), ("Normal", "EvaluationPassed")))
-            assert registry.get_sample_value("rockbot_evaluation_score", labels) == 1
+                first = await eventually(lambda: status(1, 1), within=60)
+                assert first["score"] == 1.0 and first["model"] == "m" and first["agentGeneration"] == 1
+                assert {c["name"]: c["result"] for c in first["cases"]} == {"sums": "Passed", "greets": "Passed"}
+                assert next(c for c in first["cases"] if c["name"] == "greets")["score"] == 0.9
+                assert {c["type"]: c["status"] for c in first["conditions"]} == {"Ready": "True", "Passed": "True"}
+                await eventually(lambda: _has(_events(kube, ns), ("Normal", "EvaluationPassed")))
+                assert registry.get_sample_value("rockbot_evaluation_score", labels) == 1
 
-            changed = _evaluation(judge_llm.url)["spec"]["cases"]
-            changed[0]["expect"]["contains"] = ["43"]
-            await kube.patch(EVALUATIONS, namespace=ns, name="basics", body={"spec": {"cases": changed}})
-            second = await eventually(lambda: status(2, 2), within=60)
-            assert second["score"] == 0.5 and [run["passed"] for run in second["trend"]] == [True, False]
-            sums = next(c for c in second["cases"] if c["name"] == "sums")
-            assert sums["result"] == "Failed" and "43" in sums["message"], sums
-            assert {c["type"]: c["status"] for c in second["conditions"]}["Passed"] == "False"
-            await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationFailed")))
-            assert registry.get_sample_value("rockbot_evaluation_score", labels) == 0.5
+                changed = _evaluation(judge_llm.url)["spec"]["cases"]
+                changed[0]["expect"]["contains"] = ["43"]
+                await kube.patch(EVALUATIONS, namespace=ns, name="basics", body={"spec": {"cases": changed}})
+                second = await eventually(lambda: status(2, 2), within=60)
+                assert second["score"] == 0.5 and [run["passed"] for run in second["trend"]] == [True, False]
+                sums = next(c for c in second["cases"] if c["name"] == "sums")
+                assert sums["result"] == "Failed" and "43" in sums["message"], sums
+                assert {c["type"]: c["status"] for c in second["conditions"]}["Passed"] == "False"
+                await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationFailed")))
+                assert registry.get_sample_value("rockbot_evaluation_score", labels) == 0.5
 
-            await kube.patch(EVALUATIONS, namespace=ns, name="basics",
-                             body={"metadata": {"annotations": {RUN_REQUESTED: "once more"}}})  # fmt: skip
-            third = await eventually(lambda: status(2, 3), within=60)
-            assert third["runRequested"] == "once more"
+                await kube.patch(EVALUATIONS, namespace=ns, name="basics",
+                                 body={"metadata": {"annotations": {RUN_REQUESTED: "once more"}}})  # fmt: skip
+                third = await eventually(lambda: status(2, 3), within=60)
+                assert third["runRequested"] == "once more"
         finally:
-            await runner.stop()
-            await scheduler.stop()
             await inbox.close()
     assert judge_llm.requests and {r.authorization for r in judge_llm.requests} == {"Bearer judge-key"}
 
@@ -142,53 +178,33 @@ async def test_a_schedule_fires_each_slot_once_across_two_runners_and_a_new_agen
     kube, ns = cluster.kube, cluster.ns
     await cluster.agent()
     clock = ManualClock(START)
-    agent = Principal.agent(namespace=ns, name="helper")
-    async with (
-        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
-        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
-    ):
-        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
-        runners = [EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=clock) for _ in range(2)]
+    async with _fake_agent_runners(kube, ns, vhost, clock=clock, count=2) as (fake, _):
+        await kube.create(EVALUATIONS, namespace=ns, body=_watched(schedule="0 * * * *"))
 
-        def hand_over(reply: Any, sender: Principal | None) -> bool:  # one reply queue: to the runner that asked
-            return any(r.take_reply(reply, sender) for r in runners if reply.request_id in r._pending)
+        async def trend(runs: int) -> dict[str, Any]:
+            found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+            assert len(found.get("trend", [])) == runs and not found.get("active"), found
+            return found
 
-        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=clock, namespaces=[ns], other_replies=hand_over)
-        await scheduler.start()
-        for runner in runners:
-            await runner.start()
-        try:
-            await kube.create(EVALUATIONS, namespace=ns, body=_watched(schedule="0 * * * *"))
+        first = await eventually(lambda: trend(1), within=30)
+        assert first["trend"][0]["reason"] == "Spec" and first["nextRunTime"] == "2024-05-01T11:00:00Z", first
+        clock.set(START.replace(hour=11, minute=0, second=1))
+        second = await eventually(lambda: trend(2), within=30)
+        assert second["trend"][1]["reason"] == "Schedule" and second["nextRunTime"] == "2024-05-01T12:00:00Z"
+        clock.set(START.replace(hour=14, minute=30))  # slots 12:00, 13:00 and 14:00 passed: 14:00 runs
+        third = await eventually(lambda: trend(3), within=30)
+        assert third["trend"][2]["runId"].startswith("20240501T140000Z-"), third["trend"]
+        assert third["nextRunTime"] == "2024-05-01T15:00:00Z"
 
-            async def trend(runs: int) -> dict[str, Any]:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
-                assert len(found.get("trend", [])) == runs and not found.get("active"), found
-                return found
-
-            first = await eventually(lambda: trend(1), within=30)
-            assert first["trend"][0]["reason"] == "Spec" and first["nextRunTime"] == "2024-05-01T11:00:00Z", first
-            clock.set(START.replace(hour=11, minute=0, second=1))
-            second = await eventually(lambda: trend(2), within=30)
-            assert second["trend"][1]["reason"] == "Schedule" and second["nextRunTime"] == "2024-05-01T12:00:00Z"
-            clock.set(START.replace(hour=14, minute=30))  # slots 12:00, 13:00 and 14:00 passed: 14:00 runs
-            third = await eventually(lambda: trend(3), within=30)
-            assert third["trend"][2]["runId"].startswith("20240501T140000Z-"), third["trend"]
-            assert third["nextRunTime"] == "2024-05-01T15:00:00Z"
-
-            await kube.patch(AGENTS, namespace=ns, name="helper", body={"spec": {"model": {"name": "m2"}}})
-            fourth = await eventually(lambda: trend(4), within=30)
-            assert fourth["trend"][3]["reason"] == "AgentChanged" and fourth["agentGeneration"] == 2, fourth
-            assert fourth["model"] == "m2" and fourth["score"] == 1.0
-            await asyncio.sleep(1)  # a second run of anything would have started by now
-            assert len((await trend(4))["trend"]) == 4
-            run_ids = [run["runId"] for run in fourth["trend"]]
-            assert len(set(run_ids)) == 4, run_ids
-            assert len(fake.received) == 4, [r.request_id for r in fake.received]  # one case per run, sent once
-        finally:
-            for runner in runners:
-                await runner.stop()
-            await scheduler.stop()
-            await fake.stop()
+        await kube.patch(AGENTS, namespace=ns, name="helper", body={"spec": {"model": {"name": "m2"}}})
+        fourth = await eventually(lambda: trend(4), within=30)
+        assert fourth["trend"][3]["reason"] == "AgentChanged" and fourth["agentGeneration"] == 2, fourth
+        assert fourth["model"] == "m2" and fourth["score"] == 1.0
+        await asyncio.sleep(1)  # a second run of anything would have started by now
+        assert len((await trend(4))["trend"]) == 4
+        run_ids = [run["runId"] for run in fourth["trend"]]
+        assert len(set(run_ids)) == 4, run_ids
+        assert len(fake.received) == 4, [r.request_id for r in fake.received]  # one case per run, sent once
 
 
 async def test_a_run_that_started_max_attempts_times_without_ending_is_given_up_and_said_so(
@@ -204,43 +220,28 @@ async def test_a_run_that_started_max_attempts_times_without_ending_is_given_up_
               "attempt": MAX_ATTEMPTS}  # fmt: skip
     await kube.patch(EVALUATIONS, namespace=ns, name="nightly", subresource="status",
                      body={"status": {"observedGeneration": 1, "active": active}})  # fmt: skip
-    agent = Principal.agent(namespace=ns, name="helper")
-    async with (
-        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
-        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
-    ):
-        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
-        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=ManualClock(START))
-        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=ManualClock(START), namespaces=[ns],
-                              other_replies=runner.take_reply)  # fmt: skip
-        await scheduler.start()
-        await runner.start()
-        try:
+    async with _fake_agent_runners(kube, ns, vhost, clock=ManualClock(START)) as (fake, _):
 
-            async def abandoned() -> dict[str, Any]:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
-                assert not found.get("active"), found
-                return found
+        async def abandoned() -> dict[str, Any]:
+            found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+            assert not found.get("active"), found
+            return found
 
-            status = await eventually(abandoned, within=30)
-            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-            assert ready["status"] == "False" and ready["reason"] == "RunAbandoned", ready
-            assert f"run {active['runId']} (Spec) started {MAX_ATTEMPTS} times" in ready["message"]
-            assert not status.get("trend") and fake.received == []
-            await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationAbandoned")))
+        status = await eventually(abandoned, within=30)
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "False" and ready["reason"] == "RunAbandoned", ready
+        assert f"run {active['runId']} (Spec) started {MAX_ATTEMPTS} times" in ready["message"]
+        assert not status.get("trend") and fake.received == []
+        await eventually(lambda: _has(_events(kube, ns), ("Warning", "EvaluationAbandoned")))
 
-            await kube.patch(EVALUATIONS, namespace=ns, name="nightly", body={"spec": {"repeat": 2}})
+        await kube.patch(EVALUATIONS, namespace=ns, name="nightly", body={"spec": {"repeat": 2}})
 
-            async def ran_anew() -> None:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
-                assert [run["reason"] for run in found.get("trend", [])] == ["Spec"] and found["score"] == 1.0, found
+        async def ran_anew() -> None:
+            found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+            assert [run["reason"] for run in found.get("trend", [])] == ["Spec"] and found["score"] == 1.0, found
 
-            await eventually(ran_anew, within=30)
-            assert len(fake.received) == 2
-        finally:
-            await runner.stop()
-            await scheduler.stop()
-            await fake.stop()
+        await eventually(ran_anew, within=30)
+        assert len(fake.received) == 2
 
 
 async def test_an_evaluation_applied_before_its_agent_runs_when_the_agent_appears(
@@ -248,36 +249,21 @@ async def test_an_evaluation_applied_before_its_agent_runs_when_the_agent_appear
 ) -> None:
     cluster = Cluster(kube=real_kube_client, namespace=kube_namespace)
     kube, ns = cluster.kube, cluster.ns
-    agent = Principal.agent(namespace=ns, name="helper")
-    async with (
-        await AmqpBus.connect(url=await vhost.url(OPERATOR)) as operator_bus,
-        await AmqpBus.connect(url=await vhost.url(agent, called_by=[OPERATOR])) as agent_bus,
-    ):
-        fake = await FakeAgent(bus=agent_bus, namespace=ns, name="helper").start()
-        runner = EvaluationRunner(kube=kube, bus=operator_bus, namespaces=[ns], clock=ManualClock(START))
-        scheduler = Scheduler(kube=kube, bus=operator_bus, clock=ManualClock(START), namespaces=[ns],
-                              other_replies=runner.take_reply)  # fmt: skip
-        await scheduler.start()
-        await runner.start()
-        try:
-            await kube.create(EVALUATIONS, namespace=ns, body=_watched())
+    async with _fake_agent_runners(kube, ns, vhost, clock=ManualClock(START)) as (fake, _):
+        await kube.create(EVALUATIONS, namespace=ns, body=_watched())
 
-            async def refused() -> None:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
-                ready = next((c for c in found.get("conditions", []) if c["type"] == "Ready"), {})
-                assert ready.get("reason") == "AgentNotFound" and not found.get("active"), found
+        async def refused() -> None:
+            found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+            ready = next((c for c in found.get("conditions", []) if c["type"] == "Ready"), {})
+            assert ready.get("reason") == "AgentNotFound" and not found.get("active"), found
 
-            await eventually(refused, within=30)
-            await cluster.agent()
+        await eventually(refused, within=30)
+        await cluster.agent()
 
-            async def ran() -> None:
-                found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
-                assert [run["reason"] for run in found.get("trend", [])] == ["AgentChanged"], found
-                assert found["agentGeneration"] == 1 and found["score"] == 1.0, found
+        async def ran() -> None:
+            found = (await kube.get(EVALUATIONS, namespace=ns, name="nightly")).get("status") or {}
+            assert [run["reason"] for run in found.get("trend", [])] == ["AgentChanged"], found
+            assert found["agentGeneration"] == 1 and found["score"] == 1.0, found
 
-            await eventually(ran, within=30)
-            assert len(fake.received) == 1
-        finally:
-            await runner.stop()
-            await scheduler.stop()
-            await fake.stop()
+        await eventually(ran, within=30)
+        assert len(fake.received) == 1
