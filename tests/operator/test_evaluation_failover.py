@@ -6,21 +6,19 @@ holds the cases it sent; the standby takes over, finds the run active in status 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 
-from rockbot.kube import AGENTS, EVALUATIONS, EVENTS, KubeClient
-from tests.operator.kubelet import pods_ready
-from tests.operator.samples import agent_body
-from tests.operator.test_as_deployed import deployed
-from tests.operator.test_high_availability import _agent_login, holder, start_pair, took_over
+from rockbot.kube import EVALUATIONS, EVENTS, KubeClient
+from tests.operator.test_high_availability import Started, holder, pair_with_agent, start_pair, took_over
 from tests.pod_process import wait_until
 from tests.scheduling.conftest import FakeAgent
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.slow  # two operators, a broker, and a Lease's duration to wait out
-__all__ = ["start_pair"]  # the fixture, used by name
+__all__ = ["pair_with_agent", "start_pair"]  # the fixtures, used by name
 
 CASES = 3
 
@@ -33,21 +31,11 @@ def evaluation() -> dict[str, Any]:
 
 
 async def test_a_run_in_flight_when_the_leader_is_sigkilled_is_run_again_once_by_the_new_leader(
-    kube: KubeClient, kube_namespace: str, start_pair: Callable[[], Any]
+    kube: KubeClient, kube_namespace: str, pair_with_agent: Callable[..., AbstractAsyncContextManager[Started]]
 ) -> None:
-    ns = kube_namespace
-    leader, standby = await start_pair()
-    async with pods_ready(kube, ns):
-        await kube.create(AGENTS, namespace=ns, body=agent_body("helper", namespace=ns))
-        await eventually(lambda: deployed(kube, ns, "helper"), within=30)
-        async with await _agent_login(kube, ns, "helper") as bus:
-            agent = FakeAgent(bus=bus, namespace=ns, name="helper")
-            agent.hold = True  # the cases wait: the run is in flight when the leader dies
-            await agent.start()
-            try:
-                await _kill_the_leader_mid_run(kube, ns, leader=leader, standby=standby, agent=agent)
-            finally:
-                await agent.stop()
+    # The agent holds the cases: the run is in flight when the leader dies.
+    async with pair_with_agent(hold=True) as (leader, standby, agent):
+        await _kill_the_leader_mid_run(kube, kube_namespace, leader=leader, standby=standby, agent=agent)
 
 
 async def _kill_the_leader_mid_run(kube: KubeClient, ns: str, *, leader: Any, standby: Any, agent: FakeAgent) -> None:

@@ -6,9 +6,11 @@ stopped with SIGTERM hands the Lease on at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -60,6 +62,35 @@ async def start_pair(kube: KubeClient, kube_namespace: str, operator_kubeconfig:
     return pair
 
 
+Started = tuple[DeployedOperator, DeployedOperator, FakeAgent]
+
+
+@pytest.fixture
+def pair_with_agent(kube: KubeClient, kube_namespace: str,
+                    start_pair: Callable[[], Any]) -> Callable[..., AbstractAsyncContextManager[Started]]:  # fmt: skip
+    """Starts the pair, then an Agent "helper" (deployed by the leader) and a FakeAgent on the bus login the
+    operator made for it: (leader, standby, agent) while the context lasts; `hold`: the agent holds what it is
+    sent, unanswered."""
+    ns = kube_namespace
+
+    @contextlib.asynccontextmanager
+    async def started(*, hold: bool = False) -> AsyncIterator[Started]:
+        leader, standby = await start_pair()
+        async with pods_ready(kube, ns):
+            await kube.create(AGENTS, namespace=ns, body=agent_body("helper", namespace=ns))
+            await eventually(lambda: deployed(kube, ns, "helper"), within=30)
+            async with await _agent_login(kube, ns, "helper") as bus:
+                agent = FakeAgent(bus=bus, namespace=ns, name="helper")
+                agent.hold = hold
+                await agent.start()
+                try:
+                    yield leader, standby, agent
+                finally:
+                    await agent.stop()
+
+    return started
+
+
 async def holder(kube: KubeClient, ns: str) -> str:
     return (await kube.get(LEASES, namespace=ns, name=LEASE))["spec"].get("holderIdentity") or ""
 
@@ -81,19 +112,10 @@ def one_off_schedule(at: datetime.datetime) -> str:
 
 
 async def test_the_standby_takes_over_after_the_leaders_sigkill_and_a_task_due_meanwhile_fires_once(
-    kube: KubeClient, kube_namespace: str, start_pair: Callable[[], Any]
+    kube: KubeClient, kube_namespace: str, pair_with_agent: Callable[..., AbstractAsyncContextManager[Started]]
 ) -> None:
-    ns = kube_namespace
-    leader, standby = await start_pair()
-    async with pods_ready(kube, ns):
-        await kube.create(AGENTS, namespace=ns, body=agent_body("helper", namespace=ns))
-        await eventually(lambda: deployed(kube, ns, "helper"), within=30)
-        async with await _agent_login(kube, ns, "helper") as bus:
-            agent = await FakeAgent(bus=bus, namespace=ns, name="helper").start()
-            try:
-                await _fail_over(kube, ns, leader=leader, standby=standby, agent=agent)
-            finally:
-                await agent.stop()
+    async with pair_with_agent() as (leader, standby, agent):
+        await _fail_over(kube, kube_namespace, leader=leader, standby=standby, agent=agent)
 
 
 async def _agent_login(kube: KubeClient, ns: str, agent: str, *, within: float = 30) -> AmqpBus:
