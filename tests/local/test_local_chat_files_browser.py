@@ -6,19 +6,16 @@ guessed one."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 from playwright.async_api import Browser
 
 from rockbot.contracts.files import MAX_UPLOAD_BYTES
 from tests.console.test_browser import browser, chromium, screenshot  # noqa: F401 (fixtures)
 from tests.fixtures.llm import ScriptedCall, ScriptedLLM, Turn
-from tests.local.test_terminal import local_console_of
+from tests.local.browsing import chat_ready, console_fixture, downloaded_text, new_page, shown_image
 from tests.waiting import eventually
 
 ANALYST = """
@@ -47,20 +44,21 @@ plt.show()
 CLEAN = "month,revenue\n2026-01,10\n2026-03,9\n2026-04,15\n"
 
 
-@pytest.fixture
-async def analyst_console(scripted_llm: ScriptedLLM, tmp_path: Path) -> AsyncIterator[str]:
-    (tmp_path / "analyst.yaml").write_text(ANALYST)
-    async with local_console_of(scripted_llm, tmp_path / "analyst.yaml", tmp_path / "runs.db") as (url, _):
-        yield url
+def _analyst(folder: Path) -> Path:
+    (folder / "analyst.yaml").write_text(ANALYST)
+    return folder / "analyst.yaml"
+
+
+analyst_console = console_fixture(_analyst)
 
 
 async def test_a_person_uploads_a_csv_and_gets_a_chart_inline_and_the_cleaned_csv(
     browser: Browser, analyst_console: str, scripted_llm: ScriptedLLM  # noqa: F811
 ) -> None:
     url = analyst_console
-    page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
+    page = await new_page(browser, {"width": 1100, "height": 900})
     await page.goto(f"{url}/agents/local/analyst/chat")
-    await page.wait_for_selector("#chat-form[data-ready]", timeout=10_000)
+    await chat_ready(page)
     scripted_llm.play(
         Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": LOAD})]),
         Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": CHART})]),
@@ -87,23 +85,14 @@ async def test_a_person_uploads_a_csv_and_gets_a_chart_inline_and_the_cleaned_cs
     assert "exit code 0" in second and "same session" in second and "figure-1.png (image/png" in second, second
     assert await page.locator(".message.from-user ul.files a").all_inner_texts() == ["sales.csv"]
     # The chart inline in the chat, decoded as an image; the cleaned CSV a download.
-    chart = answer.locator("ul.files img")
-    await chart.wait_for(timeout=10_000)
-    assert await chart.get_attribute("alt") == "figure-1.png"
-    await page.wait_for_function("() => document.querySelector('.from-assistant ul.files img').complete",
-                                 timeout=10_000)  # fmt: skip
-    assert await chart.evaluate("img => img.naturalWidth") > 100
+    alt, width = await shown_image(page, answer.locator("ul.files img"), selector=".from-assistant ul.files img")
+    assert alt == "figure-1.png" and width > 100, (alt, width)
     await screenshot(page, "chat-files")
-    async with page.expect_download() as download:
-        await answer.locator("ul.files a:text('clean.csv')").click()
-    saved = await (await download.value).path()
-    assert await asyncio.to_thread(Path(saved).read_text) == CLEAN
+    assert await downloaded_text(page, answer.locator("ul.files a:text('clean.csv')")) == CLEAN
     # The run page shows the same chart inline, and the person's attachment among the run's files.
     await answer.locator("a.run-link").click()
-    image = page.locator("ul.files img")
-    await image.wait_for(timeout=10_000)
-    await page.wait_for_function("() => document.querySelector('ul.files img').complete", timeout=10_000)
-    assert await image.get_attribute("alt") == "figure-1.png" and await image.evaluate("i => i.naturalWidth") > 100
+    alt, width = await shown_image(page, page.locator("ul.files img"), selector="ul.files img")
+    assert alt == "figure-1.png" and width > 100, (alt, width)
     names = set(await page.locator("ul.files a").all_inner_texts())
     assert names == {"sales.csv", "clean.csv", "figure-1.png"}, names
     await screenshot(page, "chat-files-run")
@@ -118,7 +107,7 @@ async def test_uploads_are_bounded_and_a_turn_takes_only_its_own_conversations_f
     browser: Browser, analyst_console: str, scripted_llm: ScriptedLLM  # noqa: F811
 ) -> None:
     url = analyst_console
-    page = await (await browser.new_context()).new_page()
+    page = await new_page(browser)
     await page.goto(f"{url}/agents/local/analyst/chat?session=one")
     csrf = await page.locator("#chat-form input[name=csrf]").input_value()
     chat = f"{url}/agents/local/analyst/chat"
