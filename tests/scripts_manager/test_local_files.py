@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import tempfile
-import textwrap
-import uuid
 from pathlib import Path
 
 import pytest
 
-from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.scripts_manager.backends import InputFile, ScriptJob
+from rockbot.scripts_manager.backends import InputFile
 from rockbot.scripts_manager.backends.local import LocalBackend
 from rockbot.scripts_manager.backends.outputs import OutputBounds
+from tests.scripts_manager import output_cases as cases
 from tests.scripts_manager.conftest import MakeSettings
-
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
-)
-
-
-def job(
-    script: str, *, files: tuple[InputFile, ...] = (), bounds: OutputBounds | None = None, memory: str | None = None
-) -> ScriptJob:
-    return ScriptJob(
-        request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None, timeout_seconds=30.0,
-        files=files, output_bounds=bounds or OutputBounds(), memory=memory,
-    )  # fmt: skip
+from tests.scripts_manager.output_cases import LINKED, PNG, job, named
 
 
 @pytest.fixture(params=["bwrap", "unshare"])
@@ -40,10 +25,6 @@ async def sandbox(request: pytest.FixtureRequest, make_settings: MakeSettings) -
 @pytest.fixture
 async def bwrap(make_settings: MakeSettings) -> LocalBackend:
     return await LocalBackend.create(settings=make_settings(scripts_local_isolation="bwrap"))
-
-
-def named(result: ScriptInvokeResponse) -> dict[str, bytes]:
-    return {artifact.name: artifact.content for artifact in result.artifacts}
 
 
 async def test_a_script_reads_the_conversations_files_and_its_output_comes_back_described(
@@ -86,35 +67,15 @@ async def test_the_input_folder_is_read_only(bwrap: LocalBackend) -> None:
 
 
 async def test_symlinks_and_hard_links_out_of_the_output_folder_never_come_back(bwrap: LocalBackend) -> None:
-    result = await bwrap.run(job("""
-        import os
-        os.symlink("/etc/passwd", "/output/passwd")
-        os.symlink("/input", "/output/inputs")
-        open("/tmp/secret", "w").write("from tmp")
-        try:
-            os.link("/tmp/secret", "/output/hard")
-        except OSError as exc:
-            print("cross-device", exc.errno)
-        open("/output/own", "w").write("mine")
-        os.link("/output/own", "/output/twin")
-        os.mkfifo("/output/fifo")
-    """, files=(InputFile(name="a.txt", content=b"in"),)))
+    result = await bwrap.run(job(cases.LINKS + 'os.symlink("/input", "/output/inputs")\n',
+                                 files=(InputFile(name="a.txt", content=b"in"),)))  # fmt: skip
     assert result.stdout == "cross-device 18\n", result.stderr
     assert result.artifacts == ()
-    assert sorted(result.artifacts_dropped) == [
-        "fifo: not a regular file (only files written under /output come back)",
-        "inputs: a symbolic link (only files written under /output come back)",
-        "own: a hard link (only files written under /output come back)",
-        "passwd: a symbolic link (only files written under /output come back)",
-        "twin: a hard link (only files written under /output come back)",
-    ]
+    assert sorted(result.artifacts_dropped) == sorted([*cases.LINKS_DROPPED, f"inputs: a symbolic link {LINKED}"])
 
 
 async def test_ten_thousand_tiny_files_give_the_bound_and_say_how_many_were_left_out(bwrap: LocalBackend) -> None:
-    result = await bwrap.run(job("""
-        for n in range(10_000):
-            open(f"/output/f{n:05}.txt", "w").write(str(n))
-    """))
+    result = await bwrap.run(job(cases.TINY_FILES))
     assert result.exit_code == 0, result.stderr
     assert [a.name for a in result.artifacts] == [f"f{n:05}.txt" for n in range(20)]
     assert result.artifacts_dropped[0] == "f00020.txt: over the bound of 20 files"
@@ -138,29 +99,19 @@ async def test_a_file_over_the_bound_is_dropped_by_name_and_the_others_kept(bwra
 
 
 async def test_only_real_raster_images_are_typed_as_images(bwrap: LocalBackend) -> None:
-    result = await bwrap.run(job("""
-        open("/output/fake.png", "w").write("<html><script>alert(1)</script></html>")
-        open("/output/chart.svg", "w").write('<svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>')
-        open("/output/page.html", "w").write("<script>alert(1)</script>")
-        open("/output/real.bin", "wb").write(bytes.fromhex("89504e470d0a1a0a") + b"rest")
-    """))
-    assert {a.name: a.media_type for a in result.artifacts} == {
-        "fake.png": "application/octet-stream", "chart.svg": "image/svg+xml", "page.html": "text/html",
-        "real.bin": "image/png",
+    result = await bwrap.run(job(cases.FAKE_IMAGES + """
+open("/output/page.html", "w").write("<script>alert(1)</script>")
+open("/output/real.bin", "wb").write(bytes.fromhex("89504e470d0a1a0a") + b"rest")
+"""))
+    assert {a.name: a.media_type for a in result.artifacts} == cases.FAKE_IMAGES_TYPED | {
+        "page.html": "text/html", "real.bin": "image/png",
     }
 
 
 async def test_names_with_control_characters_are_dropped_and_never_printed_raw(bwrap: LocalBackend) -> None:
-    result = await bwrap.run(job(r"""
-        open("/output/ok.txt", "w").write("fine")
-        open("/output/bad\x1b[31mname\n.txt", "w").write("x")
-        open(b"/output/not-utf8-\xff.txt", "w").write("x")
-    """))
+    result = await bwrap.run(job('open("/output/ok.txt", "w").write("fine")\n' + cases.ODD_NAMES))
     assert list(named(result)) == ["ok.txt"]
-    assert sorted(result.artifacts_dropped) == [
-        "bad?[31mname?.txt: the name holds control characters",
-        "not-utf8-?.txt: the name is not UTF-8",
-    ]
+    assert sorted(result.artifacts_dropped) == cases.ODD_NAMES_DROPPED
 
 
 async def test_a_folder_the_script_made_unwritable_is_still_cleaned_up(
@@ -180,10 +131,7 @@ async def test_a_folder_the_script_made_unwritable_is_still_cleaned_up(
 
 
 async def test_plt_show_saves_each_open_figure_as_a_png_under_output(bwrap: LocalBackend) -> None:
-    probe = await bwrap.run(job("import matplotlib", memory="1Gi"))  # numpy's BLAS threads reserve address space
-    if probe.exit_code != 0:
-        pytest.fail(f"the sandbox's Python has no matplotlib ({probe.stderr.strip()[-200:]}): install it, e.g. "
-                    "apt-get install -y python3-matplotlib")
+    await cases.require_matplotlib(bwrap, python="the sandbox's Python")
     result = await bwrap.run(job("""
         import matplotlib.pyplot as plt
         plt.plot([1, 2, 3], [3, 1, 2])

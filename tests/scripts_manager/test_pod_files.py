@@ -9,40 +9,24 @@ emptyDirs at /tmp and /output, uid 65534, no network); the runner reads /output 
 from __future__ import annotations
 
 import base64
-import textwrap
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
-from rockbot.contracts.scripts import ScriptInvokeResponse
 from rockbot.kube import KubeClient
 from rockbot.scripts_manager.backends import InputFile, SandboxFailure, ScriptJob, pod_jobs
 from rockbot.scripts_manager.backends.outputs import OutputBounds, received
 from rockbot.scripts_manager.backends.pods import PodBackend
 from tests.kubeapi import KubeApiEmulator
+from tests.scripts_manager import output_cases as cases
 from tests.scripts_manager.conftest import MakeSettings, node, pod_backend
-
-PNG = base64.b64decode(
-    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
-)
-LINKED = "(only files written under /output come back)"
-
-
-def job(script: str, *, bounds: OutputBounds | None = None, memory: str | None = None,
-        files: tuple[InputFile, ...] = ()) -> ScriptJob:
-    return ScriptJob(request_id=uuid.uuid4().hex, script=textwrap.dedent(script), input_data=None, files=files,
-                     timeout_seconds=30.0, output_bounds=bounds or OutputBounds(), memory=memory)  # fmt: skip
+from tests.scripts_manager.output_cases import LINKED, PNG, job, named
 
 
 @pytest.fixture
 async def pods(kube_api: KubeApiEmulator, kube: KubeClient, make_settings: MakeSettings) -> AsyncIterator[PodBackend]:
     async with node(kube_api, kube), pod_backend(make_settings(scripts_backend="pods")) as backend:
         yield backend
-
-
-def named(result: ScriptInvokeResponse) -> dict[str, bytes]:
-    return {artifact.name: artifact.content for artifact in result.artifacts}
 
 
 async def test_a_scripts_output_comes_back_described_with_plt_show_figures(pods: PodBackend) -> None:
@@ -61,10 +45,7 @@ async def test_a_scripts_output_comes_back_described_with_plt_show_figures(pods:
     ]
     assert result.artifacts[1].preview == "month,revenue\n2026-01,10"
     assert result.artifacts_dropped == ()
-    probe = await pods.run(job("import matplotlib", memory="1Gi"))
-    if probe.exit_code != 0:
-        pytest.fail(f"the node's Python has no matplotlib ({probe.stderr.strip()[-200:]}): install it, e.g. "
-                    "apt-get install -y python3-matplotlib")
+    await cases.require_matplotlib(pods, python="the node's Python")
     figures = await pods.run(job("""
         import matplotlib.pyplot as plt
         plt.plot([1, 2, 3], [3, 1, 2])
@@ -99,42 +80,18 @@ async def test_the_conversations_files_are_under_input_read_only_and_come_back_c
 
 
 async def test_links_odd_names_and_fake_images_never_come_back_as_they_claim(pods: PodBackend) -> None:
-    result = await pods.run(job(r"""
-        import os
-        os.symlink("/etc/passwd", "/output/passwd")
-        os.symlink("/tmp", "/output/tmp")
-        open("/tmp/secret", "w").write("from tmp")
-        try:
-            os.link("/tmp/secret", "/output/hard")
-        except OSError as exc:
-            print("cross-device", exc.errno)
-        open("/output/own", "w").write("mine")
-        os.link("/output/own", "/output/twin")
-        os.mkfifo("/output/fifo")
-        open("/output/bad\x1b[31mname\n.txt", "w").write("x")
-        open(b"/output/not-utf8-\xff.txt", "w").write("x")
-        open("/output/fake.png", "w").write("<html><script>alert(1)</script></html>")
-        open("/output/chart.svg", "w").write('<svg xmlns="http://www.w3.org/2000/svg"><script>1</script></svg>')
-        os.makedirs("/output/../output/deep/../deep/er")
-        open("/output/deep/er/x.txt", "w").write("x")
-    """))
+    deep = 'os.makedirs("/output/../output/deep/../deep/er")\nopen("/output/deep/er/x.txt", "w").write("x")\n'
+    tmp = 'os.symlink("/tmp", "/output/tmp")\n'
+    result = await pods.run(job(cases.LINKS + tmp + cases.ODD_NAMES + cases.FAKE_IMAGES + deep))
     assert result.stdout == "cross-device 18\n", result.stderr
-    assert {a.name: a.media_type for a in result.artifacts} == {
-        "chart.svg": "image/svg+xml", "deep/er/x.txt": "text/plain", "fake.png": "application/octet-stream",
-    }
-    assert sorted(result.artifacts_dropped) == [
-        "bad?[31mname?.txt: the name holds control characters", f"fifo: not a regular file {LINKED}",
-        "not-utf8-?.txt: the name is not UTF-8", f"own: a hard link {LINKED}",
-        f"passwd: a symbolic link {LINKED}", f"tmp: a symbolic link {LINKED}", f"twin: a hard link {LINKED}",
-    ]
+    assert {a.name: a.media_type for a in result.artifacts} == cases.FAKE_IMAGES_TYPED | {"deep/er/x.txt": "text/plain"}
+    assert sorted(result.artifacts_dropped) == sorted([*cases.LINKS_DROPPED, *cases.ODD_NAMES_DROPPED,
+                                                       f"tmp: a symbolic link {LINKED}"])  # fmt: skip
 
 
 async def test_ten_thousand_tiny_files_and_one_too_big_are_bounded_and_said(pods: PodBackend) -> None:
-    result = await pods.run(job("""
-        open("/output/a-big.bin", "wb").write(b"x" * 1001)
-        for n in range(10_000):
-            open(f"/output/f{n:05}.txt", "w").write(str(n))
-    """, bounds=OutputBounds(files=5, file_bytes=1000, total_bytes=1500)))
+    result = await pods.run(job('open("/output/a-big.bin", "wb").write(b"x" * 1001)\n' + cases.TINY_FILES,
+                                bounds=OutputBounds(files=5, file_bytes=1000, total_bytes=1500)))  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert named(result) == {f"f{n:05}.txt": str(n).encode() for n in range(5)}
     assert result.artifacts_dropped[0] == "a-big.bin: 1,001 bytes, over the bound of 1,000 bytes per file"
