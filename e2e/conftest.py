@@ -39,6 +39,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from rockbot.console.runs_cli import HttpRuns
+from rockbot.console.store_models import RunFilter, RunSummary
 from tests.chart.conftest import CHART, Helm, HelmError
 from tests.fixtures.llm import DEFAULT_MODEL, ScriptedLLM
 
@@ -417,11 +419,15 @@ class Agent:
     namespace: str
     kubectl: Kubectl
 
+    def http_token(self) -> str:
+        """The bearer token its HTTP endpoints (chat, A2A) take, from the Secret the operator made."""
+        return self.kubectl.secret(f"rockbot-{self.name}-http-token", "token", namespace=self.namespace)
+
     def chat(self, text: str, *, within: float = 120) -> str:
         """One chat turn through the Agent's Service (the host reaches ClusterIPs); its answer's text."""
         service = self.kubectl.json("get", "service", f"rockbot-{self.name}", "-n", self.namespace)
         port = service["spec"]["ports"][0]["port"]
-        token = self.kubectl.secret(f"rockbot-{self.name}-http-token", "token", namespace=self.namespace)
+        token = self.http_token()
         request = urllib.request.Request(
             f"http://{service['spec']['clusterIP']}:{port}/v1/chat/completions", method="POST",
             data=json.dumps({"model": self.name, "messages": [{"role": "user", "content": text}]}).encode(),
@@ -454,6 +460,36 @@ def start_agent(release: Release, *, name: str) -> Agent:
     release.kubectl.apply(agent_manifest(name=name, model_url=release.model_url), namespace=release.namespace)
     wait_for_agent(release.kubectl, name=name, namespace=release.namespace)
     return Agent(name=name, namespace=release.namespace, kubectl=release.kubectl)
+
+
+@contextlib.contextmanager
+def role_token(kubectl: Kubectl, release: Release, namespace: str, *, account: str, role: str) -> Iterator[str]:
+    """A token of ServiceAccount `account`, made in `namespace`, bound to the chart's ClusterRole `role` (e.g.
+    console-viewer) in the release's namespace; the binding is deleted after (the account goes with `namespace`)."""
+    binding = f"e2e-{account}-{namespace}"
+    kubectl.run("create", "serviceaccount", account, "-n", namespace)
+    kubectl.run("create", "rolebinding", binding, "-n", release.namespace,
+                f"--clusterrole={release.name}-{role}", f"--serviceaccount={namespace}:{account}")  # fmt: skip
+    try:
+        yield kubectl.run("create", "token", account, "-n", namespace, "--duration=15m").strip()
+    finally:
+        kubectl.run("delete", "rolebinding", binding, "-n", release.namespace, "--ignore-not-found", check=False)
+
+
+def session_runs(console: str, *, token: str, agent: Agent, session: str, limit: int) -> list[RunSummary]:
+    """The runs of conversation `session` with `agent`, through the console's read API (as `rockbot runs` lists
+    them), with `token`'s rights."""
+
+    async def listed() -> list[RunSummary]:
+        api = HttpRuns(url=console, token=token)
+        try:
+            page = await api.list_runs(filters=RunFilter(namespace=agent.namespace, agent=agent.name,
+                                                         session_id=session), limit=limit)  # fmt: skip
+        finally:
+            await api.close()
+        return page.runs
+
+    return asyncio.run(listed())
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ run: the scripts-manager's `rockbot_scripts_runs_total` stays where it was."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -18,10 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.conftest import Agent, Json, Kubectl, Release, until
+from e2e.conftest import Agent, Json, Kubectl, Release, role_token, session_runs, until
 from e2e.test_runs import a2a_turn, service_url
-from rockbot.console.runs_cli import HttpRuns
-from rockbot.console.store_models import RunFilter, RunSummary
 from tests.fixtures.llm import ScriptedLLM, Turn
 
 
@@ -64,14 +61,8 @@ def test_an_evaluation_of_the_shared_agent_runs_and_its_status_shows_the_score(
 @pytest.fixture
 def chatter(kubectl: Kubectl, release: Release, namespace: str) -> Iterator[str]:
     """A token of a ServiceAccount bound to the chart's agent-operator role (sees Agents and their runs, chats)."""
-    binding = f"e2e-replayer-{namespace}"
-    kubectl.run("create", "serviceaccount", "replayer", "-n", namespace)
-    kubectl.run("create", "rolebinding", binding, "-n", release.namespace,
-                f"--clusterrole={release.name}-console-agent-operator", f"--serviceaccount={namespace}:replayer")
-    try:
-        yield kubectl.run("create", "token", "replayer", "-n", namespace, "--duration=15m").strip()
-    finally:
-        kubectl.run("delete", "rolebinding", binding, "-n", release.namespace, "--ignore-not-found", check=False)
+    with role_token(kubectl, release, namespace, account="replayer", role="console-agent-operator") as token:
+        yield token
 
 
 def scripts_run(kubectl: Kubectl, release: Release) -> float:
@@ -90,7 +81,7 @@ def scripts_run(kubectl: Kubectl, release: Release) -> float:
 def test_a_recorded_run_replays_in_recorded_mode_without_running_its_script(
     agent: Agent, kubectl: Kubectl, release: Release, model: ScriptedLLM, chatter: str
 ) -> None:
-    token = kubectl.secret(f"rockbot-{agent.name}-http-token", "token", namespace=agent.namespace)
+    token = agent.http_token()
     console = service_url(kubectl, f"{release.name}-console", release.namespace)
     context = f"e2e-replay-{secrets.token_hex(4)}"
     before = scripts_run(kubectl, release)
@@ -100,16 +91,9 @@ def test_a_recorded_run_replays_in_recorded_mode_without_running_its_script(
     until("the chat's script counted by the scripts-manager", lambda: scripts_run(kubectl, release) == before + 1,
           within=30)  # fmt: skip
 
-    async def recorded() -> RunSummary | None:
-        api = HttpRuns(url=console, token=chatter)
-        try:
-            page = await api.list_runs(filters=RunFilter(namespace=agent.namespace, agent=agent.name,
-                                                         session_id=context), limit=5)  # fmt: skip
-        finally:
-            await api.close()
-        return next((run for run in page.runs if run.outcome == "Succeeded"), None)
-
-    run = until("the chat recorded", lambda: asyncio.run(recorded()), within=60)
+    run = until("the chat recorded", lambda: next((run for run in session_runs(
+        console, token=chatter, agent=agent, session=context, limit=5) if run.outcome == "Succeeded"), None),
+        within=60)  # fmt: skip
     model.play(SCRIPT, {"text": "It is 42."})
     done = subprocess.run(
         [sys.executable, "-m", "rockbot.cli", "replay", run.run_id, "--mode", "recorded", "--json"],

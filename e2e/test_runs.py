@@ -15,9 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.conftest import Agent, Json, Kubectl, Release, pods_ready, until
-from rockbot.console.runs_cli import HttpRuns
-from rockbot.console.store_models import RunFilter, RunSummary
+from e2e.conftest import Agent, Json, Kubectl, Release, pods_ready, role_token, session_runs, until
+from rockbot.console.store_models import RunSummary
 from tests.agent.test_a2a import a2a_client, answer_of, ask
 from tests.fixtures.llm import ScriptedLLM
 
@@ -46,14 +45,8 @@ def rockbot_runs(*args: str, url: str, token: str) -> str:
 @pytest.fixture
 def reader(kubectl: Kubectl, release: Release, namespace: str) -> Iterator[str]:
     """A token of a ServiceAccount bound to the chart's console viewer role in the release's namespace."""
-    binding = f"e2e-runs-reader-{namespace}"
-    kubectl.run("create", "serviceaccount", "reader", "-n", namespace)
-    kubectl.run("create", "rolebinding", binding, "-n", release.namespace,
-                f"--clusterrole={release.name}-console-viewer", f"--serviceaccount={namespace}:reader")
-    try:
-        yield kubectl.run("create", "token", "reader", "-n", namespace, "--duration=15m").strip()
-    finally:
-        kubectl.run("delete", "rolebinding", binding, "-n", release.namespace, "--ignore-not-found", check=False)
+    with role_token(kubectl, release, namespace, account="reader", role="console-viewer") as token:
+        yield token
 
 
 def service_url(kubectl: Kubectl, name: str, namespace: str) -> str:
@@ -78,7 +71,7 @@ def routed(kubectl: Kubectl, agent: Agent) -> set[str]:
 def test_a_chat_is_a_run_and_its_conversation_outlives_a_restart_on_either_replica(
     agent: Agent, kubectl: Kubectl, release: Release, model: ScriptedLLM, reader: str
 ) -> None:
-    token = kubectl.secret(f"rockbot-{agent.name}-http-token", "token", namespace=agent.namespace)
+    token = agent.http_token()
     console = service_url(kubectl, f"{release.name}-console", release.namespace)
     context = f"e2e-{secrets.token_hex(4)}"
     said: list[str] = []
@@ -87,17 +80,12 @@ def test_a_chat_is_a_run_and_its_conversation_outlives_a_restart_on_either_repli
         """The conversation's runs, through the read API with the reader's token, once every turn said succeeded (a
         next turn, on any replica, reads them)."""
 
-        async def succeeded() -> list[RunSummary] | None:
-            api = HttpRuns(url=console, token=reader)
-            try:
-                page = await api.list_runs(filters=RunFilter(namespace=agent.namespace, agent=agent.name,
-                                                             session_id=context), limit=50)  # fmt: skip
-            finally:
-                await api.close()
-            runs = [run for run in page.runs if run.outcome == "Succeeded"]
+        def succeeded() -> list[RunSummary] | None:
+            runs = [run for run in session_runs(console, token=reader, agent=agent, session=context, limit=50)
+                    if run.outcome == "Succeeded"]  # fmt: skip
             return runs if len(runs) == len(said) else None
 
-        return until(f"{len(said)} runs of the conversation recorded", lambda: asyncio.run(succeeded()), within=60)
+        return until(f"{len(said)} runs of the conversation recorded", succeeded, within=60)
 
     def turn(url: str, text: str, answer: str) -> None:
         """A turn whose model request must hold every earlier turn of the conversation; then its run is recorded."""
