@@ -18,7 +18,8 @@ the conversation (caller `a2a`, the contextId) before the turn, as a person's ch
 reads their names, types and sizes after the message, and scripts find them under `/input`. At most
 `MAX_ATTACHED_PER_TURN` a message, `MAX_A2A_FILE_BYTES` each (one bus message carries one); over a bound, or
 with nowhere to keep them, the task fails saying so. The files the turn's scripts give back come with the answer
-as artifacts of their own (`file-1`, ...: the bytes, name and sniffed type).
+as artifacts of their own (`file-1`, ...: the bytes, name and sniffed type; a file too large for the script's
+answer, which the scripts-manager kept in the console, comes as its console link, served under the cluster's RBAC).
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ class Unattached(Exception):
 class TurnExecutor(AgentExecutor):
     """Runs each A2A task as one turn of the conversation its contextId names."""
 
-    def __init__(self, *, runtime: AgentRuntime) -> None:
+    def __init__(self, *, runtime: AgentRuntime, console_url: str = "") -> None:
         self.runtime = runtime
+        self.console_url = console_url
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
@@ -119,9 +121,11 @@ class TurnExecutor(AgentExecutor):
             return
         if not streamed and result.answer:
             await updater.add_artifact([new_text_part(result.answer)], artifact_id=ANSWER, name=ANSWER)
-        for number, file in enumerate((m.artifact for m in made), start=1):
-            await updater.add_artifact([Part(raw=file.content, filename=file.name, media_type=file.media_type)],
-                                       artifact_id=f"file-{number}", name=file.name)  # fmt: skip
+        for number, made_file in enumerate(made, start=1):
+            file = made_file.artifact
+            part = (Part(url=f"{self.console_url}/api/files/{file.id}", filename=file.name, media_type=file.media_type)
+                    if file.id else Part(raw=file.content, filename=file.name, media_type=file.media_type))
+            await updater.add_artifact([part], artifact_id=f"file-{number}", name=file.name)
         await updater.complete()
 
     async def _attached(self, message: Message | None, *, context_id: str) -> str:
@@ -190,9 +194,11 @@ def agent_card(runtime: AgentRuntime, *, url: str) -> AgentCard:
     )
 
 
-def mount(app: web.Application, *, runtime: AgentRuntime) -> None:
-    """Serve A2A in `app` at `A2A_PATH` and the card's path, through the SDK's own request handler."""
-    handler = DefaultRequestHandlerV2(agent_executor=TurnExecutor(runtime=runtime), task_store=InMemoryTaskStore(),
+def mount(app: web.Application, *, runtime: AgentRuntime, console_url: str = "") -> None:
+    """Serve A2A in `app` at `A2A_PATH` and the card's path, through the SDK's own request handler; files the
+    scripts-manager kept are linked at the console (`console_url`)."""
+    handler = DefaultRequestHandlerV2(agent_executor=TurnExecutor(runtime=runtime, console_url=console_url),
+                                      task_store=InMemoryTaskStore(),
                                       agent_card=agent_card(runtime, url=A2A_PATH))  # fmt: skip
 
     async def card(request: web.Request) -> web.Response:

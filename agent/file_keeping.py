@@ -5,6 +5,8 @@ The agent holds no database credentials: it sends the files of a run it records 
 run's conversation (caller, session), and the console keeps them under it (`console/files.py`). What could not be
 kept is said in the tool result beside the files' descriptions, never dropped silently. A script call names the
 conversation's files for `/input` by id (`input_files`), as listed here: the scripts-manager fetches their bytes.
+It also names where the call's files are kept (`output_files`: the run and its conversation): files too large for
+the script's answer are then kept by the scripts-manager itself, and the answer names them by id.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from rockbot.agent.recording import Run
 from rockbot.bus import BusError
 from rockbot.bus.topology import CONSOLE_FILES
 from rockbot.contracts.files import FileContent, FilesListed, FilesSaved, ListFiles, SaveFiles
-from rockbot.contracts.scripts import MAX_INPUT_FILES, InputFiles, ScriptArtifact, ScriptInvokeResponse
+from rockbot.contracts.scripts import (
+    MAX_INPUT_FILES,
+    InputFiles,
+    OutputFiles,
+    ScriptArtifact,
+    ScriptInvokeResponse,
+)
 
 #: How long the console has to keep a call's files (at most one bus message of them).
 KEEP_TIMEOUT_SECONDS = 15.0
@@ -118,27 +126,36 @@ async def keep_tool_result(text: str, *, name: str, run: Run | None, keeper: Fil
     ))  # fmt: skip
 
 
+def output_files(run: Run | None, *, keeper: FileKeeper | None) -> OutputFiles | None:
+    """Where the scripts-manager keeps a call's files too large for its answer: the run and its conversation, when
+    the run is recorded in `Full` (None otherwise: the call's files are then only what its answer carries)."""
+    if not_kept_because(run, keeper=keeper) is not None:
+        return None
+    assert run is not None
+    return OutputFiles(run_id=run.run_id, caller=run.caller or "-", session_id=run.session_id or "-",
+                       retention_days=run.recorder.retention_days)  # fmt: skip
+
+
 async def keep_artifacts(answer: ScriptInvokeResponse, *, run: Run | None, keeper: FileKeeper | None
                          ) -> ScriptInvokeResponse:  # fmt: skip
-    """`answer` once its artifacts are kept with the run; what was not kept joins `artifacts_dropped`. Whoever
-    collects the turn's files (`collecting_artifacts`) gets them with their ids."""
-    if not answer.artifacts:
-        return answer
-    ids: list[str] = []
-    why = not_kept_because(run, keeper=keeper)
-    if why is None:
+    """`answer` once its artifacts are kept with the run (those the scripts-manager kept already, named by id, are
+    not sent again); what was not kept joins `artifacts_dropped`. Whoever collects the turn's files
+    (`collecting_artifacts`) gets them with their ids."""
+    carried = [artifact for artifact in answer.artifacts if not artifact.id]  # the others the manager kept
+    why = not_kept_because(run, keeper=keeper) if carried else None
+    saved: list[str] = []
+    if carried and why is None:
         assert run is not None and keeper is not None
         request = SaveFiles(
             run_id=run.run_id, caller=run.caller or "-", session_id=run.session_id or "-",
             retention_days=run.recorder.retention_days,
-            files=[FileContent(name=artifact.name, content=artifact.content) for artifact in answer.artifacts],
+            files=[FileContent(name=artifact.name, content=artifact.content) for artifact in carried],
         )  # fmt: skip
-        saved = await keeper.save(request)
-        ids = [file.id for file in saved.files]
-        if not saved.error:
-            _collect(answer.artifacts, ids)
-            return answer
-        why = saved.error
-    _collect(answer.artifacts, ids)
+        reply = await keeper.save(request)
+        saved, why = [file.id for file in reply.files], reply.error or None
+    ids = iter(saved)
+    _collect(answer.artifacts, [artifact.id or next(ids, "") for artifact in answer.artifacts])
+    if why is None:
+        return answer
     note = f"the files were shown to the model but not kept for people: {why}"
     return answer.model_copy(update={"artifacts_dropped": (*answer.artifacts_dropped, note)})

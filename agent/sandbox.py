@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, input_files, keep_artifacts
+from rockbot.agent.file_keeping import BusFileKeeper, FileKeeper, input_files, keep_artifacts, output_files
 from rockbot.agent.recording import current_run
 from rockbot.bus import SCRIPTS_MANAGER, BadMessage, Bus, BusError, BusUnavailable, NotAccepted, RequestTimeout
 from rockbot.bus.interface import ACCEPT_TRAVEL_SECONDS
@@ -111,6 +111,7 @@ class ScriptSandbox:
                 memory=self._memory,
                 session=session,
                 input_files=await input_files(run, keeper=self.keeper),
+                output_files=output_files(run, keeper=self.keeper),
             )
         except (ValidationError, TypeError) as exc:
             return _error(request_id, ErrorCode.INVALID_ARGUMENTS, _describe(exc))

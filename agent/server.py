@@ -105,7 +105,7 @@ def build_app(*, runtime: AgentRuntime, token: str | None, readiness: Readiness 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    a2a_server.mount(app, runtime=runtime)
+    a2a_server.mount(app, runtime=runtime, console_url=console_url.rstrip("/"))
     return app
 
 

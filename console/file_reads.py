@@ -36,14 +36,19 @@ class FileReadAnswerer(AgentRequests):
         self._files = files
 
     def asker(self, delivery: Delivery) -> Principal | None:
-        if delivery.sender != SCRIPTS_MANAGER:
-            return None
-        if not (delivery.reply_to or "").startswith(service_replies_prefix(SCRIPTS_MANAGER.name)):
-            return None
-        return SCRIPTS_MANAGER
+        return from_scripts_manager(delivery)
 
     async def answer(self, agent: Principal, request: ReadFile) -> FileChunk:
         return await read_chunk(self._files, request)
+
+
+def from_scripts_manager(delivery: Delivery) -> Principal | None:
+    """The scripts-manager, when it sent `delivery` and is answered on one of its own reply queues; else None."""
+    if delivery.sender != SCRIPTS_MANAGER:
+        return None
+    if not (delivery.reply_to or "").startswith(service_replies_prefix(SCRIPTS_MANAGER.name)):
+        return None
+    return SCRIPTS_MANAGER
 
 
 async def read_chunk(files: FileStore, request: ReadFile) -> FileChunk:

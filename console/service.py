@@ -24,6 +24,7 @@ from rockbot.console.authorization import AccessReviewer
 from rockbot.console.chat import ChatRelay
 from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileStore
+from rockbot.console.file_writes import FileWriteAnswerer
 from rockbot.console.files import FileAnswerer
 from rockbot.console.memories import MemoryAnswerer
 from rockbot.console.memory_store import MemoryCeilings, MemoryStore
@@ -58,6 +59,7 @@ class Console:
         self._memory_answers: MemoryAnswerer | None = None
         self._file_answers: FileAnswerer | None = None
         self._file_reads: FileReadAnswerer | None = None
+        self._file_writes: FileWriteAnswerer | None = None
         self.desk: ApprovalDesk | None = None
         self.chat: ChatRelay | None = None
         self._http: web.AppRunner | None = None
@@ -91,6 +93,8 @@ class Console:
             await self._file_answers.start()
             self._file_reads = FileReadAnswerer(files=FileStore(store=self.store), bus=self.bus)
             await self._file_reads.start()
+            self._file_writes = FileWriteAnswerer(files=FileStore(store=self.store), bus=self.bus)
+            await self._file_writes.start()
             if self.desk is not None:
                 await self.desk.start(bus=self.bus)
             if self.chat is not None:
@@ -130,6 +134,8 @@ class Console:
             await stop_within(STOP_STEP_SECONDS, self._file_answers.stop(), what="the file answers")
         if self._file_reads is not None:
             await stop_within(STOP_STEP_SECONDS, self._file_reads.stop(), what="the file reads")
+        if self._file_writes is not None:
+            await stop_within(STOP_STEP_SECONDS, self._file_writes.stop(), what="the file writes")
         if self.desk is not None:
             await stop_within(STOP_STEP_SECONDS, self.desk.stop(), what="handing pending approvals back")
         if self.chat is not None:
@@ -156,6 +162,8 @@ class Console:
                 forgotten = await self.memories.delete_expired(now=now)
                 if forgotten:
                     log.info("deleted %d memories past their retention", forgotten)
+                if parts := await FileStore(store=self.store).delete_stale_parts(now=now):
+                    log.info("deleted %d chunks of script files never completed (their writer stopped)", parts)
             except StoreUnavailable as exc:
                 log.warning("retention sweep skipped: %s", exc)
             await asyncio.sleep(self.settings.retention_sweep_seconds)

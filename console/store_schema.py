@@ -21,6 +21,10 @@ Three tables:
   each agent over all its scopes; kept in step by every write, so a bound is checked without counting.
 - `conversation_files`: what people attached to a conversation and what its scripts wrote under /output, by
   conversation (agent, caller, session), with a random id, a sniffed type and the retention of its run.
+- `file_parts`: the chunks of a script's file the scripts-manager is still writing (`WriteFile`), by the file's id
+  and offset, with the conversation and run it is for; the last chunk moves them into `conversation_files` in one
+  transaction, so no reader ever sees part of a file. The console's sweep deletes the parts of a file not completed
+  within `PART_SECONDS` (its writer died).
 Times are stored as UTC without a zone (SQLite keeps none) and read back as aware UTC times.
 """
 
@@ -220,4 +224,22 @@ conversation_files = Table(
     Index("conversation_files_by_conversation", "namespace", "agent", "caller", "session_id", "created_at"),
     Index("conversation_files_by_run", "run_id"),
     Index("conversation_files_by_expiry", "expires_at"),
+)
+
+#: The chunks of a file being written; a file is in `conversation_files`, and visible, only once whole.
+file_parts = Table(
+    "file_parts",
+    metadata,
+    Column("file_id", String(40), primary_key=True),
+    Column("start_byte", BigInteger(), primary_key=True),
+    Column("namespace", String(63), nullable=False),
+    Column("agent", String(63), nullable=False),
+    Column("caller", String(256), nullable=False),
+    Column("session_id", String(256), nullable=False),
+    Column("run_id", String(64), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("size", BigInteger(), nullable=False),
+    Column("content", LargeBinary(), nullable=False),
+    Column("created_at", UtcDateTime(), nullable=False),
+    Index("file_parts_by_age", "created_at"),
 )

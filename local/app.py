@@ -17,6 +17,7 @@ from rockbot.agent.sandbox import ScriptSandbox
 from rockbot.bus import CONSOLE, LOCAL, SCRIPTS_MANAGER, Principal
 from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileStore
+from rockbot.console.file_writes import FileWriteAnswerer
 from rockbot.console.memory_store import MemoryStore
 from rockbot.console.store import Store
 from rockbot.local.assembly import AssembledAgent
@@ -74,10 +75,14 @@ async def running(
         async def connected(principal: Principal):
             return await stack.enter_async_context(await connect(principal))
 
-        if store is not None:  # the conversation files scripts name, read for the scripts-manager as the console does
-            reads = FileReadAnswerer(files=FileStore(store=store), bus=await connected(CONSOLE))
-            await reads.start()
-            stack.push_async_callback(reads.stop)
+        if store is not None:  # the conversation files scripts name, read (and the large ones they give back, kept)
+            # for the scripts-manager as the console does; chunks of a file a stopped run never completed go first
+            await FileStore(store=store).delete_stale_parts(now=datetime.datetime.now(datetime.UTC))
+            console = await connected(CONSOLE)
+            for answerer in (FileReadAnswerer(files=FileStore(store=store), bus=console),
+                             FileWriteAnswerer(files=FileStore(store=store), bus=console)):  # fmt: skip
+                await answerer.start()
+                stack.push_async_callback(answerer.stop)
         limits = FixedLimits({Principal.agent(namespace=a.config.namespace, name=name): a.config.script_limits
                               for name, a in agents.items()})  # the loaded Agents', as the cluster's manager has them
         manager = ScriptsManager(settings=scripts, bus=await connected(SCRIPTS_MANAGER), limits=limits)

@@ -29,6 +29,7 @@ from rockbot.scripts_manager.canary import (
 from rockbot.scripts_manager.input_files import ConsoleInputs
 from rockbot.scripts_manager.limits import AgentLimits, FixedLimits, MirroredAgents
 from rockbot.scripts_manager.metrics import ScriptMetrics
+from rockbot.scripts_manager.output_files import ConsoleOutputs
 from rockbot.scripts_manager.service import ScriptService
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.tasks import cancel_and_wait
@@ -132,8 +133,10 @@ class ScriptsManager:
             url = settings.amqp_url.get_secret_value()
             self._bus = await AmqpBus.connect_when_ready(url=url, readiness=self.readiness)
         limits = self._limits or await self._agent_limits()
+        outputs = ConsoleOutputs(self._bus, inline_bytes=settings.output_bounds.total_bytes)
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics,
-                                      limits=limits, isolation=self.canary, inputs=ConsoleInputs(self._bus))
+                                      limits=limits, isolation=self.canary, inputs=ConsoleInputs(self._bus),
+                                      outputs=outputs)  # fmt: skip
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
         )

@@ -86,6 +86,7 @@ from rockbot.scripts_manager.backends import (
 from rockbot.scripts_manager.input_files import InputSource, InputsUnavailable
 from rockbot.scripts_manager.limits import AgentLimits
 from rockbot.scripts_manager.metrics import ScriptMetrics
+from rockbot.scripts_manager.output_files import ConsoleOutputs
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
 from rockbot.scripts_manager.sharing import FairShare
 from rockbot.tasks import cancel_and_wait
@@ -109,9 +110,11 @@ class ScriptService:
     def __init__(
         self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
         limits: AgentLimits, isolation: Isolation | None = None, inputs: InputSource | None = None,
+        outputs: ConsoleOutputs | None = None,
     ) -> None:
         self._bus = bus
         self._inputs = inputs
+        self._outputs = outputs
         self._limits = limits
         self._backend = backend
         self._isolation = isolation
@@ -314,6 +317,9 @@ class ScriptService:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refused.error))
         if self._isolation is not None and (refusal := await self._isolation.refusal()) is not None:
             return self._count(ScriptInvokeError(request_id=request.request_id, error=refusal))
+        kept_at = request.output_files if self._outputs is not None else None
+        if kept_at is not None:  # its files need not fit in the answer: this manager keeps them in the console
+            job = job.model_copy(update={"output_bounds": self._settings.kept_output_bounds})
         if request.input_files is not None:
             try:
                 job = job.model_copy(update={"files": await self._input_files(request, sender=sender)})
@@ -346,6 +352,8 @@ class ScriptService:
         finally:
             self._metrics.in_flight.labels(backend).dec()
             self._metrics.duration.labels(backend).observe(time.monotonic() - started)
+        if kept_at is not None and self._outputs is not None and isinstance(reply, ScriptInvokeResponse):
+            reply = await self._outputs.keep(reply, target=kept_at, agent=sender)
         return self._count(reply)
 
     async def _input_files(self, request: ScriptInvokeRequest, *, sender: Principal) -> tuple[InputFile, ...]:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from rockbot.bus.topology import MAX_MESSAGE_BYTES
+from rockbot.contracts.files import MAX_WRITTEN_BYTES
 from rockbot.kube.quantity import parse_quantity
 from rockbot.reachability import check_targets
 from rockbot.scripts_manager.backends.outputs import OutputBounds
@@ -186,13 +187,24 @@ class ScriptsManagerSettings(BaseSettings):
 
     @property
     def output_bounds(self) -> OutputBounds:
-        """The bounds of a script's /output: the settings, within what one reply carries (the artifacts travel in
-        it, base64-encoded, beside both output streams at their cap, every byte escaped in JSON)."""
+        """The bounds of a script's /output when its files travel in the reply: the settings, within what one reply
+        carries (the artifacts, base64-encoded, beside both output streams at their cap, every byte escaped in
+        JSON). A request that names where its files are kept (`output_files`) gets `kept_output_bounds`."""
         room = max((MAX_MESSAGE_BYTES - 12 * self.scripts_max_output_bytes - 256 * 1024) * 3 // 4, 0)
         return OutputBounds(
             files=self.scripts_output_files,
             file_bytes=min(self.scripts_output_file_bytes, room),
             total_bytes=min(self.scripts_output_bytes, room),
+        )
+
+    @property
+    def kept_output_bounds(self) -> OutputBounds:
+        """The bounds of a script's /output when the manager keeps its files in the console itself, a chunk at a
+        time (output_files.py): the settings, up to the most the console keeps of one file."""
+        return OutputBounds(
+            files=self.scripts_output_files,
+            file_bytes=min(self.scripts_output_file_bytes, MAX_WRITTEN_BYTES),
+            total_bytes=self.scripts_output_bytes,
         )
 
     @field_validator("scripts_isolation_targets")

@@ -18,17 +18,17 @@ For an agent X in namespace N (see `topology` for the names):
   (its sub-agents and agent-backed Tools) and the reply queues of the principals it is `called_by`
   (the agents that call it, the operator's or `rockbot local`'s scheduler), and nowhere else.
 Only `service.scripts-manager` reads `script.invoke`; it alone writes to `console.file-reads` (the files a script
-request names) and reads the console's answers on reply queues it declares
-(`service.scripts-manager.replies.<inst>`); only the operator reads its three queues and
-`rockbot.dead-letters.intake`, and only it files dead letters into the principals' records
+request names) and `console.file-writes` (a call's artifacts too large for its answer) and reads the console's
+answers on reply queues it declares (`service.scripts-manager.replies.<inst>`); only the operator reads its three
+queues and `rockbot.dead-letters.intake`, and only it files dead letters into the principals' records
 (`rockbot.dead-letters.<principal>`, through the exchange `rockbot.dead-letters.records`, which nobody else may
 write to), which nobody consumes (people read them as the broker's administrator). The
 gateway (`service.gateway`) may put Trigger runs on any agent's inbox, like the operator's scheduled
 runs, and reads only `gateway.runs`, where agents answer them: it already reads the Secrets of the
 namespaces it serves (webhook keys), agents' bus logins among them, so narrowing its inboxes further
 would protect nothing. Only the console (`service.console`) reads `console.runs`, `console.history`,
-`console.approvals`, `console.memory`, `console.files` and `console.file-reads`, and it answers history, memory and
-file requests (file reads on the scripts-manager's reply queues) and
+`console.approvals`, `console.memory`, `console.files`, `console.file-reads` and `console.file-writes`, and it
+answers history, memory and file requests (file reads and writes on the scripts-manager's reply queues) and
 approvals on agents' reply queues (it checks each is the asking agent's own). It also puts people's chat turns on
 any agent's inbox (a `user_message` that names the person, which agents take only from the console) and reads the
 progress and answers on reply queues of its own (`service.console.replies.<instance>`), which every agent may write
@@ -129,7 +129,7 @@ def _provisioned(principal: Principal) -> list[str]:
     if principal == CONSOLE:
         return [_name(q.name) for q in (topology.CONSOLE_RUNS, topology.CONSOLE_HISTORY, topology.CONSOLE_APPROVALS,
                                         topology.CONSOLE_MEMORY, topology.CONSOLE_FILES,
-                                        topology.CONSOLE_FILE_READS)]
+                                        topology.CONSOLE_FILE_READS, topology.CONSOLE_FILE_WRITES)]
     return []
 
 
@@ -150,8 +150,8 @@ def _publishes_to(principal: Principal, *, calls: Iterable[Principal], called_by
         # and to the scripts-manager's file reads
         return [_ANY_INBOX, _ANY_REPLY_SLOT, reply_queues(SCRIPTS_MANAGER)]
     if principal == SCRIPTS_MANAGER:  # answers, to the asking agent's own reply queue (checked per request);
-        # the files a script request names, from the console
-        return [_ANY_REPLY_SLOT, _name(topology.CONSOLE_FILE_READS.name)]
+        # the files a script request names, from the console, and the artifacts it keeps there
+        return [_ANY_REPLY_SLOT, _name(topology.CONSOLE_FILE_READS.name), _name(topology.CONSOLE_FILE_WRITES.name)]
     return inboxes
 
 

@@ -21,13 +21,14 @@ permissions that say who may write to which queue (see `permissions`).
 | `console.memory`                              | `Remember`/`Recall`/`Forget` (reply: `MemoryReply`) | console |
 | `console.files`                               | `SaveFiles`, `ListFiles` (`FilesSaved`, `FilesListed`) | console |
 | `console.file-reads`                          | `ReadFile` from the scripts-manager (reply: `FileChunk`) | console |
+| `console.file-writes`                         | `WriteFile` from the scripts-manager (`FileWritten`) | console |
 | `rockbot.dead-letters`                        | what a work queue refused or gave up on    | people          |
 | `rockbot.dead-letters.intake`                 | the same, to be filed by sender            | operator        |
 | `rockbot.dead-letters.<principal>`            | one sender's dead letters (its first ones) | people          |
 
 Work queues (`script.invoke`, the inboxes, `operator.scheduling`, `operator.scheduling.runs`,
 `operator.usage`, `gateway.runs`, `console.runs`, `console.history`, `console.approvals`, `console.memory`,
-`console.files`, `console.file-reads`) are
+`console.files`, `console.file-reads`, `console.file-writes`) are
 quorum queues, *provisioned*: declared and bound by the operator (inboxes when it reconciles the
 Agent, so messages to an agent that has not started yet are kept), never by their consumers, which
 only check that they exist. A message a consumer refuses, or one delivered more than
@@ -130,6 +131,8 @@ CONSOLE_MEMORY = work_queue("console.memory")
 CONSOLE_FILES = work_queue("console.files")
 #: Where the scripts-manager reads the conversation files a script request names (answered on its own replies).
 CONSOLE_FILE_READS = work_queue("console.file-reads")
+#: Where the scripts-manager keeps a call's artifacts too large for its answer, a chunk at a time (its own replies).
+CONSOLE_FILE_WRITES = work_queue("console.file-writes")
 #: Where agents put tool calls that wait for a person's approval; the console holds each until decided or expired.
 CONSOLE_APPROVALS = work_queue("console.approvals")
 DEAD_LETTERS = Queue(
@@ -169,7 +172,8 @@ def is_dead_letter_record(queue_name: str) -> bool:
 
 #: The queues that exist whatever Agents there are (the operator declares them at start-up).
 FIXED_QUEUES = (SCRIPT_INVOKE, OPERATOR_SCHEDULING, OPERATOR_RUNS, OPERATOR_USAGE, GATEWAY_RUNS, CONSOLE_RUNS,
-                CONSOLE_HISTORY, CONSOLE_APPROVALS, CONSOLE_MEMORY, CONSOLE_FILES, CONSOLE_FILE_READS)
+                CONSOLE_HISTORY, CONSOLE_APPROVALS, CONSOLE_MEMORY, CONSOLE_FILES, CONSOLE_FILE_READS,
+                CONSOLE_FILE_WRITES)
 
 
 def _agent_prefix(*, namespace: str, name: str) -> str:

@@ -2,10 +2,13 @@
 
 On `console.files`, an agent asks the console to keep files (`SaveFiles`) or to list its conversation's
 (`ListFiles`); on `console.file-reads`, the scripts-manager reads the files a script request names
-(`InputFiles` in `rockbot.contracts.scripts`) one chunk at a time (`ReadFile`, answered with a `FileChunk`).
+(`InputFiles` in `rockbot.contracts.scripts`) one chunk at a time (`ReadFile`, answered with a `FileChunk`), and on
+`console.file-writes` it keeps a call's artifacts that do not travel in its answer (`WriteFile`, a chunk at a time,
+answered with `FileWritten`).
 
-A script's artifacts reach the agent in its `ScriptInvokeResponse`; the agent, which holds no database
-credentials, sends them here with the run they came with. Which agent sends is never a field: the console takes
+A script's small artifacts reach the agent in its `ScriptInvokeResponse`; the agent, which holds no database
+credentials, sends them here with the run they came with (larger ones the scripts-manager kept already: the answer
+names them by id). Which agent sends is never a field: the console takes
 it from the broker-validated sender, keeps files only for that agent's own runs (`owns_run`) and under the
 conversation (agent, `caller`, `session_id`) the run belongs to. The reply names each kept file by its id, which
 is 128 random bits (the console's `file_store`).
@@ -27,6 +30,10 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 4 * 1024 * 1024
 #: The largest `ReadFile` the console reads (it holds no content).
 MAX_READ_BYTES = 4096
+#: The largest `WriteFile` the console reads: a chunk, base64, and its names.
+MAX_WRITE_REQUEST_BYTES = CHUNK_BYTES * 4 // 3 + 16 * 1024
+#: The largest file the scripts-manager may keep (a script's file is bounded lower, 10 MiB by default).
+MAX_WRITTEN_BYTES = 64 * 1024 * 1024
 #: What the console answers for a file that is not the conversation's, whether or not it exists elsewhere.
 NOT_FOUND = "no such file in this conversation"
 #: Bounds on what people (console, A2A) attach: bytes a file, files a turn, files a conversation keeps.
@@ -142,6 +149,56 @@ class FileChunk(BaseModel):
     size: Annotated[int, Field(ge=0)] = 0
     offset: Annotated[int, Field(ge=0)] = 0
     content: bytes = b""
+    error: Annotated[str, Field(max_length=1000)] = ""
+
+
+class WriteFile(BaseModel):
+    """The scripts-manager keeps part of one of a call's artifacts, on `console.file-writes`: `content` is the file's
+    bytes from `offset` (at most `CHUNK_BYTES`), of `size` in all.
+
+    `namespace` and `agent` are the broker-validated sender of the script request (the scripts-manager is trusted to
+    pass them on; the console takes `WriteFile` from `service.scripts-manager` only); `run_id`, `caller` and
+    `session_id` are the conversation the request named (`OutputFiles`), and the run must be that agent's. The first
+    chunk has no `file_id`: the console answers the id it will keep the file under, and every later chunk names it
+    and the same conversation, name and size. The file is visible (listed, read, served) only once its last chunk is
+    stored; the chunks of one never completed are deleted by the console's sweep (`PART_SECONDS`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    kind: Literal["write"] = "write"
+    schema_version: Literal[1] = SCHEMA_VERSION
+    namespace: Annotated[str, Field(pattern=AGENT_NAME_PATTERN, max_length=63)]
+    agent: Annotated[str, Field(pattern=AGENT_NAME_PATTERN, max_length=63)]
+    run_id: Id
+    caller: ConversationPart
+    session_id: ConversationPart
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
+    name: FileName
+    size: Annotated[int, Field(ge=0, le=MAX_WRITTEN_BYTES)]
+    offset: Annotated[int, Field(ge=0)] = 0
+    file_id: FileId | None = None
+    content: Annotated[bytes, Field(max_length=CHUNK_BYTES)] = b""
+
+    @model_validator(mode="after")
+    def _within_the_file(self) -> WriteFile:
+        if self.offset + len(self.content) > self.size:
+            raise ValueError("content: the chunk ends past the file's size")
+        if (self.offset == 0) != (self.file_id is None):
+            raise ValueError("file_id: the first chunk (offset 0) has none, every later one names the file")
+        return self
+
+
+class FileWritten(BaseModel):
+    """The file's id and how much of it is stored; `complete` once it is whole (and visible). `error` (and nothing
+    else) when the chunk was not stored: another agent's run, a chunk out of order, the store down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    id: Label = ""
+    stored: Annotated[int, Field(ge=0)] = 0
+    complete: bool = False
     error: Annotated[str, Field(max_length=1000)] = ""
 
 

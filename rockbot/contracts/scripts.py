@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from rockbot.contracts.errors import ErrorInfo
+from rockbot.contracts.recording import Id
 
 SCHEMA_VERSION = 1
 
@@ -63,7 +64,11 @@ class ScriptArtifact(BaseModel):
     size: Annotated[int, Field(ge=0)]
     #: The first lines of a text or CSV file, for the model; empty for anything else.
     preview: Annotated[str, Field(max_length=2000)] = ""
+    #: The bytes, when they travel in the answer; empty when the scripts-manager kept the file itself (`id`).
     content: bytes = b""
+    #: The file's id in the run store when the scripts-manager kept it under the request's `output_files` (files
+    #: too large for one answer); None when its bytes travel here and the agent keeps them.
+    id: FileId | None = None
 
 
 class InputFiles(BaseModel):
@@ -83,6 +88,24 @@ class InputFiles(BaseModel):
     caller: ConversationPart
     session_id: ConversationPart
     ids: Annotated[tuple[FileId, ...], Field(min_length=1, max_length=MAX_INPUT_FILES)]
+
+
+class OutputFiles(BaseModel):
+    """Where a call's artifacts are kept when they do not travel in its answer: the run the call belongs to and its
+    conversation (`caller` as validated when the turn came in, `session_id`), kept for `retention_days`.
+
+    The scripts-manager then keeps them itself in the console (`WriteFile` on `console.file-writes`, 4 MiB a
+    chunk) as the request's broker-validated sender, never an agent a field names; the console keeps them only
+    when `run_id` is that agent's. Without it a call's files are bounded by what one answer carries (about
+    3.5 MiB).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: Id
+    caller: ConversationPart
+    session_id: ConversationPart
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
 
 
 class ScriptInvokeRequest(BaseModel):
@@ -109,6 +132,8 @@ class ScriptInvokeRequest(BaseModel):
     session: Annotated[str, Field(pattern=r"^[0-9a-f]{16,64}$")] | None = None
     #: The conversation's files to put read-only under `/input` (None: an empty `/input`).
     input_files: InputFiles | None = None
+    #: Where the scripts-manager keeps artifacts too large for the answer (None: only what one answer carries).
+    output_files: OutputFiles | None = None
 
 
 class ScriptInvokeResponse(BaseModel):

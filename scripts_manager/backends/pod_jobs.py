@@ -66,9 +66,12 @@ class RunnerOutput:
         self._seen += len(data)
         if self._seen > self.limit:
             raise OutputTooLarge(f"the pod wrote more than {self.limit} bytes, more than its runner ever does")
-        self._pending += data
-        *lines, rest = self._pending.split(b"\n")
-        self._pending = bytearray(rest)
+        if b"\n" not in data:  # a long line (the files' base64) grows here, never rescanned: linear in its size
+            self._pending += data
+            return
+        *lines, rest = data.split(b"\n")
+        self._pending += lines[0]
+        lines[0], self._pending = bytes(self._pending), bytearray(rest)
         for line in lines:
             self._line(line)
 

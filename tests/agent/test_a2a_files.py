@@ -22,6 +22,7 @@ from rockbot.agent.server import build_app
 from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, MemoryBroker, Principal
 from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileOwner, FileStore
+from rockbot.console.file_writes import FileWriteAnswerer
 from rockbot.console.store import Store
 from rockbot.local.runs import StoreFileKeeper, store_publisher
 from rockbot.scripts_manager.app import ScriptsManager
@@ -45,12 +46,14 @@ open("/output/chart.png", "wb").write(base64.b64decode("{base64.b64encode(PNG).d
 
 
 @contextlib.asynccontextmanager
-async def a2a_agent(llm, store: Store) -> AsyncIterator[tuple[str, FileStore, str]]:
+async def a2a_agent(llm, store: Store, *, console_url: str = "") -> AsyncIterator[tuple[str, FileStore, str]]:
     """The agent's HTTP server (A2A) with scripts, its files kept in `store` as `rockbot local` keeps them and
     read for the scripts-manager (the local sandbox) as the console answers them."""
     broker, files = MemoryBroker(), FileStore(store=store)
-    reads = FileReadAnswerer(files=files, bus=await login(broker, CONSOLE))
+    console = await login(broker, CONSOLE)
+    reads, writes = FileReadAnswerer(files=files, bus=console), FileWriteAnswerer(files=files, bus=console)
     await reads.start()
+    await writes.start()
     manager = ScriptsManager(
         settings=ScriptsManagerSettings(scripts_backend="local", health_host="127.0.0.1", health_port=0),
         bus=await login(broker, SCRIPTS_MANAGER))  # fmt: skip
@@ -62,7 +65,7 @@ async def a2a_agent(llm, store: Store) -> AsyncIterator[tuple[str, FileStore, st
     runtime = AgentRuntime.from_config(config, bus=bus, sandbox=sandbox, env={API_KEY_ENV: "k"},
                                        publish_runs=store_publisher(store, namespace=config.namespace,
                                                                     agent=config.name))  # fmt: skip
-    runner = web.AppRunner(build_app(runtime=runtime, token=TOKEN), access_log=None)
+    runner = web.AppRunner(build_app(runtime=runtime, token=TOKEN, console_url=console_url), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -74,6 +77,7 @@ async def a2a_agent(llm, store: Store) -> AsyncIterator[tuple[str, FileStore, st
         await runtime.close()
         await manager.stop()
         await reads.stop()
+        await writes.stop()
 
 
 def with_files(text: str, *parts: Part) -> SendMessageRequest:
@@ -135,3 +139,34 @@ async def test_the_openai_endpoint_names_a_turns_files_with_the_consoles_links(s
         assert [(name, kind) for name, kind, _ in links] == [("chart.png", "image/png"), ("clean.csv", "text/csv")]
         found = await files.read_any(links[0][2])
     assert found is not None and found[1] == PNG
+
+
+async def test_a_file_too_large_for_the_scripts_answer_is_kept_by_the_manager_and_linked_in_the_a2a_answer(
+    scripted_llm, store
+) -> None:
+    """A 5 MiB CSV does not fit in the script's answer (about 3.5 MiB of files): the scripts-manager keeps it in the
+    console a chunk at a time and the A2A answer links it; the chart, small, still comes with its bytes."""
+    script = SCRIPT.replace('open("/input/sales.csv").read()', '("month,revenue\\n" + "2026-01,10\\n" * 480_000)')
+    scripted_llm.play(Turn(tool_calls=[ScriptedCall(name="execute_python_script", arguments={"script": script})]),
+                      Turn(text="Cleaned and charted."))  # fmt: skip
+    async with a2a_agent(scripted_llm, store, console_url="https://console.example") as (url, files, namespace), \
+            a2a_client(url, streaming=False) as client:  # fmt: skip
+        [sent] = [event async for event in client.send_message(with_files("clean this"))]
+        task = sent.task
+        assert task.status.state == TaskState.TASK_STATE_COMPLETED, task.status
+        kept = await files.conversation(owner=FileOwner(namespace=namespace, agent="calc", caller="a2a",
+                                                        session_id=task.context_id))  # fmt: skip
+        by_name = {file.name: file for file in kept}
+        found = await files.read(by_name["clean.csv"].id, owner=FileOwner(
+            namespace=namespace, agent="calc", caller="a2a", session_id=task.context_id))  # fmt: skip
+    told = scripted_llm.requests[1].messages[-1]["content"]
+    assert "- clean.csv (text/csv, 5,280,014 bytes)\n    month,revenue\n    2026-01,10" in told, told
+    assert "left out" not in told, told
+    assert found is not None and found[1] == b"month,revenue\n" + b"2026-01,10\n" * 480_000
+    by_id = {artifact.artifact_id: artifact for artifact in task.artifacts}
+    chart, csv = by_id["file-1"].parts[0], by_id["file-2"].parts[0]
+    assert (chart.filename, chart.raw) == ("chart.png", PNG)
+    assert (csv.filename, csv.media_type, csv.url, csv.raw) == (
+        "clean.csv", "text/csv", f"https://console.example/api/files/{by_name['clean.csv'].id}", b"")
+    assert sorted((f.name, f.origin, f.size) for f in kept) == [("chart.png", "script", len(PNG)),
+                                                               ("clean.csv", "script", 5_280_014)]  # fmt: skip

@@ -1,0 +1,86 @@
+"""A call's artifacts kept in the console by the scripts-manager itself, when they are too large for its answer.
+
+The answer is one bus message, which carries about 3.5 MiB of files (base64, beside both output streams at their
+cap). When the request names where its files are kept (`output_files`: its run and conversation) and its files do
+not fit there, the manager writes each to the console (`WriteFile` on `console.file-writes`, `CHUNK_BYTES` a
+message, on a reply queue of its own and believed only from `service.console`), naming the agent as the broker
+validated the request's sender, never a field of the request; the console keeps a file only for one of that agent's
+runs and shows it only once whole. The answer then names each file by id with its description (name, type, size,
+first lines) and without its bytes; a file the console did not keep is left out by name, with why.
+
+Files that fit in the answer travel there as before and the agent keeps them (`console.files`): no console round
+trip on the call's own path, which is what a chart or a small CSV costs least with (benchmarks/README.md); and an
+A2A client gets their bytes in the answer, where a kept file comes as its console link.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+
+from rockbot.bus import Bus, BusError
+from rockbot.bus.identity import CONSOLE, Principal
+from rockbot.bus.topology import CONSOLE_FILE_WRITES, service_replies
+from rockbot.contracts.files import CHUNK_BYTES, FileWritten, WriteFile
+from rockbot.contracts.scripts import OutputFiles, ScriptArtifact, ScriptInvokeResponse
+
+#: How long the console has for one chunk.
+WRITE_TIMEOUT_SECONDS = 15.0
+
+
+class NotKept(Exception):
+    """The console did not keep a file: the message says why (for the model)."""
+
+
+class ConsoleOutputs:
+    """The console, written to over the bus by this scripts-manager process."""
+
+    def __init__(self, bus: Bus, *, inline_bytes: int, timeout_seconds: float = WRITE_TIMEOUT_SECONDS) -> None:
+        self._bus = bus
+        self._replies = service_replies(service="scripts-manager", instance=uuid.uuid4().hex[:12])
+        self._inline = inline_bytes
+        self._timeout = timeout_seconds
+
+    async def keep(self, answer: ScriptInvokeResponse, *, target: OutputFiles, agent: Principal
+                   ) -> ScriptInvokeResponse:  # fmt: skip
+        """`answer` with the files that do not fit in it kept in the console and named by id: in name order, a file
+        travels in the answer while the answer's room for files (`inline_bytes`) holds it, and is kept otherwise."""
+        if sum(artifact.size for artifact in answer.artifacts) <= self._inline:
+            return answer
+        kept, dropped, room = [], list(answer.artifacts_dropped), self._inline
+        for artifact in answer.artifacts:
+            if artifact.size <= room:
+                room -= artifact.size
+                kept.append(artifact)
+                continue
+            try:
+                file_id = await self._write(artifact, target=target, agent=agent)
+            except NotKept as exc:
+                dropped.append(f"{artifact.name}: {artifact.size:,} bytes, not kept: {exc}")
+                continue
+            kept.append(artifact.model_copy(update={"content": b"", "id": file_id}))
+        return answer.model_copy(update={"artifacts": tuple(kept), "artifacts_dropped": tuple(dropped)})
+
+    async def _write(self, artifact: ScriptArtifact, *, target: OutputFiles, agent: Principal) -> str:
+        content, file_id, offset = artifact.content, None, 0
+        while True:
+            written = await self._chunk(WriteFile(
+                namespace=agent.namespace, agent=agent.name, run_id=target.run_id, caller=target.caller,
+                session_id=target.session_id, retention_days=target.retention_days, name=artifact.name,
+                size=len(content), offset=offset, file_id=file_id, content=content[offset:offset + CHUNK_BYTES],
+            ))  # fmt: skip
+            if written.error:
+                raise NotKept(written.error)
+            if written.complete:
+                return written.id
+            file_id, offset = written.id, written.stored
+
+    async def _chunk(self, request: WriteFile) -> FileWritten:
+        try:
+            reply = await self._bus.request(
+                queue=CONSOLE_FILE_WRITES, body=request, reply_queue=self._replies,
+                correlation_id=f"write-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
+            )  # fmt: skip
+            return reply.decode(FileWritten)
+        except BusError as exc:
+            raise NotKept(f"the console (which keeps the conversation's files) did not answer: {exc}") from exc
