@@ -18,21 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import secrets
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.bench_pods import K8SREAL, idle
+from benchmarks.bench_pods import idle, pod_backend, scripts_namespace
 from benchmarks.bench_scripts import percentile
-from rockbot.kube import NAMESPACES, KubeClient, NotFound
 from rockbot.scripts_manager.backends import InputFile, ScriptJob
-from rockbot.scripts_manager.backends.pods import PodBackend
-from rockbot.scripts_manager.metrics import ScriptMetrics
-from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 CSV = b"month,revenue\n" + b"".join(b"2026-%02d,%09d\n" % (n % 12 + 1, n) for n in range(58_254))  # 1 MiB
 PNG_BYTES = 200 * 1024
@@ -50,12 +41,7 @@ CASES = {
 async def measure(*, namespace: str, pool: int, runs: int, cpu: str, memory: str) -> dict[str, tuple[list, list]]:
     """Per case: request-to-answer seconds and this process's CPU-seconds of each request (the cases interleaved, so
     that the node's load drifts alike for all)."""
-    settings = ScriptsManagerSettings(
-        scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
-        scripts_pool=f"{cpu}/{memory}={pool}", scripts_package_cache=Path(tempfile.mkdtemp()),
-    )  # fmt: skip
-    backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
-                         metrics=ScriptMetrics(backend="pods"))
+    backend = await pod_backend(namespace=namespace, pool=pool, cpu=cpu, memory=memory)
     await backend.start()
     figures: dict[str, tuple[list, list]] = {label: ([], []) for label in CASES}
     try:
@@ -76,18 +62,10 @@ async def measure(*, namespace: str, pool: int, runs: int, cpu: str, memory: str
 
 
 async def main(*, runs: int, pool: int, cpu: str, memory: str) -> None:
-    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
-    namespace = f"bench-{secrets.token_hex(3)}-scripts"
-    async with await KubeClient.from_environment() as kube:
-        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
-        try:
-            print(f"files in and out of warm script pods on the real node ({kube.host}), class {cpu}/{memory}, "
-                  f"pool {pool}, {runs} runs a case, interleaved:", flush=True)
-            figures = await measure(namespace=namespace, pool=pool, runs=runs, cpu=cpu, memory=memory)
-        finally:
-            with contextlib.suppress(NotFound):
-                await kube.delete(NAMESPACES, name=namespace)
+    async with scripts_namespace() as (kube, namespace):
+        print(f"files in and out of warm script pods on the real node ({kube.host}), class {cpu}/{memory}, "
+              f"pool {pool}, {runs} runs a case, interleaved:", flush=True)
+        figures = await measure(namespace=namespace, pool=pool, runs=runs, cpu=cpu, memory=memory)
     base, base_cpu = statistics.median(figures["print(1)"][0]), statistics.median(figures["print(1)"][1])
     for label, (seconds, cpus) in figures.items():
         p50, p95, cpu_ms = statistics.median(seconds), percentile(seconds, 0.95), statistics.median(cpus) * 1000

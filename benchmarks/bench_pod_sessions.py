@@ -23,25 +23,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import secrets
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from benchmarks.bench_pod_files import CSV, READ, WRITE
-from benchmarks.bench_pods import K8SREAL, REQUEST, SPANS, idle, report
-from rockbot.kube import NAMESPACES, KubeClient, NotFound
+from benchmarks.bench_pods import REQUEST, idle, pod_backend, report, scripts_namespace, trace_to_spans
 from rockbot.scripts_manager.backends import InputFile, ScriptJob, SessionTerms
 from rockbot.scripts_manager.backends.pods import PodBackend
-from rockbot.scripts_manager.metrics import ScriptMetrics
-from rockbot.scripts_manager.settings import ScriptsManagerSettings
 
 tracer = trace.get_tracer(__name__)
 
@@ -62,20 +52,9 @@ async def timed(backend: PodBackend, job: ScriptJob, samples: list[float], *, sp
 
 
 async def main(*, runs: int, firsts: int, cpu: str, memory: str, files: bool) -> None:
-    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(SPANS))
-    trace.set_tracer_provider(provider)
-    namespace = f"bench-{secrets.token_hex(3)}-scripts"
-    async with await KubeClient.from_environment() as kube:
-        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
-        settings = ScriptsManagerSettings(
-            scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
-            scripts_pool=f"{cpu}/{memory}=2", scripts_package_cache=Path(tempfile.mkdtemp()),
-        )  # fmt: skip
-        backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
-                             metrics=ScriptMetrics(backend="pods"))  # fmt: skip
+    trace_to_spans()
+    async with scripts_namespace() as (kube, namespace):
+        backend = await pod_backend(namespace=namespace, pool=2, cpu=cpu, memory=memory)
         await backend.start()
         try:
             print(f"script sessions on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
@@ -115,8 +94,6 @@ async def main(*, runs: int, firsts: int, cpu: str, memory: str, files: bool) ->
                 report("later call, 1 MiB CSV in and 200 KB PNG out", moved, 0)
         finally:
             await backend.close()
-            with contextlib.suppress(NotFound):
-                await kube.delete(NAMESPACES, name=namespace)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from opentelemetry import trace
@@ -60,12 +61,7 @@ async def measure(
     pause: float = 0.0, cost: bool = False,
 ) -> tuple[list[float], float]:
     """Request-to-answer seconds of `runs` requests, and how many warm requests missed the pool."""
-    settings = ScriptsManagerSettings(
-        scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
-        scripts_pool=f"{cpu}/{memory}={pool}" if pool else "", scripts_package_cache=Path(tempfile.mkdtemp()),
-    )  # fmt: skip
-    backend = PodBackend(kube=await KubeClient.from_environment(), settings=settings,
-                         metrics=ScriptMetrics(backend="pods"))
+    backend = await pod_backend(namespace=namespace, pool=pool, cpu=cpu, memory=memory)
     before = await quiet_node_cpu() if cost and pool else None  # the pool's first pods start with the backend
     await backend.start()
     samples: list[float] = []
@@ -98,6 +94,41 @@ async def measure(
     finally:
         await backend.close()
     return samples, misses
+
+
+@contextlib.asynccontextmanager
+async def scripts_namespace() -> AsyncIterator[tuple[KubeClient, str]]:
+    """The rig's API server (its admin kubeconfig unless $KUBECONFIG names another) and a namespace of its own named
+    `*-scripts` (the rig gives such pods no network, as the chart's scripts namespace) with Pod Security
+    `restricted` enforced; deleted after."""
+    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
+    namespace = f"bench-{secrets.token_hex(3)}-scripts"
+    async with await KubeClient.from_environment() as kube:
+        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+        try:
+            yield kube, namespace
+        finally:
+            with contextlib.suppress(NotFound):
+                await kube.delete(NAMESPACES, name=namespace)
+
+
+async def pod_backend(*, namespace: str, pool: int, cpu: str, memory: str) -> PodBackend:
+    """The real pod backend in `namespace`, with a pool of `pool` idle pods of the one class `cpu`/`memory` (none:
+    0), not started."""
+    settings = ScriptsManagerSettings(
+        scripts_backend="pods", scripts_namespace=namespace, scripts_cpu=cpu, scripts_memory=memory,
+        scripts_pool=f"{cpu}/{memory}={pool}" if pool else "", scripts_package_cache=Path(tempfile.mkdtemp()),
+    )  # fmt: skip
+    return PodBackend(kube=await KubeClient.from_environment(), settings=settings,
+                      metrics=ScriptMetrics(backend="pods"))  # fmt: skip
+
+
+def trace_to_spans() -> None:
+    """Keep this process's spans (the backend's among them) in SPANS, for `report` to read their events."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    trace.set_tracer_provider(provider)
 
 
 async def idle(backend: PodBackend, wanted: int) -> None:
@@ -211,31 +242,21 @@ def phases(spans: tuple[ReadableSpan, ...]) -> list[tuple[str, list[float]]]:
 
 
 async def main(*, runs: int, concurrency: int, pool: int, cpu: str, memory: str) -> None:
-    os.environ.setdefault("KUBECONFIG", str(K8SREAL / "kubeconfig"))
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(SPANS))
-    trace.set_tracer_provider(provider)
-    namespace = f"bench-{secrets.token_hex(3)}-scripts"
-    async with await KubeClient.from_environment() as kube:
-        await kube.create(NAMESPACES, body={"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": namespace, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
-        try:
-            print(f"script pods on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
-                  f"pool {pool}, script print(1):", flush=True)
-            cases = (
-                ("warm, sequential", pool, 1, True, 0.0), ("warm, back to back", pool, 1, False, 0.0),
-                (f"warm, {concurrency} at once", pool, concurrency, False, 0.0),
-                ("cold, sequential", 0, 1, False, 0.0), ("cold, one a second", 0, 1, False, 1.0),
-                (f"cold, {concurrency} at once", 0, concurrency, False, 0.0),
-            )  # fmt: skip
-            for number, (label, size, at_once, wait, pause) in enumerate(cases):
-                samples, misses = await measure(namespace=namespace, pool=size, runs=runs, concurrency=at_once,
-                                                wait_for_pool=wait, cpu=cpu, memory=memory, pause=pause,
-                                                cost=number == 0)  # fmt: skip
-                report(label, samples, misses)
-        finally:
-            with contextlib.suppress(NotFound):
-                await kube.delete(NAMESPACES, name=namespace)
+    trace_to_spans()
+    async with scripts_namespace() as (kube, namespace):
+        print(f"script pods on the real node ({kube.host}), namespace {namespace}, class {cpu}/{memory}, "
+              f"pool {pool}, script print(1):", flush=True)
+        cases = (
+            ("warm, sequential", pool, 1, True, 0.0), ("warm, back to back", pool, 1, False, 0.0),
+            (f"warm, {concurrency} at once", pool, concurrency, False, 0.0),
+            ("cold, sequential", 0, 1, False, 0.0), ("cold, one a second", 0, 1, False, 1.0),
+            (f"cold, {concurrency} at once", 0, concurrency, False, 0.0),
+        )  # fmt: skip
+        for number, (label, size, at_once, wait, pause) in enumerate(cases):
+            samples, misses = await measure(namespace=namespace, pool=size, runs=runs, concurrency=at_once,
+                                            wait_for_pool=wait, cpu=cpu, memory=memory, pause=pause,
+                                            cost=number == 0)  # fmt: skip
+            report(label, samples, misses)
 
 
 if __name__ == "__main__":
