@@ -66,6 +66,7 @@ from rockbot.contracts.files import (
     SaveFiles,
     attachment_note,
 )
+from rockbot.contracts.recording import new_run_id
 from rockbot.contracts.scripts import FileName
 
 log = logging.getLogger(__name__)
@@ -112,10 +113,13 @@ class TurnExecutor(AgentExecutor):
                 streamed = True
 
         try:
-            text = context.get_user_input() + await self._attached(context.message, context_id=task.context_id)
+            # The turn's run is named first, so the message's files are kept with it (listed on its page).
+            run_id = new_run_id(namespace=self.runtime.config.namespace, agent=self.runtime.config.name)
+            text = context.get_user_input() + await self._attached(context.message, context_id=task.context_id,
+                                                                   run_id=run_id)  # fmt: skip
             with collecting_artifacts() as made:
                 result = await self.runtime.chat(task.context_id, text, caller=A2A_CALLER, on_event=on_event,
-                                                 source="a2a", request_id=task.id)  # fmt: skip
+                                                 source="a2a", request_id=task.id, run_id=run_id)  # fmt: skip
         except (BudgetExhausted, LlmError, Unattached) as exc:
             await updater.failed(self._said(str(exc), task=task))
             return
@@ -128,8 +132,9 @@ class TurnExecutor(AgentExecutor):
             await updater.add_artifact([part], artifact_id=f"file-{number}", name=file.name)
         await updater.complete()
 
-    async def _attached(self, message: Message | None, *, context_id: str) -> str:
-        """Keep the message's files under its conversation; what the model reads of them after the message."""
+    async def _attached(self, message: Message | None, *, context_id: str, run_id: str) -> str:
+        """Keep the message's files under its conversation, with the turn's run `run_id`; what the model reads of them
+        after the message."""
         parts = [part for part in (message.parts if message else []) if part.WhichOneof("content") in ("raw", "url")]
         if not parts:
             return ""
@@ -150,7 +155,7 @@ class TurnExecutor(AgentExecutor):
                 name = _FILE_NAME.validate_python(part.filename or f"file-{number}")
             except ValidationError as exc:
                 raise Unattached(f"file {number}: filename: {exc.errors()[0]['msg']}") from None
-            kept = await keeper.save(SaveFiles(origin="upload", caller=A2A_CALLER, session_id=context_id,
+            kept = await keeper.save(SaveFiles(origin="upload", run_id=run_id, caller=A2A_CALLER, session_id=context_id,
                                                retention_days=recorder.retention_days,
                                                files=[FileContent(name=name, content=part.raw)]))  # fmt: skip
             if kept.error:

@@ -176,10 +176,11 @@ class RunRecorder:
     @contextlib.asynccontextmanager
     async def run(
         self, *, source: str, session_id: str, caller: str, model: str, request_id: str = "",
-        parent_run_id: str | None = None,
+        parent_run_id: str | None = None, run_id: str | None = None,
     ) -> AsyncIterator[Run]:  # fmt: skip
-        """Record one turn: its start now, its end (and outcome) when the block leaves; the block's code is its run."""
-        run = Run(recorder=self, run_id=new_run_id(namespace=self._namespace, agent=self._agent),
+        """Record one turn: its start now, its end (and outcome) when the block leaves; the block's code is its run.
+        `run_id`: one of this agent's (`new_run_id`) chosen before the turn, as an A2A turn's files name it."""
+        run = Run(recorder=self, run_id=run_id or new_run_id(namespace=self._namespace, agent=self._agent),
                   caller=caller[:256], session_id=session_id[:256])
         if self.record == "None":
             yield run

@@ -256,6 +256,7 @@ class AgentRuntime:
         recorded: HistoryReply | None = None,
         replay: Replay | None = None,
         prior: list[dict[str, Any]] | None = None,
+        run_id: str | None = None,
     ) -> ChatResult:
         """One user turn in `caller`'s kept conversation `session_id`; turns of one conversation run in order.
 
@@ -265,6 +266,7 @@ class AgentRuntime:
         recorded conversation as the console sent it with the turn (it is then not asked for). `replay`: the turn
         replays a recorded run (the console's word: see `Replay`), recorded as a run of source `replay` whose parent
         is the run replayed. `prior`: the conversation an evaluation case starts from, instead of any kept one.
+        `run_id`: the turn's run id when chosen before it (`new_run_id`: an A2A turn's files are kept with it first).
         """
         key = self.conversation(caller=caller, session_id=session_id).id
         async with self.conversations.lock(key):
@@ -278,6 +280,7 @@ class AgentRuntime:
                         history=history, session_id=key, call_chain=call_chain, on_event=on_event,
                         source=source, request_id=request_id, caller=caller, session=session_id,
                         new_from=len(history) - 1, parent_run_id=parent_run_id, replay=replay, recalled=recalled,
+                        run_id=run_id,
                     )  # fmt: skip
                 finally:
                     self.conversations.save(key, _complete_turns(history))
@@ -349,6 +352,7 @@ class AgentRuntime:
         parent_run_id: str | None = None,
         replay: Replay | None = None,
         recalled: asyncio.Task[list[dict[str, Any]]] | None = None,
+        run_id: str | None = None,
     ) -> ChatResult:
         """Run the loop in the turn's span and its recorded run (`history[new_from:]` are the turn's messages), and
         count the turn by its outcome. `recalled`: the automatic recall, started already (else started here)."""
@@ -357,7 +361,8 @@ class AgentRuntime:
                 source, parent_run_id = "replay", replay.of_run
             async with self.recorder.run(source=source, session_id=session, caller=caller,
                                          model=(replay and replay.model) or self.config.model.name,
-                                         request_id=request_id or "", parent_run_id=parent_run_id) as run:
+                                         request_id=request_id or "", parent_run_id=parent_run_id,
+                                         run_id=run_id) as run:
                 await self._recall_into(history, caller=caller, recalled=recalled)
                 try:
                     result = await self._traced_turn(history=history, session_id=session_id, source=source,

@@ -105,3 +105,4 @@ def test_a_csv_over_a2a_is_loaded_then_charted_in_one_session_and_its_files_come
     assert "clean.csv" in listed and "figure-1.png" in listed, listed
     assert (tmp_path / "clean.csv").read_bytes() == CLEAN
     assert (tmp_path / "figure-1.png").read_bytes() == made["figure-1.png"][1]
+    assert (tmp_path / "sales.csv").read_bytes() == SALES  # the A2A upload is kept with the turn's run

@@ -24,6 +24,7 @@ from rockbot.console.file_reads import FileReadAnswerer
 from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.file_writes import FileWriteAnswerer
 from rockbot.console.store import Store
+from rockbot.contracts.recording import run_id_prefix
 from rockbot.local.runs import StoreFileKeeper, store_publisher
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.settings import ScriptsManagerSettings
@@ -105,6 +106,9 @@ async def test_a_file_part_in_is_read_by_a_script_and_its_files_come_back_as_art
                     ("clean.csv", "clean.csv", "text/csv", b"month,revenue\n2026-01,10\n")]
     assert sorted((f.name, f.origin) for f in kept) == [("chart.png", "script"), ("clean.csv", "script"),
                                                         ("sales.csv", "upload")]
+    # The upload is kept with the turn's run, as its scripts' files are (the run's page lists all three).
+    [run_id] = {f.run_id for f in kept}
+    assert run_id.startswith(run_id_prefix(namespace=namespace, agent="calc")), run_id
 
 
 async def test_a_file_too_large_or_by_url_fails_the_task_saying_why(scripted_llm, store) -> None:
