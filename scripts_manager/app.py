@@ -4,6 +4,10 @@ The health server comes first: while the broker is not reachable yet (or refuses
 `script.invoke` is not declared: the operator creates the manager's user and the queue at its
 start-up) the manager is live but not ready (`/readyz` says why) and keeps trying; SIGTERM stops it
 at any point, within seconds even when the broker is gone.
+
+When the cluster no longer accepts the manager's credentials (a job or the isolation canary met a 401: its pod
+was force-deleted), `revoked` is set once the service has handed back what it had not started; the command then
+stops as on SIGTERM and exits non-zero (cli.py).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from rockbot.bus import AmqpBus, Bus, NoRoute
 from rockbot.conditions import ConditionUpdate
 from rockbot.health import STOP_STEP_SECONDS, HealthServer, Readiness, stop_within, wait_for_dependency
 from rockbot.reachability import CONDITION, IsolationMetrics
-from rockbot.scripts_manager.backends import ScriptBackend
+from rockbot.scripts_manager.backends import CredentialsRevoked, ScriptBackend
 from rockbot.scripts_manager.canary import (
     CANARY_SECONDS,
     LOCAL_FIX,
@@ -106,6 +110,8 @@ class ScriptsManager:
         self._service: ScriptService | None = None
         self.canary: IsolationCanary | None = None
         self._canary_task: asyncio.Task[None] | None = None
+        #: Set when the cluster refused this process's credentials: it takes no more scripts and must stop.
+        self.revoked = asyncio.Event()
         self.readiness = Readiness()
         self.readiness.check(self._consuming)
         self.readiness.check(lambda: self.canary.not_ready() if self.canary is not None else None)
@@ -126,7 +132,7 @@ class ScriptsManager:
         await self.health.start(host=settings.health_host, port=settings.health_port)
         self._backend, self.canary = await create_backend(settings=settings, metrics=self.metrics)
         await self._backend.start()
-        self._canary_task = asyncio.create_task(self.canary.run(), name="isolation canary")
+        self._canary_task = asyncio.create_task(self._prove(self.canary), name="isolation canary")
         if self._bus is None:
             if settings.amqp_url is None:
                 raise ValueError("ROCKBOT_AMQP_URL is not set: the scripts-manager needs the broker's URL")
@@ -136,12 +142,23 @@ class ScriptsManager:
         outputs = ConsoleOutputs(self._bus, inline_bytes=settings.output_bounds.total_bytes)
         self._service = ScriptService(bus=self._bus, backend=self._backend, settings=settings, metrics=self.metrics,
                                       limits=limits, isolation=self.canary, inputs=ConsoleInputs(self._bus),
-                                      outputs=outputs)  # fmt: skip
+                                      outputs=outputs, on_revoked=lambda _: self.revoked.set())  # fmt: skip
         await wait_for_dependency(
             self._service.start, readiness=self.readiness, dependency="script.invoke", retry_on=(NoRoute,)
         )
         log.info("scripts-manager consuming with backend %s, concurrency %d, health on port %s",
                  self.metrics.backend, settings.scripts_concurrency, self.health.port)
+
+    async def _prove(self, canary: IsolationCanary) -> None:
+        """The isolation canary, until cancelled; one that met revoked credentials revokes the whole manager."""
+        try:
+            await canary.run()
+        except CredentialsRevoked as exc:
+            if self._service is not None:
+                self._service.revoke(exc)
+            else:
+                log.critical("%s; this scripts-manager stops before it took any script", exc)
+                self.revoked.set()
 
     async def _agent_limits(self) -> AgentLimits:
         """ROCKBOT_SCRIPTS_AGENT_LIMITS: the Agents' own (mirrored before any request is taken), or the defaults."""

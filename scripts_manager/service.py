@@ -37,6 +37,14 @@ timeout plus the backend's start-up bound. A request whose asker stopped waiting
 the queue and for a turn longer than the asker's `accept_within_seconds`) is not started: its answer says so,
 and the asker, who has moved on, may send it again without it running twice.
 
+A manager whose Kubernetes credentials were revoked (`CredentialsRevoked`: its pod was force-deleted, and the
+process lives on until the kubelet stops it) must take no more work, and no job may fail because of it: at the
+first such refusal it hands back at once every request it has not given to its backend yet (their runs are
+cancelled, so the broker gets each delivery back unacked and a live manager takes it), and the job that met
+the refusal too when its sandbox was never made; a job whose sandbox was made gets the retryable STOPPED
+answer (as if a reaper answered it: another manager would not run a copy while that pod exists). `revoked` is
+then set, and the process stops (app.py, cli.py).
+
 A run is a span (`run script`: backend, agent, outcome) in the trace of the agent that asked, with
 the time the request waited in `script.invoke` as a `queue wait` span; the backend adds its
 start-up, run and cleanup spans.
@@ -49,6 +57,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +84,7 @@ from rockbot.contracts.scripts import ScriptInvokeError, ScriptInvokeRequest, Sc
 from rockbot.scripts_manager import policy
 from rockbot.scripts_manager.backends import (
     Asker,
+    CredentialsRevoked,
     InputFile,
     Orphan,
     SandboxFailure,
@@ -111,6 +121,7 @@ class ScriptService:
         self, *, bus: Bus, backend: ScriptBackend, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
         limits: AgentLimits, isolation: Isolation | None = None, inputs: InputSource | None = None,
         outputs: ConsoleOutputs | None = None,
+        on_revoked: Callable[[CredentialsRevoked], None] | None = None,
     ) -> None:
         self._bus = bus
         self._inputs = inputs
@@ -125,6 +136,10 @@ class ScriptService:
         self._held: Counter[str] = Counter()  # each sender's requests taken and not answered yet
         self._subscription: Subscription | None = None
         self._answering: asyncio.Task[None] | None = None
+        self._on_revoked = on_revoked
+        #: Why the backend's credentials no longer work (None while they do): nothing more is run.
+        self.revoked: CredentialsRevoked | None = None
+        self._unstarted: set[asyncio.Task[Reply]] = set()  # runs not yet given to the backend
 
     @property
     def consuming(self) -> bool:
@@ -148,6 +163,8 @@ class ScriptService:
         await cancel_and_wait(self._answering)
 
     async def handle(self, delivery: Delivery) -> None:
+        if self.revoked is not None:
+            raise _HandedBack
         sender = _answerable(delivery)
         try:
             reply = await self.answer(delivery, sender=sender)
@@ -271,6 +288,9 @@ class ScriptService:
         """What became of a redelivered request (None: no sandbox took it); an error when that cannot be told."""
         try:
             return await self._backend.taken_before(user=sender.user, request_id=request.request_id)
+        except CredentialsRevoked as exc:
+            self.revoke(exc)
+            raise _HandedBack from None
         except SandboxUnavailable as exc:
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
@@ -283,7 +303,23 @@ class ScriptService:
         self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, waited: float | None, taken: int,
         acceptance: _Acceptance | None,
     ) -> Reply:
-        """Run the request in its span (start-up, run and cleanup are the backend's child spans)."""
+        """Run the request in its span (start-up, run and cleanup are the backend's child spans); until it is given
+        to the backend, it is handed back if this process's credentials are revoked (`revoke`)."""
+        run = asyncio.current_task()
+        assert run is not None
+        if self.revoked is not None:
+            raise _HandedBack
+        self._unstarted.add(run)
+        try:
+            return await self._run_in_span(request, sender=sender, asker=asker, waited=waited, taken=taken,
+                                           acceptance=acceptance)
+        finally:
+            self._unstarted.discard(run)
+
+    async def _run_in_span(
+        self, request: ScriptInvokeRequest, *, sender: Principal, asker: Asker, waited: float | None, taken: int,
+        acceptance: _Acceptance | None,
+    ) -> Reply:
         backend = self._metrics.backend
         with tracer.start_as_current_span("run script") as span:
             if waited is not None:
@@ -327,6 +363,8 @@ class ScriptService:
                 code = ErrorCode.UNAVAILABLE if exc.retryable else ErrorCode.INVALID_ARGUMENTS
                 return self._count(_error(request_id=request.request_id, code=code, message=str(exc),
                                           retryable=exc.retryable))  # fmt: skip
+        if self.revoked is not None:
+            raise _HandedBack
         if acceptance is not None and not await self._accept(acceptance, job=job):
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
@@ -336,9 +374,17 @@ class ScriptService:
             ))  # fmt: skip
         backend = self._metrics.backend
         started = time.monotonic()
+        run = asyncio.current_task()
+        assert run is not None
+        self._unstarted.discard(run)  # from here its answer is awaited: a revocation no longer hands it back
         self._metrics.in_flight.labels(backend).inc()
         try:
             reply: Reply = await self._backend.run(job)
+        except CredentialsRevoked as exc:
+            self.revoke(exc)
+            if not exc.may_have_run:
+                raise _HandedBack from None
+            reply = _error(request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True, message=STOPPED)
         except SandboxUnavailable as exc:
             reply = _error(request_id=request.request_id, code=ErrorCode.UNAVAILABLE, message=str(exc), retryable=True)
         except SandboxFailure as exc:
@@ -378,6 +424,22 @@ class ScriptService:
                         job.request_id, exc)
             return False
         return True
+
+    def revoke(self, exc: CredentialsRevoked) -> None:
+        """The first refusal of this process's credentials (met by a job, or by the isolation canary): hand back every
+        run not given to the backend yet (their handlers are cancelled, so the broker redelivers their messages at
+        once), say so once, and tell `on_revoked`."""
+        if self.revoked is not None:
+            return
+        self.revoked = exc
+        unstarted = [run for run in self._unstarted if run is not asyncio.current_task()]
+        for run in unstarted:
+            run.cancel()
+        log.critical("%s; this scripts-manager takes no more scripts: %d not started are handed back to the queue "
+                     "for another manager, the ones running end or are answered as stopped, then it exits",
+                     exc, len(unstarted))
+        if self._on_revoked is not None:
+            self._on_revoked(exc)
 
     def _count(self, reply: Reply) -> Reply:
         self._metrics.runs.labels(self._metrics.backend, _outcome(reply)).inc()
@@ -422,6 +484,11 @@ class _Acceptance:
         sent = min(taken, delivery.published_at or taken)
         return cls(address=ReplyAddress(reply_to=asker.reply_to, correlation_id=asker.correlation_id), within=within,
                    by=sent + within)
+
+
+class _HandedBack(asyncio.CancelledError):
+    """Raised in a request's handler (or its run) to give its delivery back: the bus hands a cancelled handler's
+    message back to the queue at once, unacked, for another consumer."""
 
 
 class _Refusal(Exception):

@@ -7,7 +7,16 @@ the same requests.
 
 from rockbot.kube.attach import AttachSession, Output
 from rockbot.kube.client import K8sObject, KubeClient, ObjectList, WatchEvent
-from rockbot.kube.errors import ApiError, Conflict, Gone, Invalid, KubeConfigError, NotFound, Unavailable
+from rockbot.kube.errors import (
+    ApiError,
+    Conflict,
+    Gone,
+    Invalid,
+    KubeConfigError,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 from rockbot.kube.resources import (
     AGENTS,
     CONFIGMAPS,
@@ -61,6 +70,7 @@ __all__ = [
     "ObjectList",
     "Output",
     "Resource",
+    "Unauthorized",
     "Unavailable",
     "WatchEvent",
 ]

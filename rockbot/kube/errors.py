@@ -15,6 +15,11 @@ class ApiError(Exception):
         self.details = details or {}
 
 
+class Unauthorized(ApiError):
+    """401: the API server no longer accepts this client's credentials (its ServiceAccount token was revoked: the
+    pod it was bound to, or its ServiceAccount, was deleted); no request of this process will succeed again."""
+
+
 class NotFound(ApiError):
     """404: the object (or its namespace, or the resource itself) does not exist."""
 
@@ -44,7 +49,7 @@ class KubeConfigError(Exception):
     """No client can be built: no kubeconfig, a broken one, or a bad timeout; the message says the fix."""
 
 
-_CLASSES: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
+_CLASSES: dict[int, type[ApiError]] = {401: Unauthorized, 404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
 
 
 def error_from_status(*, status: int, body: dict[str, Any] | None = None, text: str = "") -> ApiError:
@@ -67,4 +72,5 @@ def error_from_text(*, status: int, text: str) -> ApiError:
 
 
 def _default_reason(status: int) -> str:
-    return {404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid"}.get(status, f"HTTP{status}")
+    reasons = {401: "Unauthorized", 404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid"}
+    return reasons.get(status, f"HTTP{status}")

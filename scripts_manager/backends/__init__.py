@@ -1,8 +1,9 @@
 """Where scripts run: one interface, two sandboxes (`pods` in a cluster, `local` for development).
 
 A backend turns a checked `ScriptJob` into a `ScriptInvokeResponse` and always cleans up after
-itself; it raises `SandboxUnavailable` when it cannot run anything right now (retryable) and
-`SandboxFailure` when this one run broke for reasons other than the script's own.
+itself; it raises `SandboxUnavailable` when it cannot run anything right now (retryable),
+`SandboxFailure` when this one run broke for reasons other than the script's own, and `CredentialsRevoked`
+when the cluster no longer accepts this process at all (the service then stops: see service.py).
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ class SandboxUnavailable(Exception):
 
 class SandboxFailure(Exception):
     """This run failed for a reason that is not the script's (pod rejected, output unreadable)."""
+
+
+class CredentialsRevoked(Exception):
+    """The Kubernetes API refused this process's credentials (401): its pod or ServiceAccount was deleted, so its
+    bound token was revoked, while the process lives on until the kubelet stops it. Not the job's failure: no job
+    can run here any more. `may_have_run`: a sandbox was made for the job before the refusal (its script may have
+    started, and another manager would take a copy for running), so it must be answered, not handed on."""
+
+    def __init__(self, message: str, *, may_have_run: bool) -> None:
+        super().__init__(message)
+        self.may_have_run = may_have_run
 
 
 class Orphan(BaseModel):

@@ -31,6 +31,11 @@ A cold pod (a job's, or the isolation canary's) the scheduler finds no room for 
 `Insufficient cpu`) makes this manager give back its own idle warm pods at once (`WarmPool.give_back`: deleted,
 and none made for a minute), so that the pod that has a job can run in their place.
 
+A 401 from the API server at any step is no job's failure: this process's token was revoked (its pod was
+force-deleted, and the process lives on until the kubelet stops it). It is `CredentialsRevoked`, never an
+answer: a job whose pod could not be made (nothing of it started) goes back to the queue for a live manager;
+one whose pod was made gets the retryable "the scripts-manager running this script stopped" answer (service.py).
+
 A cold pod that cannot start (its image cannot be pulled, its container not made, or it is not running
 within ROCKBOT_SCRIPTS_POD_START_SECONDS) gets a Warning Event, reason `ScriptPodFailedToStart`, before
 it is deleted: `kubectl -n <scripts namespace> get events --field-selector reason=ScriptPodFailedToStart`.
@@ -60,9 +65,16 @@ import aiohttp
 from opentelemetry import trace
 
 from rockbot.contracts.scripts import ScriptInvokeResponse
-from rockbot.kube import PODS, ApiError, Gone, KubeClient, NotFound
+from rockbot.kube import PODS, ApiError, Gone, KubeClient, NotFound, Unauthorized
 from rockbot.kube.events import EventPoster
-from rockbot.scripts_manager.backends import SandboxFailure, SandboxUnavailable, ScriptJob, Taken, outputs
+from rockbot.scripts_manager.backends import (
+    CredentialsRevoked,
+    SandboxFailure,
+    SandboxUnavailable,
+    ScriptJob,
+    Taken,
+    outputs,
+)
 from rockbot.scripts_manager.backends.pod_jobs import (
     OutputTooLarge,
     RunnerOutput,
@@ -152,11 +164,19 @@ class PodBackend:
         key = request_key(user=user, request_id=request_id)
         try:
             listed = await self._kube.list(PODS, namespace=self._namespace, label_selector=f"{REQUEST_LABEL}={key}")
+        except Unauthorized as exc:
+            raise _revoked(exc, may_have_run=False) from exc
         except (ApiError, aiohttp.ClientError, OSError) as exc:
             raise SandboxUnavailable(f"the Kubernetes API did not answer: {exc}") from exc
         return Taken.RUNNING if listed.items else None
 
     async def run(self, job: ScriptJob) -> ScriptInvokeResponse:
+        try:
+            return await self._run(job)
+        except Unauthorized as exc:  # past the pod's create (see `_create`): the job may have started
+            raise _revoked(exc, may_have_run=True) from exc
+
+    async def _run(self, job: ScriptJob) -> ScriptInvokeResponse:
         started = time.monotonic()
         await self._held()
         if job.session is not None:
@@ -200,6 +220,8 @@ class PodBackend:
                 trace.get_current_span().add_event("pod created")
             return await self._run_on(name=name, job=job, path="cold", since=since,
                                       started=asyncio.create_task(self._started(created)))
+        except Unauthorized:
+            raise
         except ApiError as exc:
             if _transient(exc):
                 raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
@@ -234,6 +256,8 @@ class PodBackend:
     async def _create(self, pod: K8sObject) -> K8sObject:
         try:
             return await self._kube.create(PODS, namespace=self._namespace, body=pod)
+        except Unauthorized as exc:  # no pod, so nothing of the job started: it may go to a live manager
+            raise _revoked(exc, may_have_run=False) from exc
         except ApiError as exc:
             raise SandboxUnavailable(f"cannot create the script pod in {self._namespace!r}: {exc}") from exc
         except OSError as exc:
@@ -313,6 +337,8 @@ class PodBackend:
                                      f"{job.timeout_seconds + 2 * DEADLINE_SLACK_SECONDS:g} s") from None
             except OutputTooLarge as exc:
                 raise SandboxFailure(f"the script pod {name} broke its runner's protocol: {exc}") from None
+            except Unauthorized:
+                raise
             except ApiError as exc:
                 if early or (warm and not _transient(exc)):
                     raise _NeverStarted(f"attach refused: {exc}") from exc
@@ -328,6 +354,8 @@ class PodBackend:
                 answer = await self._answer_from_end(job=job, pod=final, output=output)
             self.metrics.pod_duration.labels(path).observe(time.monotonic() - since)
             return answer
+        except Unauthorized:
+            raise
         except ApiError as exc:
             if _transient(exc):
                 raise SandboxUnavailable(f"the Kubernetes API is overloaded or failing ({exc}); try again") from exc
@@ -343,6 +371,8 @@ class PodBackend:
         output = RunnerOutput(nonce=nonce, limit=self._output_limit(job))
         try:
             output.feed((await self._read_log(name, job)).encode())
+        except Unauthorized:
+            raise
         except (ApiError, OutputTooLarge):
             return False
         output.finish()
@@ -417,7 +447,7 @@ class PodBackend:
                 from_log.finish()
                 result = from_log.result
             except ApiError as exc:
-                if _transient(exc):
+                if _transient(exc) or isinstance(exc, Unauthorized):
                     raise
                 log.warning("could not read the log of %s: %s", name, exc)
             except OutputTooLarge as exc:
@@ -522,6 +552,11 @@ def _response(*, job: ScriptJob, result: dict[str, Any], pod: str, oom: bool = F
         artifacts=collected.artifacts,
         artifacts_dropped=collected.dropped,
     )
+
+
+def _revoked(exc: Unauthorized, *, may_have_run: bool) -> CredentialsRevoked:
+    return CredentialsRevoked(f"the Kubernetes API no longer accepts this scripts-manager's credentials ({exc}): "
+                              "its pod or ServiceAccount was deleted", may_have_run=may_have_run)
 
 
 def _transient(exc: ApiError) -> bool:
