@@ -35,7 +35,7 @@ from rockbot.scripts_manager.limits import AgentLimits, FixedLimits, MirroredAge
 from rockbot.scripts_manager.metrics import ScriptMetrics
 from rockbot.scripts_manager.output_files import ConsoleOutputs
 from rockbot.scripts_manager.service import ScriptService
-from rockbot.scripts_manager.settings import ScriptsManagerSettings
+from rockbot.scripts_manager.settings import ScriptsManagerSettings, cpu_millicores
 from rockbot.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ async def create_backend(
             post_event=namespace_events(kube, namespace=settings.scripts_namespace),
             changes=PolicyWatch(kube=kube, namespace=settings.scripts_namespace),
             debounce_seconds=settings.scripts_isolation_debounce_seconds,
+            cpu=min(settings.scripts_isolation_cpu, settings.scripts_cpu, key=cpu_millicores),
             first_proof_seconds=settings.scripts_pod_start_seconds + 2 * CANARY_SECONDS, **common,
         )  # fmt: skip
     from rockbot.scripts_manager.backends.local import LocalBackend

@@ -20,6 +20,14 @@ ROCKBOT_SCRIPTS_ISOLATION_ENFORCE=false (then they run and every canary logs a w
 that arrives before the first proof waits for it. A canary that could not run (its pod unschedulable on a full
 node, the API unreachable) is tried again after RETRY_FIRST_SECONDS, doubling up to RETRY_MAX_SECONDS, not after
 the interval: scripts wait for it, and are told when the next try is.
+
+Its pod asks for `cpu` (the pod backend: ROCKBOT_SCRIPTS_ISOLATION_CPU, 100m, or the scripts' own CPU when that is
+less), not for a script's CPU: its probe needs next to nothing, and it must find room on a node whose script pods
+take all the rest. Scripts wait for the first proof, so a canary that cannot be scheduled stops all scripts: on
+the 2-CPU e2e node, after a scripts-manager pod was force-deleted, the pods of its jobs (500m each, left running
+until the new manager reaped them once the dead one's Lease expired, 15 s) kept the new manager's canary Pending
+("Insufficient cpu") for 15 s, so every script sent meanwhile was not taken within its agent's 15 s
+(docs/operations/crashes.md).
 """
 
 from __future__ import annotations
@@ -98,6 +106,7 @@ class IsolationCanary:
         post_event: PostEvent | None = None,
         changes: ChangeWatch | None = None,
         debounce_seconds: float = 0.0,
+        cpu: str | None = None,
     ) -> None:
         self._sandboxes = sandboxes
         self._fix = fix
@@ -110,6 +119,7 @@ class IsolationCanary:
         self._post_event = post_event
         self._changes = changes
         self._debounce = debounce_seconds
+        self._cpu = cpu
         self.last: Proof | None = None
         self._proven = asyncio.Event()
         self._again = asyncio.Event()
@@ -182,7 +192,7 @@ class IsolationCanary:
 
     async def _try(self, targets: Targets) -> Proof:
         job = ScriptJob(request_id=f"isolation-canary-{secrets.token_hex(4)}", script=PROBE,
-                        input_data=probe_input(targets), timeout_seconds=CANARY_SECONDS)
+                        input_data=probe_input(targets), timeout_seconds=CANARY_SECONDS, cpu=self._cpu)
         try:
             with tracer.start_as_current_span("isolation canary"):  # a trace of its own, not three loose steps
                 answer = await self._backend.run(job)

@@ -171,6 +171,8 @@ class ScriptsManagerSettings(BaseSettings):
     scripts_isolation_interval_seconds: Annotated[float, Field(gt=0)] = 600.0
     scripts_isolation_enforce: bool = True
     scripts_isolation_debounce_seconds: Annotated[float, Field(ge=0)] = 5.0
+    # The CPU of a canary's pod (at most ROCKBOT_SCRIPTS_CPU): little, so that it finds room on a full node (canary.py).
+    scripts_isolation_cpu: str = "100m"
 
     # Local backend.
     scripts_local_isolation: Literal["auto", "bwrap", "unshare", "unsafe-none"] = "auto"
@@ -244,7 +246,7 @@ class ScriptsManagerSettings(BaseSettings):
         quantity_bytes(value)
         return value
 
-    @field_validator("scripts_cpu", "scripts_max_cpu")
+    @field_validator("scripts_cpu", "scripts_max_cpu", "scripts_isolation_cpu")
     @classmethod
     def _cpu_quantity(cls, value: str) -> str:
         cpu_millicores(value)

@@ -43,8 +43,8 @@ from tests.scripts_manager.test_canary import manager_with
 from tests.scripts_manager.test_pods import job
 from tests.waiting import eventually
 
-#: More CPU than any node here has: the pods stay Pending (unschedulable), whatever node is up.
-NO_NODE_FITS = {"scripts_cpu": "64", "scripts_max_cpu": "64"}
+#: More CPU than any node here has: the pods stay Pending (unschedulable), whatever node is up; the canary's too.
+NO_NODE_FITS = {"scripts_cpu": "64", "scripts_max_cpu": "64", "scripts_isolation_cpu": "64"}
 
 
 def canary(pod: dict[str, Any]) -> bool:
@@ -102,6 +102,25 @@ async def test_a_canary_that_could_not_run_is_tried_again_within_seconds_and_scr
     assert (refused.error.code, refused.error.retryable) == (ErrorCode.UNAVAILABLE, True)
     assert "the isolation canary could not run" in refused.error.message
     assert re.search(r"; (the next canary runs in [0-5] s|a canary runs now)", refused.error.message), refused
+
+
+async def test_the_canary_pod_asks_for_little_cpu_so_that_a_node_full_of_script_pods_has_room_for_it(
+    make_settings: MakeSettings, real_kube_client: KubeClient, real_kubeconfig: Path, kube_namespace: str,
+) -> None:
+    async with host_listeners() as targets, pods_made(real_kube_client, kube_namespace) as made:
+        settings = make_settings(scripts_backend="pods", scripts_namespace=kube_namespace,
+                                 scripts_isolation_targets=targets, scripts_pod_start_seconds=1)
+        async with manager_with(settings):
+
+            async def canary_pod() -> dict[str, Any]:
+                canaries = [pod for pod in made.values() if canary(pod)]
+                assert canaries, made
+                return canaries[0]
+
+            pod = await eventually(canary_pod, within=30)
+    (container,) = pod["spec"]["containers"]
+    assert settings.scripts_cpu == "500m"  # a script's
+    assert container["resources"]["requests"]["cpu"] == container["resources"]["limits"]["cpu"] == "100m"
 
 
 #: What the scheduler writes on a pod it found no node with room for.
