@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rockbot.bus import AmqpBus, Bus, NoRoute
@@ -51,9 +52,11 @@ def backend_name(settings: ScriptsManagerSettings) -> str:
 
 
 async def create_backend(
-    *, settings: ScriptsManagerSettings, metrics: ScriptMetrics
+    *, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
+    on_revoked: Callable[[CredentialsRevoked], None] | None = None,
 ) -> tuple[ScriptBackend, IsolationCanary]:
-    """The sandbox backend, and the isolation canary that runs on it (canary.py)."""
+    """The sandbox backend, and the isolation canary that runs on it (canary.py); `on_revoked` hears of a 401 that
+    no job met (the pod backend's Lease)."""
     isolation = IsolationMetrics(registry=metrics.registry, scope="scripts")
     common = {"enforce": settings.scripts_isolation_enforce, "metrics": isolation,
               "interval_seconds": settings.scripts_isolation_interval_seconds}
@@ -64,7 +67,7 @@ async def create_backend(
         from rockbot.scripts_manager.policy_watch import PolicyWatch
 
         kube = await KubeClient.from_environment()
-        backend = PodBackend(kube=kube, settings=settings, metrics=metrics)
+        backend = PodBackend(kube=kube, settings=settings, metrics=metrics, on_revoked=on_revoked)
         targets = settings.isolation_targets
         return backend, IsolationCanary(
             backend=backend, targets=lambda: resolved(targets),
@@ -131,7 +134,8 @@ class ScriptsManager:
     async def start(self) -> None:
         settings = self.settings
         await self.health.start(host=settings.health_host, port=settings.health_port)
-        self._backend, self.canary = await create_backend(settings=settings, metrics=self.metrics)
+        self._backend, self.canary = await create_backend(settings=settings, metrics=self.metrics,
+                                                          on_revoked=self._revoke)
         await self._backend.start()
         self._canary_task = asyncio.create_task(self._prove(self.canary), name="isolation canary")
         if self._bus is None:
@@ -155,11 +159,15 @@ class ScriptsManager:
         try:
             await canary.run()
         except CredentialsRevoked as exc:
-            if self._service is not None:
-                self._service.revoke(exc)
-            else:
-                log.critical("%s; this scripts-manager stops before it took any script", exc)
-                self.revoked.set()
+            self._revoke(exc)
+
+    def _revoke(self, exc: CredentialsRevoked) -> None:
+        """The cluster refused this process's credentials: the service hands back what it took (then `revoked`)."""
+        if self._service is not None:
+            self._service.revoke(exc)
+        elif not self.revoked.is_set():
+            log.critical("%s; this scripts-manager stops before it took any script", exc)
+            self.revoked.set()
 
     async def _agent_limits(self) -> AgentLimits:
         """ROCKBOT_SCRIPTS_AGENT_LIMITS: the Agents' own (mirrored before any request is taken), or the defaults."""

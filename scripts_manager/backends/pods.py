@@ -123,7 +123,11 @@ class _NeverStarted(Exception):
 class PodBackend:
     name = "pods"
 
-    def __init__(self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics) -> None:
+    def __init__(
+        self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
+        on_revoked: Callable[[CredentialsRevoked], None] | None = None,
+    ) -> None:
+        """`on_revoked`: told when the Lease's renewal meets a 401 (a job that meets one raises it instead)."""
         self._kube = kube
         self._settings = settings
         self.metrics = metrics
@@ -131,7 +135,7 @@ class PodBackend:
         self._post_event = EventPoster(kube, component="rockbot-scripts-manager")
         self._tasks: list[asyncio.Task[None]] = []
         self._deleting: set[asyncio.Task[None]] = set()  # used pods' deletes, which no answer waits for
-        self.reaper = Reaper(kube=kube, settings=settings, metrics=metrics)
+        self.reaper = Reaper(kube=kube, settings=settings, metrics=metrics, on_revoked=on_revoked)
         self.orphans = self.reaper.orphans
         # A pod's start (scheduling, image pull), then the slack of its attach, its end and its answer.
         self.start_seconds = settings.scripts_pod_start_seconds + 3 * DEADLINE_SLACK_SECONDS

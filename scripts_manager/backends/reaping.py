@@ -11,6 +11,8 @@ Every pod it makes or claims carries that id (`MANAGER_LABEL`), and a job's pod 
   running this script stopped; the script may have run in part"), then its Lease is deleted.
 - A process that finds its pod's Lease held by another id at start knows that instance is dead (a container
   restarts only once its process has ended) and reaps it at once, without waiting for the Lease to expire.
+- A 401 (`Unauthorized`: this process's token was revoked, its pod deleted) is told to `on_revoked` at once, and
+  the loop ends: the process stops (service.py), and the others clean up after it when its Lease expires.
 - The sweep (at start and every ROCKBOT_SCRIPTS_SWEEP_INTERVAL_SECONDS) reaps the pods of an instance that has
   no Lease at all any more, deletes every ended pod nobody reads any more (an idle one, or one of this instance's
   that no job of its uses: `in_use`; a live instance deletes its job pods on every path itself, and retries, so
@@ -35,13 +37,14 @@ import hashlib
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime
 
 import aiohttp
 
-from rockbot.kube import LEASES, PODS, ApiError, Conflict, K8sObject, KubeClient, NotFound
+from rockbot.kube import LEASES, PODS, ApiError, Conflict, K8sObject, KubeClient, NotFound, Unauthorized
 from rockbot.kube.leases import HeldLease, LeaseObserver, holder_of
-from rockbot.scripts_manager.backends import Orphan
+from rockbot.scripts_manager.backends import CredentialsRevoked, Orphan
 from rockbot.scripts_manager.backends.pod_manifests import (
     DEADLINE_ANNOTATION,
     IDLE,
@@ -76,8 +79,12 @@ def lease_name(owner: str) -> str:
 class Reaper:
     """This instance's Lease, and the cleaning up after instances that died."""
 
-    def __init__(self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics) -> None:
+    def __init__(
+        self, *, kube: KubeClient, settings: ScriptsManagerSettings, metrics: ScriptMetrics,
+        on_revoked: Callable[[CredentialsRevoked], None] | None = None,
+    ) -> None:
         self._kube = kube
+        self._on_revoked = on_revoked
         self._settings = settings
         self._metrics = metrics
         self._namespace = settings.scripts_namespace
@@ -123,6 +130,13 @@ class Reaper:
                 if loop.time() >= next_sweep:
                     await self.sweep()
                     next_sweep = loop.time() + self._settings.scripts_sweep_interval_seconds
+            except Unauthorized as exc:
+                if self._on_revoked is not None:
+                    self._on_revoked(CredentialsRevoked(
+                        f"the Kubernetes API no longer accepts this scripts-manager's credentials ({exc}): its pod "
+                        "or ServiceAccount was deleted", may_have_run=False))
+                    return
+                log.warning("keeping this scripts-manager's Lease failed: %s", exc)
             except (ApiError, aiohttp.ClientError, OSError) as exc:
                 log.warning("keeping this scripts-manager's Lease or cleaning up after others failed: %s", exc)
             await asyncio.sleep(self.lease.duration_seconds / 3)

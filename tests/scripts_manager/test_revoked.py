@@ -197,3 +197,17 @@ def assert_stopped(answer: Delivery, asked: ScriptInvokeRequest) -> None:
     assert (reply.request_id, reply.error.code, reply.error.retryable, reply.error.message) == (
         asked.request_id, ErrorCode.UNAVAILABLE, True, STOPPED)
     assert answer.user_id == SCRIPTS_MANAGER.user
+
+
+async def test_a_manager_with_no_job_stops_as_soon_as_its_lease_renewal_is_refused(
+    vhost: Vhost, kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path,
+) -> None:
+    kubeconfig = account_kubeconfig(kube_cluster, kube_namespace, tmp_path / "doomed")
+    settings = manager_settings(namespace=kube_namespace, amqp_url=await vhost.url(SCRIPTS_MANAGER),
+                                pod="scripts-manager-doomed", lease_seconds=3)  # renewed every second
+    async with manager_process(settings, kubeconfig=kubeconfig) as doomed:
+        await eventually(lambda: ready(doomed.health_port), within=60)
+        await revoke(kube_cluster, kube_namespace, kubeconfig)
+        async with asyncio.timeout(30):
+            assert await doomed.process.wait() == REVOKED_EXIT
+        assert "401 Unauthorized" in revoked_line(doomed.log())["message"]
