@@ -17,7 +17,7 @@ from rockbot.agent.runtime import AgentRuntime
 from rockbot.bus import CONSOLE, AmqpBus, MemoryBroker, Principal
 from rockbot.console.memories import MemoryAnswerer
 from rockbot.console.memory_store import MemoryFilter, MemoryStore
-from rockbot.console.store import Store
+from rockbot.console.store import Store, StoreUnavailable
 from rockbot.console.store_schema import memory_usage
 from rockbot.contracts.memories import MemoryReply, Remember
 from tests.agent.configs import API_KEY_ENV, agent_config
@@ -311,3 +311,27 @@ async def test_a_remember_written_behind_that_the_console_refuses_after_all_is_s
         "content"]
     assert sorted(m.text for m in (await memories.list(filters=MemoryFilter(caller=ANN))).memories) == sorted(
         ["We deploy from main.", "Tests run on every push.", "another pod's"])
+
+
+class _DownOnce(MemoryStore):
+    """A console's store whose database does not answer the first written-behind remember."""
+
+    down = True
+
+    async def remember(self, *, namespace: str, agent: str, request: Remember, **kwargs: Any) -> MemoryReply:
+        if request.answered and self.down:
+            self.down = False
+            raise StoreUnavailable("the database is restarting")
+        return await super().remember(namespace=namespace, agent=agent, request=request, **kwargs)
+
+
+async def test_a_remember_written_behind_waits_on_the_queue_while_the_database_is_down(scripted_llm, store,
+                                                                                        memories) -> None:  # fmt: skip
+    """The model was told it is kept: the console puts the request back (after a pause) instead of dropping it."""
+    async with agent_with_memory(scripted_llm, _DownOnce(store=store)) as agent:
+        await agent.kit.long_term.remember(caller=ANN, text="We deploy from main.", tags=[])
+        behind = await agent.kit.long_term.remember(caller=ANN, text=FACT, tags=[])
+        await agent.kit.long_term.settled()
+        assert [m.id for m in await agent.kit.long_term.recall(caller=ANN, query="deployment window", k=1)] == [behind]
+    kept = await memories.get(behind)
+    assert kept is not None and kept.text == FACT
