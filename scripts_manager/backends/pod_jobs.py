@@ -71,8 +71,10 @@ class RunnerOutput:
             return
         *lines, rest = data.split(b"\n")
         self._pending += lines[0]
-        lines[0], self._pending = bytes(self._pending), bytearray(rest)
-        for line in lines:
+        first, self._pending = self._pending, bytearray(rest)
+        self._line(first)
+        del first  # the long line's memory goes before the next lines are read
+        for line in lines[1:]:
             self._line(line)
 
     def finish(self) -> None:
@@ -80,7 +82,7 @@ class RunnerOutput:
         rest, self._pending = bytes(self._pending), bytearray()
         self._line(rest)
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes | bytearray) -> None:
         try:
             said = json.loads(line)
         except ValueError:
