@@ -9,6 +9,7 @@ emptyDirs at /tmp and /output, uid 65534, no network); the runner reads /output 
 from __future__ import annotations
 
 import base64
+import random
 from collections.abc import AsyncIterator
 
 import pytest
@@ -153,3 +154,19 @@ async def test_a_runner_answer_over_the_bounds_is_a_broken_protocol(
             for n in range(3):
                 open(f"/output/{n}", "w").write("x")
         """, bounds=OutputBounds(files=2)))
+
+
+async def test_files_up_to_the_full_bounds_come_back_whole_from_a_pod(pods: PodBackend) -> None:
+    """A call whose files the manager keeps in the console (its request names `output_files`) has the full bounds,
+    not what one bus answer carries: a pod's runner sends two 10 MiB files whole, and names the one over 10 MiB."""
+    mib = 1024 * 1024
+    result = await pods.run(job("""
+        import random
+        for n, name in enumerate(("a.bin", "b.bin", "c.bin")):
+            open("/output/" + name, "wb").write(random.Random(n).randbytes(10 * 1024 * 1024 + (n == 2)))
+    """, bounds=OutputBounds(files=20, file_bytes=10 * mib, total_bytes=50 * mib)))
+    assert result.exit_code == 0, result.stderr
+    assert named(result) == {"a.bin": random.Random(0).randbytes(10 * mib),
+                             "b.bin": random.Random(1).randbytes(10 * mib)}  # fmt: skip
+    assert result.artifacts_dropped == (
+        f"c.bin: {10 * mib + 1:,} bytes, over the bound of {10 * mib:,} bytes per file",)
