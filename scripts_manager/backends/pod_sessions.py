@@ -266,7 +266,7 @@ class PodSessions(Sessions[_PodSession]):
             backend.delete_soon(name)
             raise
         return _PodSession(terms=terms, shape=shape, life=_life_left(pod), name=name, attach=attach,
-                           reading=reading, out=out, err=err, files=_digests(job.files))  # fmt: skip
+                           reading=reading, out=out, err=err, files=await _digests(job.files))  # fmt: skip
 
     async def _read(
         self, *, name: str, held: Held | None, opened: asyncio.Future[AttachSession], handshake: RunnerOutput,
@@ -304,7 +304,7 @@ class PodSessions(Sessions[_PodSession]):
         if session.answered:  # the first call's marks came with the pod's claim or creation
             session.marking = self._spawn(self._mark(session, job), name=f"mark session pod {session.name}")
         cap = self._settings.scripts_max_output_bytes
-        files = _digests(job.files)
+        files = await _digests(job.files)
         sent = tuple(file for file in job.files if session.files.get(file.name) != files[file.name])
         line, marker = call_line(job, input_files=[[file.name, len(file.content)] for file in sent],
                                  input_removed=sorted(session.files.keys() - files.keys()),
@@ -440,9 +440,12 @@ class PodSessions(Sessions[_PodSession]):
         return task
 
 
-def _digests(files: tuple[InputFile, ...]) -> dict[str, str]:
-    """Each file's name and content digest: a later call sends only the files its session's /input lacks."""
-    return {file.name: hashlib.sha256(file.content).hexdigest() for file in files}
+async def _digests(files: tuple[InputFile, ...]) -> dict[str, str]:
+    """Each file's name and content digest: a later call sends only the files its session's /input lacks. Off the
+    event loop (a call may name 64 MiB: about 0.1 s of hashing that other agents' calls would wait for)."""
+    if not files:
+        return {}
+    return await asyncio.to_thread(lambda: {file.name: hashlib.sha256(file.content).hexdigest() for file in files})
 
 
 def _running(pod: K8sObject) -> bool:
