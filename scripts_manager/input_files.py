@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from rockbot.bus import Bus, BusError
 from rockbot.bus.identity import CONSOLE, Principal
@@ -19,6 +21,8 @@ from rockbot.bus.topology import CONSOLE_FILE_READS, service_replies
 from rockbot.contracts.files import NOT_FOUND, FileChunk, ReadFile
 from rockbot.contracts.scripts import InputFiles
 from rockbot.scripts_manager.backends import InputFile
+
+Answer = TypeVar("Answer", bound=BaseModel)
 
 #: The most one call's input files may hold together (each was bounded when it was kept).
 MAX_INPUT_BYTES = 64 * 1024 * 1024
@@ -39,13 +43,29 @@ class InputSource(Protocol):
         """The files' names and bytes, in the order named; `InputsUnavailable` when one cannot be read."""
 
 
-class ConsoleInputs:
-    """The console, asked over the bus by this scripts-manager process."""
+class ManagerConsole:
+    """The console, asked over the bus by this scripts-manager process, on a reply queue of its own and believed
+    only from `service.console`."""
 
-    def __init__(self, bus: Bus, *, timeout_seconds: float = READ_TIMEOUT_SECONDS) -> None:
+    def __init__(self, bus: Bus, *, timeout_seconds: float) -> None:
         self._bus = bus
         self._replies = service_replies(service="scripts-manager", instance=uuid.uuid4().hex[:12])
         self._timeout = timeout_seconds
+
+    async def ask(self, *, queue: str, body: BaseModel, answer: type[Answer], kind: str) -> Answer:
+        """The console's answer to `body` on `queue`; a `BusError` (a timeout among them) when none comes."""
+        reply = await self._bus.request(
+            queue=queue, body=body, reply_queue=self._replies, correlation_id=f"{kind}-{secrets.token_hex(8)}",
+            timeout_seconds=self._timeout, responder=CONSOLE,
+        )  # fmt: skip
+        return reply.decode(answer)
+
+
+class ConsoleInputs(ManagerConsole):
+    """The console's file reads."""
+
+    def __init__(self, bus: Bus, *, timeout_seconds: float = READ_TIMEOUT_SECONDS) -> None:
+        super().__init__(bus, timeout_seconds=timeout_seconds)
 
     async def fetch(self, files: InputFiles, *, agent: Principal) -> tuple[InputFile, ...]:
         fetched, total = [], 0
@@ -70,11 +90,7 @@ class ConsoleInputs:
 
     async def _chunk(self, request: ReadFile) -> FileChunk:
         try:
-            reply = await self._bus.request(
-                queue=CONSOLE_FILE_READS, body=request, reply_queue=self._replies,
-                correlation_id=f"read-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
-            )  # fmt: skip
-            return reply.decode(FileChunk)
+            return await self.ask(queue=CONSOLE_FILE_READS, body=request, answer=FileChunk, kind="read")
         except BusError as exc:
             raise InputsUnavailable(f"the console (which keeps the conversation's files) did not answer: {exc}",
                                     retryable=True) from exc

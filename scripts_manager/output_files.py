@@ -15,14 +15,12 @@ A2A client gets their bytes in the answer, where a kept file comes as its consol
 
 from __future__ import annotations
 
-import secrets
-import uuid
-
 from rockbot.bus import Bus, BusError
-from rockbot.bus.identity import CONSOLE, Principal
-from rockbot.bus.topology import CONSOLE_FILE_WRITES, service_replies
+from rockbot.bus.identity import Principal
+from rockbot.bus.topology import CONSOLE_FILE_WRITES
 from rockbot.contracts.files import CHUNK_BYTES, FileWritten, WriteFile
 from rockbot.contracts.scripts import OutputFiles, ScriptArtifact, ScriptInvokeResponse
+from rockbot.scripts_manager.input_files import ManagerConsole
 
 #: How long the console has for one chunk.
 WRITE_TIMEOUT_SECONDS = 15.0
@@ -32,14 +30,12 @@ class NotKept(Exception):
     """The console did not keep a file: the message says why (for the model)."""
 
 
-class ConsoleOutputs:
-    """The console, written to over the bus by this scripts-manager process."""
+class ConsoleOutputs(ManagerConsole):
+    """The console's file writes."""
 
     def __init__(self, bus: Bus, *, inline_bytes: int, timeout_seconds: float = WRITE_TIMEOUT_SECONDS) -> None:
-        self._bus = bus
-        self._replies = service_replies(service="scripts-manager", instance=uuid.uuid4().hex[:12])
+        super().__init__(bus, timeout_seconds=timeout_seconds)
         self._inline = inline_bytes
-        self._timeout = timeout_seconds
 
     async def keep(self, answer: ScriptInvokeResponse, *, target: OutputFiles, agent: Principal
                    ) -> ScriptInvokeResponse:  # fmt: skip
@@ -73,14 +69,12 @@ class ConsoleOutputs:
                 raise NotKept(written.error)
             if written.complete:
                 return written.id
+            if written.stored <= offset or written.stored >= len(content):
+                raise NotKept(f"the console stored {written.stored:,} bytes of it after a chunk from {offset:,}")
             file_id, offset = written.id, written.stored
 
     async def _chunk(self, request: WriteFile) -> FileWritten:
         try:
-            reply = await self._bus.request(
-                queue=CONSOLE_FILE_WRITES, body=request, reply_queue=self._replies,
-                correlation_id=f"write-{secrets.token_hex(8)}", timeout_seconds=self._timeout, responder=CONSOLE,
-            )  # fmt: skip
-            return reply.decode(FileWritten)
+            return await self.ask(queue=CONSOLE_FILE_WRITES, body=request, answer=FileWritten, kind="write")
         except BusError as exc:
             raise NotKept(f"the console (which keeps the conversation's files) did not answer: {exc}") from exc
