@@ -168,7 +168,7 @@ class LongTermMemory:
         request = Remember(
             caller=caller, shared=self._shared, memory_id=f"m-{secrets.token_hex(8)}", text=text, tags=tags,
             model=self._embedder.model, retention_days=config.retention_days, max_items=config.max_items_per_scope,
-            max_bytes=config.max_bytes_per_scope, run_id=run_id[:64], answered=behind,
+            max_bytes=config.max_bytes_per_scope, run_id=run_id[:64], answered=behind, room=True,
         )  # fmt: skip
         if behind and room is not None:
             self._behind[request.memory_id] = await self._desk.hand_over(request)  # type: ignore[union-attr]
@@ -199,12 +199,10 @@ class LongTermMemory:
             reply = await self._behind[request.memory_id]
         except MemoryUnavailable:
             try:
-                reply = await self._ask(request)
+                reply = await self._desk.ask(request)  # type: ignore[union-attr]
             except MemoryUnavailable as exc:  # it stays queued; when kept, a later sweep embeds it
                 log.warning("no word yet on memory %s, written behind (%s)", request.memory_id, exc)
                 self._left_pending = True
-        except MemoryRefused as exc:
-            reply = MemoryReply(error=exc.info)
         finally:
             self._behind.pop(request.memory_id, None)
         if reply is not None and reply.error is not None:

@@ -191,7 +191,7 @@ class MemoryStore:
                 ])  # fmt: skip
         except BoundReached as exc:
             return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
-        return MemoryReply(stored=request.memory_id, room=room)
+        return MemoryReply(stored=request.memory_id, room=room if request.room else None)
 
     async def embed(self, *, namespace: str, agent: str, request: Embed) -> bool:
         """Give `agent`'s pending memory its embedding (once: an embedded one is left as it is); whether it was

@@ -83,6 +83,8 @@ class Remember(_Request):
     #: The agent told the model it is kept once the broker held this request (written behind): the console keeps it
     #: when it can (a store that is busy or down puts it back on its queue), and a refusal is only said in its reply.
     answered: bool = False
+    #: Answer with the scope's room (`MemoryReply.room`); an agent that does not ask reads no such field.
+    room: bool = False
 
 
 class Recall(_Request):

@@ -13,7 +13,7 @@ from rockbot.console.memory_store import MemoryCeilings, MemoryFilter, MemorySto
 from rockbot.console.store import Store
 from rockbot.console.store_schema import AGENT_TOTAL, INDEXED_DIMENSIONS, memory_usage
 from rockbot.contracts.errors import ErrorCode
-from rockbot.contracts.memories import Embed, Forget, Pending, Recall, Remember
+from rockbot.contracts.memories import Embed, Forget, Pending, Recall, Remember, Room
 from tests.fixtures.llm import EMBEDDING_MODEL, embed
 
 DIMS = 384
@@ -121,6 +121,20 @@ async def test_a_scope_is_bounded_in_count_with_an_error_that_names_the_fix(memo
     assert "holds 2 memories" in reply.error.message and "maxItemsPerScope" in reply.error.message
     assert len((await memories.list(filters=MemoryFilter(agent="triage"))).memories) == 2
     await keep(memories, "three", max_items=2, caller="console:bob")  # another scope has its own bound
+
+
+async def test_a_kept_memory_is_answered_with_its_scopes_room_when_asked(store: Store) -> None:
+    """The least left under the scope's bounds and its agent's (the console's ceilings), so that an agent writes
+    behind within it; an agent that does not ask (an older one) gets no such field."""
+    memories = MemoryStore(store=store, ceilings=MemoryCeilings(items_per_agent=5))
+    asked = remember("abcd", max_items=3, max_bytes=100).model_copy(update={"room": True})
+    reply = await memories.remember(namespace="team-a", agent="triage", request=asked, now=NOW)
+    assert reply.room == Room(items=2, bytes=96)
+    await keep(memories, "x", "y", caller="console:bob")
+    reply = await memories.remember(namespace="team-a", agent="triage", now=NOW,
+                                    request=asked.model_copy(update={"memory_id": new_memory_id()}))  # fmt: skip
+    assert reply.room == Room(items=1, bytes=92)  # the agent's 5 over all its scopes: one left
+    assert (await memories.remember(namespace="team-a", agent="triage", request=remember("z"), now=NOW)).room is None
 
 
 async def test_a_scope_is_bounded_in_bytes(memories: MemoryStore) -> None:
