@@ -1,5 +1,6 @@
 """`rockbot local`'s console in a real browser (Debian's chromium): a script's chart shows inline on the run page,
-and a file that claims to be a PNG but holds HTML only downloads (issue 35)."""
+a file that claims to be a PNG but holds HTML only downloads, and a file too large for the script's answer (kept by
+the scripts-manager in the run store a chunk at a time) downloads whole (issue 35)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ out = os.environ["ROCKBOT_OUTPUT_DIR"]
 open(f"{{out}}/chart.png", "wb").write(base64.b64decode("{base64.b64encode(PNG).decode()}"))
 open(f"{{out}}/fake.png", "w").write("<html><script>document.title='owned'</script></html>")
 open(f"{{out}}/clean.csv", "w").write("month,revenue\\n2026-01,10\\n")
+open(f"{{out}}/big.csv", "w").write("day,n\\n" + "2026-01-01,1\\n" * 450_000)
 """
+BIG = b"day,n\n" + b"2026-01-01,1\n" * 450_000  # 5.6 MiB: more than one script answer carries
 
 
 local_console = console_fixture(lambda _: EXAMPLES / "analyst.yaml")
@@ -52,12 +55,14 @@ async def test_a_scripts_chart_shows_inline_on_the_run_page_and_other_files_only
     assert await shown_image(page, page.locator("ul.files img"), selector="ul.files img") == ("chart.png", 1)
     await screenshot(page, "run-files")
     links = {await a.inner_text(): await a.get_attribute("href") for a in await page.locator("ul.files a").all()}
-    assert set(links) == {"chart.png", "fake.png", "clean.csv"}
+    assert set(links) == {"chart.png", "fake.png", "clean.csv", "big.csv"}
     assert await page.locator("ul.files img").count() == 1  # the HTML "PNG" is no image
     answer = await page.request.get(url + links["fake.png"])
     assert answer.headers["content-type"] == "application/octet-stream"
     assert answer.headers["content-disposition"] == "attachment; filename*=UTF-8''fake.png"
     assert answer.headers["x-content-type-options"] == "nosniff"
     assert await downloaded_text(page, page.locator("ul.files a:text('clean.csv')")) == "month,revenue\n2026-01,10\n"
+    big = await page.request.get(url + links["big.csv"])
+    assert big.status == 200 and await big.body() == BIG
     assert await page.title() != "owned"
     await page.context.close()
