@@ -5,25 +5,33 @@ names each file by id with its description. Up to the full bounds (10 MiB a file
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import secrets
+import sqlite3
+from pathlib import Path
 
 import pytest
 
 from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, AmqpBus, BusError, Principal
 from rockbot.bus.permissions import permissions_for
 from rockbot.bus.topology import CONSOLE_FILE_WRITES, SCRIPT_INVOKE
-from rockbot.console.file_store import PART_SECONDS, FileOwner, FileStore
+from rockbot.console.file_store import PART_SECONDS, FileOwner, FileStore, Part
 from rockbot.console.file_writes import FileWriteAnswerer, write_chunk
+from rockbot.console.service import Console
+from rockbot.console.settings import ConsoleSettings
 from rockbot.console.store import Store
 from rockbot.contracts.files import CHUNK_BYTES, WriteFile
 from rockbot.contracts.recording import new_run_id
 from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, OutputFiles, ScriptInvokeRequest, ScriptInvokeResponse
 from rockbot.scripts_manager.app import ScriptsManager
+from rockbot.scripts_manager.backends.outputs import describe
+from rockbot.scripts_manager.output_files import ConsoleOutputs
 from tests.buses import ALICE
 from tests.fixtures.rabbitmq import Vhost
 from tests.scripts_manager.conftest import MakeSettings
+from tests.waiting import eventually
 
 MIB = 1024 * 1024
 ANN = FileOwner(namespace=ALICE.namespace, agent=ALICE.name, caller="console:ann", session_id="s1")
@@ -168,3 +176,48 @@ async def test_an_agent_cannot_write_to_the_console_file_writes(vhost: Vhost) ->
         write = chunk(new_run_id(namespace=ALICE.namespace, agent=ALICE.name), b"x", size=1)
         with pytest.raises(BusError):
             await alice.publish(queue=CONSOLE_FILE_WRITES, body=write)
+
+
+async def test_the_console_process_takes_file_writes_and_its_sweep_deletes_a_dead_writers_chunks(
+    vhost: Vhost, tmp_path: Path
+) -> None:
+    """`rockbot console` as deployed (its own broker login, its SQLite store here): it answers the scripts-manager's
+    writes, and its retention sweep deletes the chunks of a file whose writer stopped an hour ago or more."""
+    database = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = new_run_id(namespace=ALICE.namespace, agent=ALICE.name)
+    store = await Store.open(url=database)
+    try:
+        stale = await FileStore(store=store).write_part(Part(
+            owner=ANN, run_id=run_id, name="old.bin", size=10, offset=0, file_id=None,
+        ), b"x" * 5, now=datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=PART_SECONDS + 60))
+    finally:
+        await store.close()
+
+    def parts() -> list[tuple[str, str]]:
+        with contextlib.closing(sqlite3.connect(tmp_path / "runs.db")) as db:
+            return db.execute("select file_id, name from file_parts").fetchall()
+
+    assert parts() == [(stale.id, "old.bin")]
+    console = Console(settings=ConsoleSettings(
+        database_url=database, amqp_url=await vhost.url(CONSOLE), serve_http=False, retention_sweep_seconds=0.2,
+        health_host="127.0.0.1", health_port=0))  # fmt: skip
+    await console.start()
+    try:
+        async with await AmqpBus.connect(url=await vhost.url(SCRIPTS_MANAGER)) as manager:
+            answer = ScriptInvokeResponse(request_id="r", stdout="", stderr="", exit_code=0, duration_seconds=0.1,
+                                          artifacts=(describe("big.csv", b"a,b\n" * 1_000_000),))  # fmt: skip
+            kept = await ConsoleOutputs(manager, inline_bytes=0).keep(
+                answer, target=OutputFiles(run_id=run_id, caller=ANN.caller, session_id=ANN.session_id), agent=ALICE)
+        assert kept.artifacts_dropped == () and kept.artifacts[0].id is not None, kept
+        assert console.store is not None
+        files = FileStore(store=console.store)
+        found = await files.read(kept.artifacts[0].id, owner=ANN)
+        assert found is not None and found[1] == b"a,b\n" * 1_000_000
+
+        async def swept() -> None:
+            assert parts() == []
+
+        await eventually(swept, within=30)  # and big.csv's chunks went when it was whole
+        assert await files.read_any(stale.id) is None
+    finally:
+        await console.stop()
