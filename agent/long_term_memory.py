@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from rockbot.agent.console_requests import ask_console
 from rockbot.agent.embeddings import Embedder, EmbeddingsUnavailable
 from rockbot.agent.recording import Redactor
-from rockbot.bus import BusError
+from rockbot.bus import CONSOLE, BusError, Delivery
 from rockbot.bus.topology import CONSOLE_MEMORY
 from rockbot.contracts.agent_config import LongTermMemoryConfig
 from rockbot.contracts.errors import ErrorCode, ErrorInfo
@@ -98,29 +98,31 @@ class BusMemoryDesk:
         self._bus = bus
         self._timeout = timeout_seconds
 
-    async def ask(self, request: MemoryRequest, *, sent: asyncio.Future[None] | None = None,
-                  timeout_seconds: float | None = None) -> MemoryReply:  # fmt: skip
+    async def ask(self, request: MemoryRequest) -> MemoryReply:
         try:
             return await ask_console(self._bus, queue=CONSOLE_MEMORY, body=request, answer=MemoryReply,
-                                     kind="memory", timeout_seconds=timeout_seconds or self._timeout,
-                                     sent=sent)  # fmt: skip
+                                     kind="memory", timeout_seconds=self._timeout)  # fmt: skip
         except BusError as exc:
             raise MemoryUnavailable(f"the console (which keeps memories) did not answer: {exc}") from None
 
     async def hand_over(self, request: Remember) -> asyncio.Task[MemoryReply]:
         """Send `request`, and return once the broker confirmed it (a quorum queue's copy: it outlives this process
         and the console's) with the task that waits for the console's reply; `MemoryUnavailable` when not sent."""
-        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        reply = asyncio.create_task(self.ask(request, sent=sent, timeout_seconds=BEHIND_WAIT_SECONDS))
         try:
-            await asyncio.wait({sent, reply}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            reply.cancel()
-            raise
-        if not sent.done():
-            sent.cancel()
-            reply.result()  # raises why it was not sent
-        return reply
+            delivery = await self._bus.hand_over(
+                queue=CONSOLE_MEMORY, body=request, reply_queue=await self._bus.own_replies(),
+                correlation_id=f"memory-{secrets.token_hex(8)}", timeout_seconds=BEHIND_WAIT_SECONDS,
+                responder=CONSOLE,
+            )  # fmt: skip
+        except BusError as exc:
+            raise MemoryUnavailable(f"the console's queue (which keeps memories) did not take it: {exc}") from None
+        return asyncio.create_task(self._reply(delivery))
+
+    async def _reply(self, delivery: asyncio.Task[Delivery]) -> MemoryReply:
+        try:
+            return (await delivery).decode(MemoryReply)
+        except BusError as exc:
+            raise MemoryUnavailable(f"the console (which keeps memories) did not answer: {exc}") from None
 
 
 class LongTermMemory:
@@ -143,6 +145,8 @@ class LongTermMemory:
         self._rooms: OrderedDict[str, Room] = OrderedDict()
         #: Written-behind remembers waiting for the console's reply, by memory id (a forget of one waits for it).
         self._behind: dict[str, asyncio.Task[MemoryReply]] = {}
+        #: Written-behind remembers sent or being sent and not yet answered (at most `BEHIND`).
+        self._writing = 0
         #: Written-behind remembers the console refused after all, by caller: said in their next tool result or turn.
         self._refused: OrderedDict[str, list[str]] = OrderedDict()
 
@@ -163,16 +167,21 @@ class LongTermMemory:
                 "itself, or split it into several memories")))  # fmt: skip
         config, scope, size = self.config, "" if self._shared else caller, len(text.encode())
         room = self._rooms.get(scope)
-        behind = (room is not None and room.items >= 1 and room.bytes >= size and len(self._behind) < BEHIND
+        behind = (room is not None and room.items >= 1 and room.bytes >= size and self._writing < BEHIND
                   and hasattr(self._desk, "hand_over"))  # fmt: skip
         request = Remember(
             caller=caller, shared=self._shared, memory_id=f"m-{secrets.token_hex(8)}", text=text, tags=tags,
             model=self._embedder.model, retention_days=config.retention_days, max_items=config.max_items_per_scope,
             max_bytes=config.max_bytes_per_scope, run_id=run_id[:64], answered=behind, room=True,
         )  # fmt: skip
-        if behind and room is not None:
-            self._behind[request.memory_id] = await self._desk.hand_over(request)  # type: ignore[union-attr]
-            self._rooms[scope] = Room(items=room.items - 1, bytes=room.bytes - size)
+        if behind and room is not None:  # the room and a place among `BEHIND` taken before the wait: calls overlap
+            _kept(self._rooms, scope, Room(items=room.items - 1, bytes=room.bytes - size))
+            self._writing += 1
+            try:
+                self._behind[request.memory_id] = await self._desk.hand_over(request)  # type: ignore[union-attr]
+            except BaseException:
+                self._writing -= 1
+                raise
             self._follow(self._kept_behind(request))
             return request.memory_id
         try:
@@ -205,6 +214,7 @@ class LongTermMemory:
                 self._left_pending = True
         finally:
             self._behind.pop(request.memory_id, None)
+            self._writing -= 1
         if reply is not None and reply.error is not None:
             scope = "" if request.shared else request.caller
             self._rooms.pop(scope, None)

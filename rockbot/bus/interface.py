@@ -243,15 +243,12 @@ class Bus(ABC):
         timeout_seconds: float,
         responder: Principal,
         accept_within_seconds: float | None = None,
-        sent: asyncio.Future[None] | None = None,
     ) -> Delivery:
         """Publish `body` and wait for `responder`'s reply carrying `correlation_id`; `RequestTimeout` after
         `timeout_seconds`.
 
         A reply from anybody else is dropped with a warning. The request expires undelivered with the
-        wait: no consumer starts work nobody will read. With `sent`, set once the broker confirmed the request, it
-        never expires: its sender acts on it being held (see long-term memory's `remember`), so it is handled
-        even after the wait ended.
+        wait: no consumer starts work nobody will read.
 
         With `accept_within_seconds` the wait has two steps. The request is `NotAccepted` unless the responder
         says it took it within that (plus `ACCEPT_TRAVEL_SECONDS`): a `RequestAccepted` on the reply queue. From
@@ -275,12 +272,9 @@ class Bus(ABC):
                     message_id=correlation_id,
                     correlation_id=correlation_id,
                     reply_to=reply_queue.name,
-                    expires_after_seconds=(None if sent is not None
-                                           else first + timeout_seconds if two_step else timeout_seconds),
+                    expires_after_seconds=first + timeout_seconds if two_step else timeout_seconds,
                     accept_within_seconds=accept_within_seconds,
                 )
-                if sent is not None and not sent.done():
-                    sent.set_result(None)
                 while True:
                     delivery = await replies.get()
                     if delivery.message_type != RequestAccepted.__name__:
@@ -306,6 +300,35 @@ class Bus(ABC):
                 f"no reply to {correlation_id!r} on {reply_queue.name!r} within {timeout_seconds:g} s"
                 + (" of its acceptance" if accepted else "")
             ) from None
+        finally:
+            router.forget(correlation_id)
+
+    async def hand_over(self, *, queue: Queue, body: BaseModel, reply_queue: Queue, correlation_id: str,
+                        timeout_seconds: float, responder: Principal) -> asyncio.Task[Delivery]:  # fmt: skip
+        """Publish a request that never expires and return once the broker confirmed it (its sender acts on it being
+        held, see long-term memory's `remember`): the task that waits up to `timeout_seconds` for `responder`'s
+        reply carrying `correlation_id` (`RequestTimeout` after), the request being handled even after that."""
+        router = await self._router(reply_queue)
+        replies = router.expect(correlation_id, responder=responder)
+        try:
+            await self.publish(queue=queue, body=body, message_id=correlation_id, correlation_id=correlation_id,
+                               reply_to=reply_queue.name)  # fmt: skip
+        except BaseException:
+            router.forget(correlation_id)
+            raise
+        return asyncio.create_task(self._held_reply(router, replies, correlation_id=correlation_id,
+                                                    reply_queue=reply_queue, timeout_seconds=timeout_seconds))
+
+    async def _held_reply(self, router: _ReplyRouter, replies: asyncio.Queue[Delivery], *, correlation_id: str,
+                          reply_queue: Queue, timeout_seconds: float) -> Delivery:  # fmt: skip
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                while (delivery := await replies.get()).message_type == RequestAccepted.__name__:
+                    continue  # a word nobody asked for changes nothing
+                return delivery
+        except TimeoutError:
+            raise RequestTimeout(f"no reply to {correlation_id!r} on {reply_queue.name!r} within "
+                                 f"{timeout_seconds:g} s") from None  # fmt: skip
         finally:
             router.forget(correlation_id)
 
