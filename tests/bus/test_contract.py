@@ -289,6 +289,28 @@ async def test_request_without_a_responder_times_out_and_expires_undelivered(bro
     assert delivered == ["fresh"]  # the stale request expired with its wait: nobody ran it
 
 
+async def test_a_request_handed_over_is_held_by_the_broker_and_handled_after_its_wait_ended(broker: Broker) -> None:
+    """`hand_over` returns once the broker confirmed the request, which never expires: its sender acted on it."""
+    server, client = await broker.connect("service.server"), await broker.connect("service.client")
+    queue, replies = await declared(server), fresh_queue()
+    waiting = await client.hand_over(queue=queue, body=Ping(n=1), reply_queue=replies, correlation_id="held",
+                                     timeout_seconds=0.3, responder=principal(server))  # fmt: skip
+    with pytest.raises(RequestTimeout, match="no reply to 'held'"):
+        await waiting
+    await asyncio.sleep(0.3)  # a request of `request` would have expired by now
+    delivered: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def echo(delivery: Delivery) -> None:
+        await delivered.put(delivery.correlation_id)
+        await server.reply(to=delivery, body=delivery.decode(Ping))
+
+    await server.consume(queue=queue, handler=echo)
+    assert await asyncio.wait_for(delivered.get(), WAIT) == "held"
+    waiting = await client.hand_over(queue=queue, body=Ping(n=2), reply_queue=replies, correlation_id="answered",
+                                     timeout_seconds=WAIT, responder=principal(server))  # fmt: skip
+    assert (await waiting).decode(Ping) == Ping(n=2)
+
+
 async def test_two_requests_cannot_wait_on_one_correlation_id(bus: Bus) -> None:
     queue, replies = fresh_queue(), fresh_queue()
     me = principal(bus)
