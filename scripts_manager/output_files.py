@@ -15,6 +15,8 @@ A2A client gets their bytes in the answer, where a kept file comes as its consol
 
 from __future__ import annotations
 
+import asyncio
+
 from rockbot.bus import Bus, BusError
 from rockbot.bus.identity import Principal
 from rockbot.bus.topology import CONSOLE_FILE_WRITES
@@ -24,6 +26,9 @@ from rockbot.scripts_manager.input_files import ManagerConsole
 
 #: How long the console has for one chunk.
 WRITE_TIMEOUT_SECONDS = 15.0
+#: How long the console has for all of a call's files (10 MiB took 0.3-0.4 s, benchmarks/README.md): the manager's
+#: word to the agent adds it to the time it answers within, so a slow console drops files by name, not the call.
+KEEP_SECONDS = 20.0
 
 
 class NotKept(Exception):
@@ -33,9 +38,11 @@ class NotKept(Exception):
 class ConsoleOutputs(ManagerConsole):
     """The console's file writes."""
 
-    def __init__(self, bus: Bus, *, inline_bytes: int, timeout_seconds: float = WRITE_TIMEOUT_SECONDS) -> None:
+    def __init__(self, bus: Bus, *, inline_bytes: int, timeout_seconds: float = WRITE_TIMEOUT_SECONDS,
+                 keep_seconds: float = KEEP_SECONDS) -> None:  # fmt: skip
         super().__init__(bus, timeout_seconds=timeout_seconds)
         self._inline = inline_bytes
+        self.keep_seconds = keep_seconds
 
     async def keep(self, answer: ScriptInvokeResponse, *, target: OutputFiles, agent: Principal
                    ) -> ScriptInvokeResponse:  # fmt: skip
@@ -44,13 +51,19 @@ class ConsoleOutputs(ManagerConsole):
         if sum(artifact.size for artifact in answer.artifacts) <= self._inline:
             return answer
         kept, dropped, room = [], list(answer.artifacts_dropped), self._inline
+        deadline = asyncio.get_running_loop().time() + self.keep_seconds
         for artifact in answer.artifacts:
             if artifact.size <= room:
                 room -= artifact.size
                 kept.append(artifact)
                 continue
             try:
-                file_id = await self._write(artifact, target=target, agent=agent)
+                async with asyncio.timeout_at(deadline):
+                    file_id = await self._write(artifact, target=target, agent=agent)
+            except TimeoutError:
+                dropped.append(f"{artifact.name}: {artifact.size:,} bytes, not kept: the console took longer than "
+                               f"{self.keep_seconds:g} s to keep the call's files")  # fmt: skip
+                continue
             except NotKept as exc:
                 dropped.append(f"{artifact.name}: {artifact.size:,} bytes, not kept: {exc}")
                 continue

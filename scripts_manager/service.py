@@ -365,7 +365,8 @@ class ScriptService:
                                           retryable=exc.retryable))  # fmt: skip
         if self.revoked is not None:
             raise _HandedBack
-        if acceptance is not None and not await self._accept(acceptance, job=job):
+        keeping = self._outputs.keep_seconds if kept_at is not None and self._outputs is not None else 0.0
+        if acceptance is not None and not await self._accept(acceptance, job=job, keeping=keeping):
             return self._count(_error(
                 request_id=request.request_id, code=ErrorCode.UNAVAILABLE, retryable=True,
                 message=f"this script was not started: its agent waits {acceptance.within:g} s for a scripts-manager "
@@ -410,15 +411,15 @@ class ScriptService:
                                     "console to ask); send the request without them")
         return await self._inputs.fetch(request.input_files, agent=sender)
 
-    async def _accept(self, acceptance: _Acceptance, *, job: ScriptJob) -> bool:
+    async def _accept(self, acceptance: _Acceptance, *, job: ScriptJob, keeping: float) -> bool:
         """Tell the asker its script starts now and is answered within its timeout plus the backend's start-up
-        bound; False when the asker stopped waiting for that word, or its reply queue is gone (nobody would read
-        the answer)."""
+        bound (and the time its files may take to keep); False when the asker stopped waiting for that word, or its
+        reply queue is gone (nobody would read the answer)."""
         if time.time() > acceptance.by:
             return False
         try:
             await self._bus.accept(to=acceptance.address,
-                                   answer_within_seconds=job.timeout_seconds + self._backend.start_seconds)
+                                   answer_within_seconds=job.timeout_seconds + self._backend.start_seconds + keeping)
         except (NoRoute, Nacked) as exc:
             log.warning("cannot tell %s that request %s is taken (%s); not starting it", acceptance.address.reply_to,
                         job.request_id, exc)

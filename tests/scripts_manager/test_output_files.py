@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, AmqpBus, BusError, Principal
+from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, AmqpBus, BusError, MemoryBroker, Principal
 from rockbot.bus.permissions import permissions_for
 from rockbot.bus.topology import CONSOLE_FILE_WRITES, SCRIPT_INVOKE
 from rockbot.console.file_store import PART_SECONDS, FileOwner, FileStore, Part
@@ -28,10 +28,10 @@ from rockbot.contracts.scripts import SCRIPT_INVOKE_REPLY, OutputFiles, ScriptIn
 from rockbot.scripts_manager.app import ScriptsManager
 from rockbot.scripts_manager.backends.outputs import describe
 from rockbot.scripts_manager.output_files import ConsoleOutputs
-from tests.buses import ALICE
+from tests.buses import ALICE, login
 from tests.fixtures.rabbitmq import Vhost
 from tests.scripts_manager.conftest import MakeSettings
-from tests.waiting import eventually
+from tests.waiting import bounded, eventually
 
 MIB = 1024 * 1024
 ANN = FileOwner(namespace=ALICE.namespace, agent=ALICE.name, caller="console:ann", session_id="s1")
@@ -221,3 +221,18 @@ async def test_the_console_process_takes_file_writes_and_its_sweep_deletes_a_dea
         assert await files.read_any(stale.id) is None
     finally:
         await console.stop()
+
+
+async def test_a_console_too_slow_to_keep_a_calls_files_drops_them_by_name_within_the_bound() -> None:
+    """Nobody answers `console.file-writes`: the call's large file is left out, said by name, once the bound on
+    keeping a call's files has passed (the agent was told it waits that much longer)."""
+    broker = MemoryBroker()
+    outputs = ConsoleOutputs(await login(broker, SCRIPTS_MANAGER), inline_bytes=10, keep_seconds=0.5)
+    answer = ScriptInvokeResponse(request_id="r", stdout="", stderr="", exit_code=0, duration_seconds=0.1,
+                                  artifacts=(describe("small.csv", b"a\n"), describe("big.bin", b"x" * 100)))
+    kept = await bounded(outputs.keep(answer, agent=ALICE, target=OutputFiles(
+        run_id=new_run_id(namespace=ALICE.namespace, agent=ALICE.name), caller=ANN.caller, session_id="s1")),
+        within=10, what="the keeping of the call's files")  # fmt: skip
+    assert [(a.name, a.content, a.id) for a in kept.artifacts] == [("small.csv", b"a\n", None)]
+    assert kept.artifacts_dropped == (
+        "big.bin: 100 bytes, not kept: the console took longer than 0.5 s to keep the call's files",)
