@@ -1,7 +1,7 @@
 """What a script's files under /output cost a call on `rockbot local`'s path (issue 35): a 200 KB PNG carried in the
 script's answer and kept by the agent (`console.files`), against the same PNG kept by the scripts-manager itself a
-chunk at a time (`console.file-writes`); a 1 MiB CSV in with the PNG out; and a 10 MiB file out, which only the
-manager's path carries.
+chunk at a time (`console.file-writes`); a 1 MiB CSV in with the PNG out; and a 10 MiB file and a call's 50 MiB
+out, which only the manager's path carries.
 
 The memory bus, the console's file answerers on a SQLite run store and the local bubblewrap sandbox, all in this
 process, calls of one conversation's session (no sandbox start per call), the cases interleaved in a rotating
@@ -51,6 +51,7 @@ BARE = "print(1)"
 PNG = "import os; open('/output/chart.png', 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(200_000))"
 BOTH = "n = len(open('/input/sales.csv', 'rb').read()); " + PNG
 LARGE = "import os; open('/output/large.bin', 'wb').write(os.urandom(10 * 1024 * 1024))"
+BOUND = "import os\nfor n in range(5): open(f'/output/{n}.bin', 'wb').write(os.urandom(10 * 1024 * 1024))"
 
 
 def _cpu() -> float:
@@ -118,6 +119,7 @@ async def main(args: argparse.Namespace) -> None:
         "200 KB PNG out, kept by the manager": (PNG, kept, None),
         "1 MiB CSV in + 200 KB PNG out (in the answer)": (BOTH, inline, named),
         "10 MiB file out, kept by the manager (3 chunks)": (LARGE, inline, None),
+        "50 MiB out (5 files of 10 MiB), kept by the manager": (BOUND, inline, None),
     }
     samples: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in cases}
     try:
