@@ -268,7 +268,7 @@ async def test_the_banner_lists_what_the_model_is_offered_and_a_failed_tool_is_m
     result = await rockbot_local("-f", str(folder), "--prompt", "run nothing", env=model_env(scripted_llm))
     assert result.returncode == 0, result.stderr
     banner = next(line for line in result.stderr.splitlines() if line.startswith("[analyst: "))
-    assert banner.endswith("tools: exchange-rates, researcher, execute_python_script]")
+    assert banner.endswith("tools: exchange-rates, researcher, execute_python_script, save_result_as_file]")
     failed = next(line for line in result.stderr.splitlines() if "execute_python_script (" in line)
     assert failed.startswith("  ✗ execute_python_script (") and "InvalidArguments" in failed
     assert "warning" not in result.stderr.lower()
