@@ -53,6 +53,7 @@ from rockbot.contracts.memories import (
     RecalledMemory,
     Remember,
     Room,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,9 @@ class LongTermMemory:
         self._behind: dict[str, asyncio.Task[MemoryReply]] = {}
         #: Written-behind remembers sent or being sent and not yet answered (at most `BEHIND`).
         self._writing = 0
+        #: Scopes whose room is being asked for (see `prepare`).
+        self._asking: set[str] = set()
+        self._learning: set[asyncio.Task[None]] = set()
         #: Written-behind remembers the console refused after all, by caller: said in their next tool result or turn.
         self._refused: OrderedDict[str, list[str]] = OrderedDict()
 
@@ -184,6 +188,8 @@ class LongTermMemory:
                 raise
             self._follow(self._kept_behind(request))
             return request.memory_id
+        if self._behind:  # the console's answer counts this process's writes under way
+            await asyncio.wait(set(self._behind.values()), timeout=SETTLE_SECONDS)
         try:
             reply = await self._ask(request)
         except MemoryRefused:
@@ -225,6 +231,29 @@ class LongTermMemory:
                   f"all: {reply.error.message}"])  # fmt: skip
         elif reply is not None:
             await self._embed_kept(request.memory_id, request.text)
+
+    def prepare(self, caller: str) -> None:
+        """As a turn of `caller` starts: learn their scope's room in the background when this process has no word on
+        it, so that the turn's `remember` is written behind (a round trip beside the model's call, once a scope)."""
+        scope = "" if self._shared else caller
+        if scope in self._rooms or scope in self._asking or not hasattr(self._desk, "hand_over"):
+            return
+        self._asking.add(scope)
+        task = asyncio.create_task(self._learn_room(caller, scope))
+        self._learning.add(task)
+        task.add_done_callback(lambda _: (self._asking.discard(scope), self._learning.discard(task)))
+
+    async def _learn_room(self, caller: str, scope: str) -> None:
+        config = self.config
+        try:
+            async with self._background:
+                reply = await self._ask(Usage(caller=caller, shared=self._shared, max_items=config.max_items_per_scope,
+                                              max_bytes=config.max_bytes_per_scope))  # fmt: skip
+        except (MemoryUnavailable, MemoryRefused, ValidationError) as exc:
+            log.info("no word on the room of a memory scope (%s): its first remember waits for the console", exc)
+            return
+        if reply.room is not None and scope not in self._rooms:
+            _kept(self._rooms, scope, reply.room)
 
     def refusals(self, caller: str) -> str:
         """What the console refused of `caller`'s written-behind remembers since last said (said once), or ""."""
@@ -310,7 +339,7 @@ class LongTermMemory:
     async def close(self) -> None:
         """Finish the embeddings under way (a memory left pending is embedded by a later sweep), then stop."""
         await self.settled()
-        left = [*self._embedding, *([self._sweep] if self._sweep is not None else [])]
+        left = [*self._embedding, *self._learning, *([self._sweep] if self._sweep is not None else [])]
         for task in left:  # their memories stay pending, for the next pod's sweep
             task.cancel()
         await asyncio.gather(*left, return_exceptions=True)

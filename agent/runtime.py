@@ -383,6 +383,8 @@ class AgentRuntime:
     async def _recall_into(self, history: list[dict[str, Any]], *, caller: str,
                            recalled: asyncio.Task[list[dict[str, Any]]] | None) -> None:  # fmt: skip
         """Put the caller's most relevant long-term memories after their message, when the Agent asks for it."""
+        if self.kit.long_term is not None and caller:
+            self.kit.long_term.prepare(caller)
         if recalled is None and history and history[-1].get("role") == "user":
             content = history[-1].get("content")
             if isinstance(content, list):  # an OpenAI client's parts: their text

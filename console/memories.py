@@ -1,5 +1,5 @@
 """The console's long-term memory on the bus: agents' `Remember`, `Recall`, `Forget`,
-`Embed` and `Pending` on `console.memory`.
+`Embed`, `Pending` and `Usage` on `console.memory`.
 
 Which agent asks is the broker-validated sender, and the answer goes only to one of its own reply
 queues; the store holds every request to that agent's rows (see `memory_store`). A request the console

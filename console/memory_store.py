@@ -46,6 +46,7 @@ from rockbot.contracts.memories import (
     RecalledMemory,
     Remember,
     Room,
+    Usage,
 )
 
 #: A scope of at most this many memories is compared whole; a larger one (PostgreSQL) through its HNSW index.
@@ -154,6 +155,8 @@ class MemoryStore:
             return MemoryReply(stored=request.memory_id if embedded else None)
         if isinstance(request, Pending):
             return MemoryReply(memories=await self.pending(namespace=namespace, agent=agent, limit=request.limit))
+        if isinstance(request, Usage):
+            return MemoryReply(room=await self.room(namespace=namespace, agent=agent, request=request))
         forgotten = await self.forget(namespace=namespace, agent=agent, scope=scope_of(request),
                                       memory_id=request.memory_id)  # fmt: skip
         return MemoryReply(forgotten=forgotten)
@@ -192,6 +195,21 @@ class MemoryStore:
         except BoundReached as exc:
             return MemoryReply(error=ErrorInfo(code=ErrorCode.REJECTED, message=str(exc)))
         return MemoryReply(stored=request.memory_id, room=room if request.room else None)
+
+    async def room(self, *, namespace: str, agent: str, request: Usage) -> Room:
+        """What the request's scope may still take: the least left under its bounds (held to the ceilings) and its
+        agent's, as a `remember`'s reply says it."""
+        scope, ceilings = scope_of(request), self._ceilings
+        bounds = {scope: (min(request.max_items, ceilings.items_per_scope),
+                          min(request.max_bytes, ceilings.bytes_per_scope)),
+                  AGENT_TOTAL: (ceilings.items_per_agent, ceilings.bytes_per_agent)}  # fmt: skip
+        query = select(memory_usage.c.scope, memory_usage.c.items_held, memory_usage.c.bytes_held).where(
+            memory_usage.c.namespace == namespace, memory_usage.c.agent == agent,
+            memory_usage.c.scope.in_(list(bounds)))  # fmt: skip
+        held = {row.scope: row for row in await self._store._read(lambda connection: _all(connection, query))}
+        left = [(items - (held[s].items_held if s in held else 0), size - (held[s].bytes_held if s in held else 0))
+                for s, (items, size) in bounds.items()]  # fmt: skip
+        return Room(items=max(0, min(n for n, _ in left)), bytes=max(0, min(b for _, b in left)))
 
     async def embed(self, *, namespace: str, agent: str, request: Embed) -> bool:
         """Give `agent`'s pending memory its embedding (once: an embedded one is left as it is); whether it was

@@ -122,7 +122,16 @@ class Pending(BaseModel):
     limit: Annotated[int, Field(ge=1, le=MAX_RECALL)] = MAX_RECALL
 
 
-MemoryRequest = Annotated[Remember | Recall | Forget | Embed | Pending, Field(discriminator="kind")]
+class Usage(_Request):
+    """What the scope may still take under these bounds and the console's (`MemoryReply.room`), asked as a turn
+    starts so that the turn's `remember` is written behind."""
+
+    kind: Literal["usage"] = "usage"
+    max_items: Annotated[int, Field(ge=1)]
+    max_bytes: Annotated[int, Field(ge=1)]
+
+
+MemoryRequest = Annotated[Remember | Recall | Forget | Embed | Pending | Usage, Field(discriminator="kind")]
 
 
 class RecalledMemory(BaseModel):

@@ -335,3 +335,35 @@ async def test_a_remember_written_behind_waits_on_the_queue_while_the_database_i
         assert [m.id for m in await agent.kit.long_term.recall(caller=ANN, query="deployment window", k=1)] == [behind]
     kept = await memories.get(behind)
     assert kept is not None and kept.text == FACT
+
+
+class _Slow(MemoryStore):
+    """A console's store that answers remembers only once `go` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.go = asyncio.Event()
+
+    async def remember(self, *, namespace: str, agent: str, request: Remember, **kwargs: Any) -> MemoryReply:
+        reply = await super().remember(namespace=namespace, agent=agent, request=request, **kwargs)
+        await self.go.wait()
+        return reply
+
+
+async def test_a_turn_learns_its_callers_room_so_that_its_first_remember_is_written_behind(
+        scripted_llm, store, memories) -> None:  # fmt: skip
+    """As a turn starts, the agent asks the console, beside the model's call, what the caller's scope may still take:
+    the turn's remember then answers once the broker holds it, whatever the console's pace."""
+    slow = _Slow(store=store)
+    scripted_llm.play(Turn(text="Hello."), Turn(tool_calls=[ScriptedCall(name="remember", arguments={"text": FACT})]),
+                      Turn(text="Noted."))  # fmt: skip
+    async with agent_with_memory(scripted_llm, slow) as agent:
+        await agent.chat("s", "Hi.", caller=ANN)
+        for _ in range(200):
+            if ANN in agent.kit.long_term._rooms:
+                break
+            await asyncio.sleep(0.01)
+        result = await agent.chat("s", "Remember the deployment window.", caller=ANN)
+        assert result.answer == "Noted." and tool_answers(scripted_llm)[0].startswith("Remembered as m-")
+        slow.go.set()
+    assert [m.text for m in (await memories.list(filters=MemoryFilter(caller=ANN))).memories] == [FACT]

@@ -13,7 +13,7 @@ from rockbot.console.memory_store import MemoryCeilings, MemoryFilter, MemorySto
 from rockbot.console.store import Store
 from rockbot.console.store_schema import AGENT_TOTAL, INDEXED_DIMENSIONS, memory_usage
 from rockbot.contracts.errors import ErrorCode
-from rockbot.contracts.memories import Embed, Forget, Pending, Recall, Remember, Room
+from rockbot.contracts.memories import Embed, Forget, Pending, Recall, Remember, Room, Usage
 from tests.fixtures.llm import EMBEDDING_MODEL, embed
 
 DIMS = 384
@@ -135,6 +135,10 @@ async def test_a_kept_memory_is_answered_with_its_scopes_room_when_asked(store: 
                                     request=asked.model_copy(update={"memory_id": new_memory_id()}))  # fmt: skip
     assert reply.room == Room(items=1, bytes=92)  # the agent's 5 over all its scopes: one left
     assert (await memories.remember(namespace="team-a", agent="triage", request=remember("z"), now=NOW)).room is None
+    usage = Usage(caller="console:ann", max_items=10, max_bytes=100)  # asked as a turn starts: ann holds 3, 9 bytes
+    assert (await memories.answer(namespace="team-a", agent="triage", request=usage)).room == Room(items=0, bytes=91)
+    usage = Usage(caller="console:cy", max_items=10, max_bytes=100)
+    assert (await memories.answer(namespace="team-a", agent="other", request=usage)).room == Room(items=5, bytes=100)
 
 
 async def test_a_scope_is_bounded_in_bytes(memories: MemoryStore) -> None:
