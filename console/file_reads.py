@@ -25,11 +25,10 @@ log = logging.getLogger(__name__)
 READS_AT_ONCE = 16
 
 
-class FileReadAnswerer(AgentRequests):
-    """Answers `console.file-reads`; `start()`, then `stop()`."""
+class ManagerFileRequests(AgentRequests):
+    """Requests about conversation files that only the scripts-manager sends (reads here, writes in file_writes)."""
 
-    what, queue, prefetch, per_agent = "file read", CONSOLE_FILE_READS, READS_AT_ONCE, READS_AT_ONCE
-    max_bytes, request_type, askers = MAX_READ_BYTES, ReadFile, "the scripts-manager"
+    askers = "the scripts-manager"
 
     def __init__(self, *, files: FileStore, bus: Bus) -> None:
         super().__init__(bus=bus)
@@ -37,6 +36,13 @@ class FileReadAnswerer(AgentRequests):
 
     def asker(self, delivery: Delivery) -> Principal | None:
         return from_scripts_manager(delivery)
+
+
+class FileReadAnswerer(ManagerFileRequests):
+    """Answers `console.file-reads`; `start()`, then `stop()`."""
+
+    what, queue, prefetch, per_agent = "file read", CONSOLE_FILE_READS, READS_AT_ONCE, READS_AT_ONCE
+    max_bytes, request_type = MAX_READ_BYTES, ReadFile
 
     async def answer(self, agent: Principal, request: ReadFile) -> FileChunk:
         return await read_chunk(self._files, request)

@@ -13,11 +13,9 @@ import logging
 
 from sqlalchemy.exc import IntegrityError
 
-from rockbot.bus import Bus, Delivery
 from rockbot.bus.identity import Principal
 from rockbot.bus.topology import CONSOLE_FILE_WRITES
-from rockbot.console.agent_requests import AgentRequests
-from rockbot.console.file_reads import from_scripts_manager
+from rockbot.console.file_reads import ManagerFileRequests
 from rockbot.console.file_store import FileOwner, FileStore, Part
 from rockbot.console.store import StoreUnavailable
 from rockbot.contracts.files import MAX_WRITE_REQUEST_BYTES, FileWritten, WriteFile
@@ -29,18 +27,11 @@ log = logging.getLogger(__name__)
 WRITES_AT_ONCE = 4
 
 
-class FileWriteAnswerer(AgentRequests):
+class FileWriteAnswerer(ManagerFileRequests):
     """Answers `console.file-writes`; `start()`, then `stop()`."""
 
     what, queue, prefetch, per_agent = "file write", CONSOLE_FILE_WRITES, WRITES_AT_ONCE, WRITES_AT_ONCE
-    max_bytes, request_type, askers = MAX_WRITE_REQUEST_BYTES, WriteFile, "the scripts-manager"
-
-    def __init__(self, *, files: FileStore, bus: Bus) -> None:
-        super().__init__(bus=bus)
-        self._files = files
-
-    def asker(self, delivery: Delivery) -> Principal | None:
-        return from_scripts_manager(delivery)
+    max_bytes, request_type = MAX_WRITE_REQUEST_BYTES, WriteFile
 
     async def answer(self, agent: Principal, request: WriteFile) -> FileWritten:
         return await write_chunk(self._files, request)
