@@ -14,6 +14,7 @@ import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,24 +50,40 @@ def manager_settings(*, namespace: str, amqp_url: str, pod: str, lease_seconds: 
             "scripts_lease_seconds": lease_seconds, "scripts_isolation_targets": CANARY_OFF, **UNSCHEDULABLE}
 
 
+@dataclass
+class Manager:
+    """A `rockbot scripts-manager` process, the port of its health server, and its log."""
+
+    process: asyncio.subprocess.Process
+    health_port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
 @contextlib.asynccontextmanager
-async def manager_process(settings: dict[str, Any], *, kubeconfig: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`rockbot scripts-manager` as a process of its own (SIGKILLed, if still running, on exit); its log is
-    printed when the test fails."""
+async def manager_process(settings: dict[str, Any], *, kubeconfig: Path, log_format: str = "text"
+                          ) -> AsyncIterator[Manager]:  # fmt: skip
+    """`rockbot scripts-manager` as a process of its own (SIGKILLed, if still running, on exit), its health server on
+    `settings`' `health_port` or a free one; its log (beside `kubeconfig`) is printed when the test fails."""
+    port = int(settings.get("health_port") or free_port())
     env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(kubeconfig), "ROCKBOT_HEALTH_HOST": "127.0.0.1",
-           "ROCKBOT_HEALTH_PORT": str(free_port()),
+           "ROCKBOT_HEALTH_PORT": str(port),
            **{f"ROCKBOT_{key.upper()}": str(value) for key, value in settings.items()},
            "ROCKBOT_SCRIPTS_ISOLATION_TARGETS": json.dumps(CANARY_OFF)}
-    with (kubeconfig.parent / f"manager-{uuid.uuid4().hex[:6]}.log").open("w+b") as log:
-        process = await asyncio.create_subprocess_exec(*CLI, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT)
-        try:
-            yield process
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            log.seek(0)
-            sys.stdout.write(log.read().decode(errors="replace")[-5000:])
+    path = kubeconfig.parent / f"manager-{uuid.uuid4().hex[:6]}.log"
+    with path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(*CLI[:-1], log_format, env=env, stdout=log,
+                                                       stderr=asyncio.subprocess.STDOUT)  # fmt: skip
+    manager = Manager(process=process, health_port=port, log_path=path)
+    try:
+        yield manager
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        sys.stdout.write(manager.log()[-5000:])
 
 
 async def pods_of(kube: KubeClient, namespace: str, request: ScriptInvokeRequest) -> list[dict[str, Any]]:
@@ -111,8 +128,8 @@ async def kill_mid_job_and_answer(
                     assert await pods_of(kube, namespace, asked), [answer.body for answer in answers]
 
                 await eventually(on_its_pod, within=60)
-                doomed.kill()
-                await doomed.wait()
+                doomed.process.kill()
+                await doomed.process.wait()
             await alive.start()
             await eventually(lambda: _answered_and_drained(vhost, replies, answers), within=60)
 

@@ -12,11 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +27,9 @@ from rockbot.scripts_manager.service import STOPPED
 from tests.buses import ALICE
 from tests.fixtures.kube_real import KubeCluster
 from tests.fixtures.rabbitmq import Vhost
-from tests.ports import free_port
 from tests.scripts_manager.conftest import MakeSettings
 from tests.scripts_manager.test_over_rabbitmq import _answered_and_drained, _send_collecting_answers
-from tests.scripts_manager.test_reaping import CANARY_OFF, CLI, manager_settings, pods_of
+from tests.scripts_manager.test_reaping import Manager, manager_process, manager_settings, pods_of
 from tests.waiting import eventually
 
 ACCOUNT = "doomed-scripts-manager"
@@ -49,37 +45,17 @@ RULES = [
 ]
 
 
-@dataclass
-class Manager:
-    process: asyncio.subprocess.Process
-    health_port: int
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @contextlib.asynccontextmanager
-async def manager_process(settings: dict[str, Any], *, kubeconfig: Path) -> AsyncIterator[Manager]:
-    """`rockbot scripts-manager` as a process of its own, logging JSON as deployed (SIGKILLed, if still running, on
-    exit); its log is printed when the test fails."""
-    port = free_port()
-    env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(kubeconfig), "ROCKBOT_HEALTH_HOST": "127.0.0.1",
-           "ROCKBOT_HEALTH_PORT": str(port), "ROCKBOT_DRAIN_SECONDS": "1",
-           **{f"ROCKBOT_{key.upper()}": str(value) for key, value in settings.items()},
-           "ROCKBOT_SCRIPTS_ISOLATION_TARGETS": json.dumps(CANARY_OFF)}
-    path = kubeconfig.parent / f"manager-{uuid.uuid4().hex[:6]}.log"
-    with path.open("wb") as log:
-        process = await asyncio.create_subprocess_exec(*CLI[:-2], "--log-format", "json", env=env, stdout=log,
-                                                       stderr=asyncio.subprocess.STDOUT)
-    manager = Manager(process=process, health_port=port, log_path=path)
-    try:
-        yield manager
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        sys.stdout.write(manager.log()[-5000:])
+async def doomed_manager(vhost: Vhost, cluster: KubeCluster, namespace: str, folder: Path, *, lease_seconds: int
+                         ) -> AsyncIterator[Manager]:  # fmt: skip
+    """A ready `rockbot scripts-manager` process (pod backend, JSON logs as deployed) acting as a ServiceAccount of
+    `namespace` with the chart's rights, which `revoke` deletes."""
+    kubeconfig = account_kubeconfig(cluster, namespace, folder / "doomed")
+    settings = manager_settings(namespace=namespace, amqp_url=await vhost.url(SCRIPTS_MANAGER),
+                                pod="scripts-manager-doomed", lease_seconds=lease_seconds)
+    async with manager_process({**settings, "drain_seconds": 1}, kubeconfig=kubeconfig, log_format="json") as doomed:
+        await eventually(lambda: ready(doomed.health_port), within=60)
+        yield doomed
 
 
 def account_kubeconfig(cluster: KubeCluster, namespace: str, path: Path) -> Path:
@@ -127,9 +103,11 @@ def request(name: str, script: str) -> ScriptInvokeRequest:
                                timeout_seconds=30)
 
 
-def revoked_line(log: str) -> dict[str, Any]:
-    """The manager's one critical JSON line about its revoked credentials."""
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+async def exits_revoked(doomed: Manager, *, within: float) -> dict[str, Any]:
+    """Wait for the exit code of a manager whose credentials were revoked; its one critical JSON line saying so."""
+    async with asyncio.timeout(within):
+        assert await doomed.process.wait() == REVOKED_EXIT
+    lines = [json.loads(line) for line in doomed.log().splitlines() if line.startswith("{")]
     (found,) = [line for line in lines if line["level"] == "CRITICAL"]
     assert "no longer accepts this scripts-manager's credentials" in found["message"], found
     return found
@@ -139,19 +117,13 @@ async def test_a_job_a_revoked_manager_could_not_start_goes_back_to_the_queue_an
     vhost: Vhost, make_settings: MakeSettings, real_kube_client: KubeClient, kube_cluster: KubeCluster,
     kube_namespace: str, tmp_path: Path,
 ) -> None:
-    kubeconfig = account_kubeconfig(kube_cluster, kube_namespace, tmp_path / "doomed")
-    # A five-minute Lease: its renewal does not meet the revocation first; the job's pod create does.
-    settings = manager_settings(namespace=kube_namespace, amqp_url=await vhost.url(SCRIPTS_MANAGER),
-                                pod="scripts-manager-doomed", lease_seconds=300)
     asked = request("handed-back", "print('ran on the live manager')")
     async with await AmqpBus.connect(url=await vhost.url(ALICE)) as agent:
-        async with manager_process(settings, kubeconfig=kubeconfig) as doomed:
-            await eventually(lambda: ready(doomed.health_port), within=60)
-            await revoke(kube_cluster, kube_namespace, kubeconfig)
+        # A five-minute Lease: its renewal does not meet the revocation first; the job's pod create does.
+        async with doomed_manager(vhost, kube_cluster, kube_namespace, tmp_path, lease_seconds=300) as doomed:
+            await revoke(kube_cluster, kube_namespace, tmp_path / "doomed")
             replies, answers = await _send_collecting_answers(agent, asked)
-            async with asyncio.timeout(60):
-                assert await doomed.process.wait() == REVOKED_EXIT
-            revoked_line(doomed.log())
+            await exits_revoked(doomed, within=60)
         assert answers == []  # handed back, not answered
         assert await pods_of(real_kube_client, kube_namespace, asked) == []  # its pod was never made
         live = ScriptsManager(settings=make_settings(amqp_url=await vhost.url(SCRIPTS_MANAGER)))  # local sandbox
@@ -169,23 +141,17 @@ async def test_a_job_a_revoked_manager_could_not_start_goes_back_to_the_queue_an
 async def test_a_job_whose_pod_a_revoked_manager_made_is_answered_as_stopped_and_the_manager_exits(
     vhost: Vhost, real_kube_client: KubeClient, kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path,
 ) -> None:
-    kubeconfig = account_kubeconfig(kube_cluster, kube_namespace, tmp_path / "doomed")
-    settings = manager_settings(namespace=kube_namespace, amqp_url=await vhost.url(SCRIPTS_MANAGER),
-                                pod="scripts-manager-doomed", lease_seconds=300)
     asked = request("stopped", "print('never runs: no node takes its pod')")
     async with await AmqpBus.connect(url=await vhost.url(ALICE)) as agent:
-        async with manager_process(settings, kubeconfig=kubeconfig) as doomed:
-            await eventually(lambda: ready(doomed.health_port), within=60)
+        async with doomed_manager(vhost, kube_cluster, kube_namespace, tmp_path, lease_seconds=300) as doomed:
             replies, answers = await _send_collecting_answers(agent, asked)
 
             async def on_its_pod() -> None:
                 assert await pods_of(real_kube_client, kube_namespace, asked)
 
             await eventually(on_its_pod, within=60)
-            await revoke(kube_cluster, kube_namespace, kubeconfig)
-            async with asyncio.timeout(60):
-                assert await doomed.process.wait() == REVOKED_EXIT
-            revoked_line(doomed.log())
+            await revoke(kube_cluster, kube_namespace, tmp_path / "doomed")
+            await exits_revoked(doomed, within=60)
         await eventually(lambda: _answered_and_drained(vhost, replies, answers), within=30)
     assert len(answers) == 1, answers
     assert_stopped(answers[0], asked)
@@ -202,12 +168,7 @@ def assert_stopped(answer: Delivery, asked: ScriptInvokeRequest) -> None:
 async def test_a_manager_with_no_job_stops_as_soon_as_its_lease_renewal_is_refused(
     vhost: Vhost, kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path,
 ) -> None:
-    kubeconfig = account_kubeconfig(kube_cluster, kube_namespace, tmp_path / "doomed")
-    settings = manager_settings(namespace=kube_namespace, amqp_url=await vhost.url(SCRIPTS_MANAGER),
-                                pod="scripts-manager-doomed", lease_seconds=3)  # renewed every second
-    async with manager_process(settings, kubeconfig=kubeconfig) as doomed:
-        await eventually(lambda: ready(doomed.health_port), within=60)
-        await revoke(kube_cluster, kube_namespace, kubeconfig)
-        async with asyncio.timeout(30):
-            assert await doomed.process.wait() == REVOKED_EXIT
-        assert "401 Unauthorized" in revoked_line(doomed.log())["message"]
+    # A three-second Lease, renewed every second.
+    async with doomed_manager(vhost, kube_cluster, kube_namespace, tmp_path, lease_seconds=3) as doomed:
+        await revoke(kube_cluster, kube_namespace, tmp_path / "doomed")
+        assert "401 Unauthorized" in (await exits_revoked(doomed, within=30))["message"]

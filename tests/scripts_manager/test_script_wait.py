@@ -218,8 +218,8 @@ async def test_a_manager_process_killed_after_taking_a_script_fails_the_call_wit
             await eventually(lambda: _ready(port), within=WITHIN)
             calling = asyncio.create_task(call(sandbox, script="import time\ntime.sleep(60)", timeout_seconds=5))
             await eventually(lambda: _running(port), within=WITHIN)
-            doomed.kill()
-            await doomed.wait()
+            doomed.process.kill()
+            await doomed.process.wait()
         answer = await calling
     assert isinstance(answer, ScriptInvokeError), answer
     assert (answer.error.code, answer.error.retryable) == (ErrorCode.TIMEOUT, True)
