@@ -16,6 +16,7 @@ import asyncio
 import secrets
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.bench_scripts import percentile
@@ -39,15 +40,33 @@ def _row(name: str, samples: list[float]) -> str:
     return f"| {name} | {percentile(samples, 0.5) * 1000:.1f} ms | {percentile(samples, 0.95) * 1000:.1f} ms |"
 
 
-async def main(args: argparse.Namespace) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="bench-input-files-"))
+@dataclass
+class Sales:
+    """A fresh SQLite run store holding one conversation's sales CSV, and how a script request names it."""
+
+    store: Store
+    files: FileStore
+    owner: FileOwner
+    named: InputFiles
+    size: int
+
+
+async def sales_csv(*, kib: int, prefix: str) -> Sales:
+    """`Sales` with a CSV of about `kib` KiB, in a new temporary folder named by `prefix`."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
     store = await Store.open(url=f"sqlite:///{folder / 'runs.db'}")
     files = FileStore(store=store)
     owner = FileOwner(namespace=ALICE.namespace, agent=ALICE.name, caller="console:ann", session_id="s1")
     row = b"2026-01-01,1234.56,north,widgets\n"
-    csv = b"day,revenue,region,product\n" + row * (args.kib * 1024 // len(row))
+    csv = b"day,revenue,region,product\n" + row * (kib * 1024 // len(row))
     sales = await files.save(owner=owner, name="sales.csv", content=csv, origin="upload")
-    named = InputFiles(caller="console:ann", session_id="s1", ids=(sales.id,))
+    named = InputFiles(caller=owner.caller, session_id=owner.session_id, ids=(sales.id,))
+    return Sales(store=store, files=files, owner=owner, named=named, size=len(csv))
+
+
+async def main(args: argparse.Namespace) -> None:
+    sales = await sales_csv(kib=args.kib, prefix="bench-input-files-")
+    store, files, named = sales.store, sales.files, sales.named
     broker = MemoryBroker()
     reads = FileReadAnswerer(files=files, bus=await login(broker, CONSOLE))
     await reads.start()
@@ -69,7 +88,7 @@ async def main(args: argparse.Namespace) -> None:
         took = time.perf_counter() - started
         answer = SCRIPT_INVOKE_REPLY.validate_json(reply.body)
         assert isinstance(answer, ScriptInvokeResponse) and answer.exit_code == 0, answer
-        assert int(answer.stdout) == (len(csv) if input_files else 0), answer.stdout
+        assert int(answer.stdout) == (sales.size if input_files else 0), answer.stdout
         return took
 
     inputs = ConsoleInputs(await login(broker, SCRIPTS_MANAGER))
@@ -87,7 +106,7 @@ async def main(args: argparse.Namespace) -> None:
         await manager.stop()
         await reads.stop()
         await store.close()
-    print(f"| measure ({args.runs} runs, a {len(csv):,}-byte CSV) | p50 | p95 |\n| --- | --- | --- |")
+    print(f"| measure ({args.runs} runs, a {sales.size:,}-byte CSV) | p50 | p95 |\n| --- | --- | --- |")
     print(_row("session call, no file named", bare))
     print(_row("session call, the CSV under /input", with_file))
     print(_row("the manager's fetch of the CSV from the console alone", fetch))

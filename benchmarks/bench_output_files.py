@@ -18,20 +18,17 @@ import argparse
 import asyncio
 import resource
 import secrets
-import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
+from benchmarks.bench_input_files import sales_csv
 from benchmarks.bench_scripts import percentile
 from rockbot.agent.file_keeping import BusFileKeeper, keep_artifacts
 from rockbot.bus import CONSOLE, SCRIPTS_MANAGER, MemoryBroker
 from rockbot.bus.topology import SCRIPT_INVOKE
 from rockbot.console.file_reads import FileReadAnswerer
-from rockbot.console.file_store import FileOwner, FileStore
 from rockbot.console.file_writes import FileWriteAnswerer
 from rockbot.console.files import FileAnswerer
-from rockbot.console.store import Store
 from rockbot.contracts.agent_config import ScriptLimits, ScriptSessions
 from rockbot.contracts.recording import new_run_id
 from rockbot.contracts.scripts import (
@@ -67,14 +64,8 @@ def _row(name: str, took: list[float], cpu: list[float], base: float) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="bench-output-files-"))
-    store = await Store.open(url=f"sqlite:///{folder / 'runs.db'}")
-    files = FileStore(store=store)
-    owner = FileOwner(namespace=ALICE.namespace, agent=ALICE.name, caller="console:ann", session_id="s1")
-    row = b"2026-01-01,1234.56,north,widgets\n"
-    csv = b"day,revenue,region,product\n" + row * (1024 * 1024 // len(row))
-    sales = await files.save(owner=owner, name="sales.csv", content=csv, origin="upload")
-    named = InputFiles(caller=owner.caller, session_id=owner.session_id, ids=(sales.id,))
+    sales = await sales_csv(kib=1024, prefix="bench-output-files-")
+    store, files, owner, named = sales.store, sales.files, sales.owner, sales.named
     broker = MemoryBroker()
     console = await login(broker, CONSOLE)
     answerers = [FileReadAnswerer(files=files, bus=console), FileWriteAnswerer(files=files, bus=console),
