@@ -90,7 +90,7 @@ async def measure(
             label = backend.pool.classes[0].label
             misses = sum(backend.metrics.registry.get_sample_value(
                 "rockbot_scripts_pool_misses_total", {"limits_class": label, "reason": reason}) or 0
-                for reason in ("empty", "raced", "failed"))  # fmt: skip
+                for reason in ("empty", "failed"))  # fmt: skip
     finally:
         await backend.close()
     return samples, misses

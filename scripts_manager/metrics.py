@@ -43,7 +43,7 @@ class ScriptMetrics:
             ["limits_class"], registry=self.registry,
         )  # fmt: skip
         self.pool_idle = Gauge(
-            "rockbot_scripts_pool_idle_pods", "Warm pods of a limits class ready to claim (any manager's).",
+            "rockbot_scripts_pool_idle_pods", "Warm pods of a limits class this manager keeps ready to take.",
             ["limits_class"], registry=self.registry,
         )  # fmt: skip
         self.pool_pod_start = Histogram(
@@ -57,7 +57,7 @@ class ScriptMetrics:
         )  # fmt: skip
         self.pool_misses = Counter(
             "rockbot_scripts_pool_misses", "Jobs of a pooled class that did not get a warm pod first time "
-            "(empty: none idle; raced: another manager claimed it first; failed: it died before the job reached it).",
+            "(empty: none idle; failed: it died before the job reached it).",
             ["limits_class", "reason"], registry=self.registry,
         )  # fmt: skip
         self.replies_dropped = Counter(

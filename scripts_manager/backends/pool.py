@@ -1,23 +1,27 @@
 """The warm pool: idle script pods per limits class, made ahead of demand, each used for one job.
 
 Each manager keeps `size` idle pods of every class in ROCKBOT_SCRIPTS_POOL (labelled with the class,
-its instance as keeper, state `idle`) and replaces those that are claimed, die or grow too old; when
-the instance dies, whoever is alive reaps them with the rest of its pods (reaping.py). Any manager
-may claim any idle pod of the right class (its own first): the claim is one conditional write that
-marks the pod `claimed`, the claiming instance's and the job's, and lowers its activeDeadlineSeconds
-to its age plus the job's bound, so of two managers claiming one pod, one fails and tries another.
-A claimed pod is never idle again. Running pods are claimed first; when none is, a pod still starting
-is (scheduled, not ended): its job waits for the rest of its start, not for a whole new pod's. The
-pods a burst used are replaced all at once.
+its instance as keeper, state `idle`) and replaces those that are taken, die or grow too old; when
+the instance dies, whoever is alive reaps them with the rest of its pods (reaping.py). A manager
+takes only the idle pods it keeps, each for one job, in its own memory: nothing is written to the API
+before the job (that write was half of a warm call's time). The claim's marks (state `claimed`, the
+job's and its asker's, and activeDeadlineSeconds lowered to the pod's age plus the job's bound) are
+patched beside the job as it is written, conditional on the pod still being idle with the deadline
+seen. What that gives up: a replica's burst cannot borrow another replica's idle pods (each pool
+refills at once instead), and when a manager dies in the milliseconds before a mark lands, its pod
+is reaped as an idle one and the copy of the request the broker redelivers runs again (a script pod
+has no network; a session's later calls make the same trade, pod_sessions.py). A mark the API
+refuses is logged, and the job runs. A taken pod is never idle again. Running pods are taken first;
+when none is, a pod still starting is (scheduled, not ended): its job waits for the rest of its
+start, not for a whole new pod's. The pods a burst used are replaced all at once.
 
 A job costs no attach either: the manager opens an attach session to each of its own idle pods as
-soon as it runs (`held`), and a job claimed there writes on it (pods.py). Nothing is written before
-a claim; a session sends the runner a blank line every _KEEPALIVE_SECONDS, which it skips, so a
+soon as it runs (`held`), and a job that takes the pod writes on it (pods.py). Nothing else is written
+on it; a session sends the runner a blank line every _KEEPALIVE_SECONDS, which it skips, so a
 kubelet's idle-stream timeout (`streamingConnectionIdleTimeout`, as low as 5 minutes on hardened
 nodes) never closes it. As `stdinOnce` makes the first session to end close the runner's stdin, a
 held session is kept until its job is done or its pod ended, and a session lost while idle ends its
-pod's runner: the pod ends and is replaced. Another manager may still claim such a pod, attaching
-its own session beside this one.
+pod's runner: the pod ends and is replaced.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -33,7 +36,7 @@ from datetime import datetime
 
 import aiohttp
 
-from rockbot.kube import PODS, ApiError, Conflict, Invalid, K8sObject, KubeClient, NotFound
+from rockbot.kube import PODS, ApiError, Conflict, K8sObject, KubeClient, NotFound
 from rockbot.kube.attach import AttachSession
 from rockbot.scripts_manager.backends import ScriptJob
 from rockbot.scripts_manager.backends.pod_cache import PodCache
@@ -89,7 +92,8 @@ class WarmPool:
         self._ready = ready  # set once the instance holds its Lease: no pod is made before
         self.classes = [pool for pool in settings.scripts_pool if pool.size > 0]
         self.cache = PodCache(kube=kube, namespace=self._namespace, selector=POOL_SELECTOR)
-        self._claiming: set[str] = set()  # pods this manager's requests are claiming right now
+        self._taken: set[str] = set()  # idle-labelled pods of ours that a job took, until they are gone
+        self._marking: set[asyncio.Task[None]] = set()
         self._starting: dict[str, tuple[PoolClass, int]] = {}  # pods this manager made, not seen running yet
         self._held: dict[str, Held] = {}
         self._holders: set[asyncio.Task[None]] = set()
@@ -102,41 +106,34 @@ class WarmPool:
         return next((pool for pool in self.classes if pool.fits(cpu=cpu, memory=memory)), None)
 
     async def claims(self, job: ScriptJob) -> AsyncIterator[str]:
-        """Idle pods claimed for this job, one at a time (the caller asks for another if one failed)."""
+        """Idle pods of this manager's taken for this job, one at a time (the caller asks for another if one
+        failed); each one's marks are on their way."""
         pool = self.class_of(job)
         if pool is None:
             return
         tried: set[str] = set()
         for _ in range(CLAIM_ATTEMPTS):
-            claimed = await self._claim_one(pool, job, tried)
-            if claimed is None:
+            taken = self._take_one(pool, job, tried)
+            if taken is None:
                 return
-            yield claimed
+            yield taken
 
-    async def _claim_one(self, pool: PoolClass, job: ScriptJob, tried: set[str]) -> str | None:
+    def _take_one(self, pool: PoolClass, job: ScriptJob, tried: set[str]) -> str | None:
         # A pod still starting is taken too (its runner is attached to as soon as it runs, see pods.py): it is
-        # nearer to running than a new pod would be. Running pods first, then this manager's own.
+        # nearer to running than a new pod would be. Running pods first.
+        now = now_utc()
         candidates = [pod for pod in self._idle(pool)
-                      if _scheduled(pod) and not ended(pod) and pod["metadata"]["name"] not in tried | self._claiming]
-        random.shuffle(candidates)  # two managers rarely reach for the same pod first
-        candidates.sort(key=self._preference)
-        for pod in candidates[:CLAIM_ATTEMPTS]:
+                      if _scheduled(pod) and not ended(pod) and pod["metadata"]["name"] not in tried]
+        for pod in sorted(candidates, key=self._preference):
             name = pod["metadata"]["name"]
             tried.add(name)
-            patch = claim_patch(pod=pod, job=job, now=now_utc(), manager=self.owner)
-            if patch is None:
+            patch = claim_patch(pod=pod, job=job, now=now, manager=self.owner)
+            if patch is None:  # too old for this job
                 continue
-            self._claiming.add(name)
-            try:
-                claimed = await self._kube.patch(PODS, namespace=self._namespace, name=name, body=patch,
-                                                 patch_type="json")
-            except (Conflict, NotFound, Invalid) as exc:  # claimed by another, gone, or changed
-                log.info("could not claim warm pod %s: %s", name, exc.reason)
-                self._metrics.pool_misses.labels(pool.label, "raced").inc()
-                continue
-            finally:
-                self._claiming.discard(name)
-            self.cache.pods[name] = claimed  # not idle any more, whatever the watch has said so far
+            self._taken.add(name)  # in memory: nothing else of this manager's takes it, and the API hears of it below
+            task = asyncio.create_task(self._mark(name, patch), name=f"mark warm pod {name}")
+            self._marking.add(task)
+            task.add_done_callback(self._marking.discard)
             self._metrics.pool_claims.labels(pool.label).inc()
             self.cache.notify()  # refill
             return name
@@ -144,15 +141,26 @@ class WarmPool:
             self._metrics.pool_misses.labels(pool.label, "empty").inc()
         return None
 
-    def _preference(self, pod: K8sObject) -> tuple[bool, bool, bool, str]:
-        """Running pods first, then this manager's own, those with a session held, and the longest running (a
-        container reported running a moment ago may still be starting its runner)."""
+    async def _mark(self, name: str, patch: list[K8sObject]) -> None:
+        """Patch a taken pod's claim marks on while its job is written (see the module's docstring)."""
+        try:
+            marked = await self._kube.patch(PODS, namespace=self._namespace, name=name, body=patch, patch_type="json")
+        except NotFound:
+            return  # its job is done, and the pod deleted, already
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            log.warning("could not mark warm pod %s as its job's (%s); the job runs", name, exc)
+            return
+        if name in self.cache.pods:
+            self.cache.pods[name] = marked  # not idle any more, whatever the watch has said so far
+
+    def _preference(self, pod: K8sObject) -> tuple[bool, bool, str]:
+        """Running pods first, then those with a session held, and the longest running (a container reported
+        running a moment ago may still be starting its runner)."""
         held = self._held.get(pod["metadata"]["name"])
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         since = min((((s.get("state") or {}).get("running") or {}).get("startedAt") or "~" for s in statuses),
                     default="~")  # RFC 3339 times of one format sort as they happened
-        return (not _ready(pod), pod["metadata"]["labels"].get(MANAGER_LABEL) != self.owner,
-                held is None or held.session is None, since)
+        return not _ready(pod), held is None or held.session is None, since
 
     async def take(self, name: str) -> Held | None:
         """The session held to a pod this job claimed, once open (None: none held, or it was lost); the job
@@ -207,13 +215,16 @@ class WarmPool:
                 return pod
             await self.cache.changed(since=seen, within=_RETRY_SECONDS)
 
-    def _idle(self, pool: PoolClass, *, owner: str | None = None) -> list[K8sObject]:
+    def _idle(self, pool: PoolClass) -> list[K8sObject]:
+        """This manager's pods of the class that no job took."""
+        self._taken &= self.cache.pods.keys()  # a taken pod is forgotten once gone
         return [
-            pod for pod in self.cache.pods.values()
+            pod for name, pod in self.cache.pods.items()
             if (labels := pod["metadata"].get("labels") or {}).get(POOL_LABEL) == pool.label
             and labels.get(STATE_LABEL) == IDLE
+            and labels.get(MANAGER_LABEL) == self.owner
             and not pod["metadata"].get("deletionTimestamp")
-            and (owner is None or labels.get(MANAGER_LABEL) == owner)
+            and name not in self._taken
         ]  # fmt: skip
 
     async def run(self) -> None:
@@ -249,7 +260,7 @@ class WarmPool:
 
     async def _maintain(self, pool: PoolClass) -> None:
         self._note_started()
-        mine = self._idle(pool, owner=self.owner)
+        mine = self._idle(pool)
         now = now_utc()
         keep = []
         holding_back = self.holding_back()
@@ -282,7 +293,7 @@ class WarmPool:
         self.cache.notify()
         given = 0
         for pool in self.classes:
-            for pod in self._idle(pool, owner=self.owner):
+            for pod in self._idle(pool):
                 try:
                     given += await self._delete(pod)
                 except (ApiError, OSError) as exc:
@@ -308,13 +319,14 @@ class WarmPool:
         return True
 
     async def release(self) -> None:
-        """At shutdown: close the held sessions and delete this manager's idle pods (nobody renews them any more)."""
-        for task in list(self._holders):
+        """At shutdown (the jobs are done, their pods deleted): close the held sessions, drop the marks still on their
+        way, and delete this manager's idle pods (nobody renews them any more)."""
+        for task in self._holders | self._marking:
             task.cancel()
-        if self._holders:
-            await asyncio.wait(self._holders)
+        if self._holders or self._marking:
+            await asyncio.wait(self._holders | self._marking)
         for pool in self.classes:
-            for pod in self._idle(pool, owner=self.owner):
+            for pod in self._idle(pool):
                 try:
                     await self._delete(pod)
                 except (ApiError, OSError) as exc:  # the sweeper will get them
