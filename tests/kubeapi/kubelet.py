@@ -156,6 +156,8 @@ class FakeKubelet:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
         )
         pod.process = process
+        if pod.name not in self.pods:  # deleted while its container was being made: it is stopped at once
+            self.kill(pod)
 
         async def write(data: bytes) -> None:
             if stdin is not None:
